@@ -1,0 +1,240 @@
+"""Test sessions for lightning_bridge.
+
+``nox`` runs every session below (it is the project's test command and what CI runs);
+``nox -s NAME`` runs one, ``nox -l`` lists them. Arguments after ``--`` go to pytest.
+
+Every session that needs torch installs ``torch==2.13.0`` first and then installs everything
+else under a constraints file that pins torch (and lightning where the session fixes its
+version), so no later install can swap either of them out. Tool versions (pytest, ruff, mypy,
+determined, the examples' extras) come from the optional-dependency groups in pyproject.toml,
+so ``pip install -e .[dev]`` gives a developer the same tools.
+
+Sessions:
+
+- ``tests``: the unit and integration tests against each supported lightning minor version
+  (markers ``interop`` and ``examples`` are left to their own sessions).
+- ``lint``: ruff check and ruff format --check.
+- ``typecheck``: mypy on the package (configured in pyproject.toml).
+- ``interop``: the tests marked ``interop``, with determined==0.38.1 in the same venv.
+- ``examples``: every example end to end in test mode.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+
+import nox
+import nox.command
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - nox itself may run on an older interpreter
+    import tomli as tomllib
+
+nox.needs_version = ">=2024.4.15"
+nox.options.error_on_missing_interpreters = True
+
+ROOT = Path(__file__).resolve().parent
+PYTHON = "3.11"
+TORCH = "2.13.0"
+LIGHTNING_MINORS = ["2.4", "2.5", "2.6"]
+LATEST_LIGHTNING = LIGHTNING_MINORS[-1]
+LINT_PATHS = ["lightning_bridge", "tests", "examples", "bench", "noxfile.py"]
+# Wall-clock limit for one example in test mode; a hung example fails instead of stalling CI.
+EXAMPLE_TIMEOUT_S = 600
+
+
+def _extra(name: str) -> list[str]:
+    """The requirements of one optional-dependency group of pyproject.toml."""
+    with open(ROOT / "pyproject.toml", "rb") as f:
+        project = tomllib.load(f)["project"]
+    return list(project["optional-dependencies"][name])
+
+
+def _install_torch(session: nox.Session, lightning: str | None = None) -> str:
+    """Install torch first; return a constraints file that keeps it (and lightning) pinned."""
+    session.install(f"torch=={TORCH}")
+    constraints = Path(session.create_tmp()) / "constraints.txt"
+    lines = [f"torch=={TORCH}"]
+    if lightning is not None:
+        lines.append(f"lightning=={lightning}.*")
+    constraints.write_text("\n".join(lines) + "\n")
+    return str(constraints)
+
+
+def _check_versions(session: nox.Session, lightning: str | None = None) -> None:
+    """Fail at once if an install replaced torch or lightning; print what is installed."""
+    code = (
+        "import sys, torch\n"
+        "v = torch.__version__.split('+')[0]\n"
+        f"assert v == {TORCH!r}, f'torch {{torch.__version__}} installed, {TORCH} expected'\n"
+        "line = f'torch {torch.__version__}'\n"
+    )
+    if lightning is not None:
+        code += (
+            "import lightning\n"
+            f"assert lightning.__version__.startswith({lightning + '.'!r}), "
+            f"f'lightning {{lightning.__version__}} installed, {lightning}.* expected'\n"
+            "line += f', lightning {lightning.__version__}'\n"
+        )
+    code += "print(line)\n"
+    session.run("python", "-c", code, silent=False)
+
+
+def _data_home(session: nox.Session) -> dict[str, str]:
+    """Environment that keeps user-data writes (checkpoints in local mode) inside the session."""
+    data_home = Path(session.create_tmp()) / "xdg-data"
+    data_home.mkdir(parents=True, exist_ok=True)
+    return {"XDG_DATA_HOME": str(data_home), "MPLBACKEND": "Agg"}
+
+
+def _test_files() -> list[Path]:
+    tests = ROOT / "tests"
+    if not tests.is_dir():
+        return []
+    return sorted({*tests.rglob("test_*.py"), *tests.rglob("*_test.py")})
+
+
+def _pytest(
+    session: nox.Session, args: Iterable[str], env: dict[str, str], allow_empty: str | None
+) -> None:
+    """Run pytest; ``allow_empty`` (a reason) lets exit code 5, "no tests collected", pass."""
+    success = [0]
+    if allow_empty is not None:
+        session.log(f"{allow_empty}: pytest's exit code 5 (no tests collected) counts as success")
+        success.append(5)
+    session.run("pytest", *args, *session.posargs, env=env, success_codes=success)
+
+
+@nox.session(python=PYTHON)
+@nox.parametrize("lightning", LIGHTNING_MINORS, ids=[f"lightning-{v}" for v in LIGHTNING_MINORS])
+def tests(session: nox.Session, lightning: str) -> None:
+    """Unit and integration tests against one lightning minor version."""
+    constraints = _install_torch(session, lightning)
+    session.install("-c", constraints, f"lightning=={lightning}.*", "torchmetrics", *_extra("test"))
+    session.install("-c", constraints, "-e", ".")
+    _check_versions(session, lightning)
+    # Exit code 5 is accepted only while the repository has no test file at all.
+    allow_empty = None if _test_files() else "no test files under tests/ yet"
+    _pytest(
+        session,
+        ["-m", "not interop and not examples", "-q"],
+        _data_home(session),
+        allow_empty,
+    )
+
+
+@nox.session(python=PYTHON)
+def lint(session: nox.Session) -> None:
+    """ruff check and ruff format --check."""
+    session.install(*_extra("lint"))
+    paths = [p for p in LINT_PATHS if (ROOT / p).exists()]
+    session.run("ruff", "check", *paths)
+    session.run("ruff", "format", "--check", "--diff", *paths)
+
+
+@nox.session(python=PYTHON)
+def typecheck(session: nox.Session) -> None:
+    """mypy on the package, with torch, lightning, torchmetrics and numpy installed for types."""
+    if not any((ROOT / "lightning_bridge").rglob("*.py")):
+        session.log("no Python files in lightning_bridge/ yet: nothing to type-check")
+        return
+    constraints = _install_torch(session, LATEST_LIGHTNING)
+    session.install(
+        "-c",
+        constraints,
+        f"lightning=={LATEST_LIGHTNING}.*",
+        "torchmetrics",
+        "numpy",
+        *_extra("typecheck"),
+    )
+    _check_versions(session, LATEST_LIGHTNING)
+    session.run("mypy", "lightning_bridge")
+
+
+@nox.session(python=PYTHON)
+def interop(session: nox.Session) -> None:
+    """Tests marked ``interop``: lightning_bridge and determined==0.38.1 side by side."""
+    constraints = _install_torch(session, LATEST_LIGHTNING)
+    session.install(
+        "-c",
+        constraints,
+        *_extra("interop"),
+        f"lightning=={LATEST_LIGHTNING}.*",
+        "torchmetrics",
+        *_extra("test"),
+    )
+    session.install("-c", constraints, "-e", ".")
+    session.run("python", "-m", "pip", "check")
+    _check_versions(session, LATEST_LIGHTNING)
+    # Exit code 5 is accepted only while no test file mentions the interop marker.
+    mentioned = any("interop" in p.read_text(encoding="utf-8") for p in _test_files())
+    if not mentioned:
+        conftests = (ROOT / "tests").rglob("conftest.py") if (ROOT / "tests").is_dir() else []
+        mentioned = any("interop" in p.read_text(encoding="utf-8") for p in conftests)
+    allow_empty = None if mentioned else "no test file uses the interop marker yet"
+    _pytest(session, ["-m", "interop", "-q"], _data_home(session), allow_empty)
+
+
+# Examples convention: each example is a folder examples/<name>/ holding a train.py that
+# accepts --test (a short run on small data). This session runs
+# `python train.py --test` in each folder (cwd = that folder) and fails if any of them fails.
+# A folder whose name starts with "_" or "." is not an example (shared data, helpers);
+# any other folder without a train.py is an error.
+@nox.session(python=PYTHON)
+def examples(session: nox.Session) -> None:
+    """Every example end to end in test mode."""
+    examples_dir = ROOT / "examples"
+    folders = sorted(
+        p
+        for p in (examples_dir.iterdir() if examples_dir.is_dir() else [])
+        if p.is_dir() and not p.name.startswith(("_", "."))
+    )
+    if not folders:
+        session.log("no examples found: no folder examples/<name>/ with a train.py yet")
+        return
+    missing = [p.name for p in folders if not (p / "train.py").is_file()]
+    if missing:
+        session.error(
+            f"examples/{', examples/'.join(missing)}: no train.py. Every folder under examples/ "
+            "is an example with a train.py accepting --test; prefix a folder that is not an "
+            "example with '_'."
+        )
+
+    constraints = _install_torch(session, LATEST_LIGHTNING)
+    session.install(
+        "-c",
+        constraints,
+        f"lightning=={LATEST_LIGHTNING}.*",
+        "torchmetrics",
+        "tensorboard",
+        *_extra("examples"),
+    )
+    session.install("-c", constraints, "-e", ".")
+    _check_versions(session, LATEST_LIGHTNING)
+
+    env = _data_home(session)
+    python = os.path.join(session.bin, "python")
+    failed = []
+    for folder in folders:
+        session.log(f"example {folder.name}: python train.py --test")
+        with session.chdir(folder):
+            try:
+                session.run(
+                    "timeout",
+                    "--kill-after=30",
+                    str(EXAMPLE_TIMEOUT_S),
+                    python,
+                    "train.py",
+                    "--test",
+                    env=env,
+                    external=True,
+                )
+            except nox.command.CommandFailed:
+                failed.append(folder.name)
+    session.log(f"examples: {len(folders) - len(failed)} passed, {len(failed)} failed")
+    if failed:
+        session.error(f"examples failed: {', '.join(failed)}")
