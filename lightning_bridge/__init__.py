@@ -1,0 +1,49 @@
+"""Run Determined `PyTorchTrial` / Trainer-API code on PyTorch Lightning.
+
+`import lightning_bridge as pytorch` stands in for `from determined import pytorch`: the same
+names, the same semantics, with Lightning's engine (strategies, precision, loggers, progress
+bars, profilers) underneath. `TrialModule` is the generated LightningModule, usable with any
+`lightning.Trainer`.
+"""
+
+__version__ = "0.1.0"
+
+from . import samplers
+from ._callback import PyTorchCallback
+from ._context import PyTorchExperimentalContext, PyTorchTrialContext
+from ._data import DataLoader, TorchData, data_length, to_device
+from ._distributed import DistributedContext
+from ._errors import BridgeError, InvalidArgumentError, InvalidCheckpointError, InvalidTrialError
+from ._lr_scheduler import LRScheduler
+from ._module import TrialModule
+from ._reducer import MetricReducer, Reducer
+from ._trainer import Trainer, init
+from ._trial import PyTorchTrial
+from ._units import Batch, Epoch, TrainUnit
+
+__all__ = [
+    "Batch",
+    "BridgeError",
+    "DataLoader",
+    "DistributedContext",
+    "Epoch",
+    "InvalidArgumentError",
+    "InvalidCheckpointError",
+    "InvalidTrialError",
+    "LRScheduler",
+    "MetricReducer",
+    "PyTorchCallback",
+    "PyTorchExperimentalContext",
+    "PyTorchTrial",
+    "PyTorchTrialContext",
+    "Reducer",
+    "TorchData",
+    "TrainUnit",
+    "Trainer",
+    "TrialModule",
+    "data_length",
+    "init",
+    "samplers",
+    "to_device",
+    "__version__",
+]

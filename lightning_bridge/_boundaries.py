@@ -1,0 +1,180 @@
+"""`TrialBoundaries`: Determined's training schedule as a Lightning callback.
+
+After every batch it checks the four boundaries in Determined's order (training length,
+validation period, checkpoint period, reporting period). When any is reached the reporting
+window closes, then validation, checkpoint and the stop request are handled in that order;
+when the training length is reached, a final validation and checkpoint run (unless current)
+and Lightning is told to stop.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import pathlib
+from typing import Any
+
+import lightning.pytorch as pl
+
+from ._checkpoint import save_checkpoint
+from ._lightning_compat import disable_scheduled_validation, run_validation
+from ._module import TrialModule
+from ._units import Batch, Epoch, TrainUnit
+
+logger = logging.getLogger("lightning_bridge")
+
+
+class _Kind(enum.Enum):
+    TRAIN = "train"
+    VALIDATE = "validate"
+    CHECKPOINT = "checkpoint"
+    REPORT = "report"
+
+
+class TrialBoundaries(pl.Callback):
+    """Validation, checkpoints, reporting and stopping at Determined's batch boundaries."""
+
+    def __init__(
+        self,
+        *,
+        max_length: TrainUnit,
+        validation_period: TrainUnit,
+        checkpoint_period: TrainUnit,
+        reporting_period: TrainUnit,
+        checkpoint_policy: str,
+        checkpoint_dir: pathlib.Path,
+        step_zero_validation: bool = False,
+        test_mode: bool = False,
+        searcher_metric: str | None = None,
+        smaller_is_better: bool = True,
+    ) -> None:
+        self._length: TrainUnit = Batch(1) if test_mode else max_length
+        self._boundaries = [
+            (_Kind.TRAIN, max_length),
+            (_Kind.VALIDATE, validation_period),
+            (_Kind.CHECKPOINT, checkpoint_period),
+            (_Kind.REPORT, reporting_period),
+        ]
+        self._policy = checkpoint_policy
+        self._checkpoint_dir = checkpoint_dir
+        self._step_zero_validation = step_zero_validation
+        self._test_mode = test_mode
+        self._searcher_metric = searcher_metric
+        self._smaller_is_better = smaller_is_better
+        self._best: float | None = None
+        self.checkpoints: list[pathlib.Path] = []
+        self.stopped_early = False
+
+    # ----- Lightning hooks -----
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        module = self._module(pl_module)
+        disable_scheduled_validation(trainer)
+        module.begin_training()
+        if self._step_zero_validation and module.state.batches_trained == 0:
+            self._validate(trainer, module)
+        if self._remaining(module) <= 0:
+            self._finish(trainer, module)
+
+    def on_train_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+    ) -> None:
+        module = self._module(pl_module)
+        reached = self._reached(module)
+        if not reached:
+            return
+        module.close_training_window()
+        state = module.state
+        for kind in reached:
+            if kind is _Kind.VALIDATE and not state.validation_is_current:
+                self._validate(trainer, module)
+            elif kind is _Kind.CHECKPOINT and not state.checkpoint_is_current:
+                self._checkpoint(module)
+            elif kind in (_Kind.TRAIN, _Kind.REPORT):
+                logger.debug("Trained %d batches", state.batches_trained)
+            if module.context.get_stop_requested():
+                if not state.checkpoint_is_current:
+                    self._checkpoint(module)
+                self.stopped_early = True
+                trainer.should_stop = True
+                return
+        if self._remaining(module) <= 0:
+            self._finish(trainer, module)
+
+    # ----- boundary arithmetic -----
+
+    @staticmethod
+    def _module(pl_module: pl.LightningModule) -> TrialModule:
+        assert isinstance(pl_module, TrialModule), "TrialBoundaries drives a TrialModule"
+        return pl_module
+
+    def _remaining(self, module: TrialModule) -> int:
+        assert isinstance(self._length.value, int)
+        done = (
+            module.state.batches_trained
+            if isinstance(self._length, Batch)
+            else module.state.epochs_trained
+        )
+        return self._length.value - done
+
+    def _reached(self, module: TrialModule) -> list[_Kind]:
+        """The boundaries the batch just trained reaches, in Determined's order."""
+        batch_idx = module.state.batches_trained - 1
+        epoch_idx, in_epoch = divmod(batch_idx, module.epoch_len)
+        epoch_end = in_epoch == module.epoch_len - 1
+        reached = []
+        for kind, unit in self._boundaries:
+            if (
+                (isinstance(unit, Batch) and unit.should_stop(batch_idx + 1))
+                or (isinstance(unit, Epoch) and epoch_end and unit.should_stop(epoch_idx + 1))
+                or (kind is _Kind.TRAIN and self._test_mode)
+            ):
+                reached.append(kind)
+        return reached
+
+    # ----- actions -----
+
+    def _finish(self, trainer: pl.Trainer, module: TrialModule) -> None:
+        if not module.state.validation_is_current:
+            self._validate(trainer, module)
+        if not module.state.checkpoint_is_current:
+            self._checkpoint(module)
+        trainer.should_stop = True
+
+    def _validate(self, trainer: pl.Trainer, module: TrialModule) -> None:
+        run_validation(trainer)
+        metrics = module.last_validation_metrics or {}
+        if not module.is_chief or module.state.checkpoint_is_current:
+            return
+        if self._policy == "all" or (self._policy == "best" and self._is_best(metrics)):
+            self._checkpoint(module)
+
+    def _is_best(self, metrics: dict[str, Any]) -> bool:
+        assert self._searcher_metric is not None
+        if self._searcher_metric not in metrics:
+            from ._errors import InvalidTrialError
+
+            raise InvalidTrialError(
+                f"checkpoint_policy='best' compares the searcher metric "
+                f"{self._searcher_metric!r}, but validation returned {sorted(metrics)}; return "
+                "that metric or change searcher.metric."
+            )
+        value = float(metrics[self._searcher_metric])
+        better = self._best is None or (
+            value < self._best if self._smaller_is_better else value > self._best
+        )
+        if better:
+            self._best = value
+        return better
+
+    def _checkpoint(self, module: TrialModule) -> None:
+        if module.is_chief:
+            path, _ = save_checkpoint(module, self._checkpoint_dir)
+            self.checkpoints.append(path)
+        else:
+            module.state.last_ckpt = module.state.batches_trained

@@ -1,0 +1,294 @@
+"""Checkpoints in Determined's directory layout, written atomically and loaded safely.
+
+A checkpoint is a directory holding `state_dict.pth` (models, optimizers, LR schedulers,
+callbacks, RNG states), `trial_state.pkl` (progress counters), `load_data.json` (how to rebuild
+the trial) and `metadata.json`. It is written to a temporary sibling directory, flushed to disk,
+then renamed into place, so a reader never sees a partial checkpoint.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import os
+import pathlib
+import pickle
+import random
+import shutil
+import uuid as uuid_lib
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from . import __version__
+from ._errors import InvalidCheckpointError
+from ._state import TrialState
+
+if TYPE_CHECKING:
+    from ._module import TrialModule
+
+logger = logging.getLogger("lightning_bridge")
+
+STATE_FILE = "state_dict.pth"
+LEGACY_STATE_FILES = (
+    ("state_dict.pth",),
+    ("determined", "state_dict.pth"),
+    ("pedl", "state_dict.pth"),
+    ("checkpoint.pt",),
+)
+
+
+# ----- RNG state in a form `torch.load(weights_only=True)` accepts -----
+
+
+def capture_rng_state() -> dict[str, Any]:
+    """Every RNG the training loop draws from; numpy's key is stored as a tensor."""
+    np_state: Any = np.random.get_state()
+    state: dict[str, Any] = {
+        "cpu_rng_state": torch.random.get_rng_state(),
+        "np_rng_state": (
+            str(np_state[0]),
+            torch.from_numpy(np.asarray(np_state[1], dtype=np.int64)),
+            int(np_state[2]),
+            int(np_state[3]),
+            float(np_state[4]),
+        ),
+        "random_rng_state": random.getstate(),
+    }
+    if torch.cuda.is_available() and torch.cuda.device_count():
+        state["gpu_rng_state"] = torch.cuda.get_rng_state()
+    return state
+
+
+def restore_rng_state(state: dict[str, Any]) -> None:
+    np_state = state["np_rng_state"]
+    if isinstance(np_state, tuple) and len(np_state) == 5:
+        key = np_state[1]
+        if isinstance(key, torch.Tensor):
+            key = key.numpy()
+        np.random.set_state((np_state[0], np.asarray(key, dtype=np.uint32), *np_state[2:]))
+    else:
+        np.random.set_state(np_state)
+    random.setstate(state["random_rng_state"])
+    torch.random.set_rng_state(state["cpu_rng_state"])
+    if "gpu_rng_state" in state and torch.cuda.is_available() and torch.cuda.device_count():
+        torch.cuda.set_rng_state(state["gpu_rng_state"])
+
+
+# ----- payload <-> trial -----
+
+
+def trial_payload(module: TrialModule) -> dict[str, Any]:
+    """The contents of `state_dict.pth` for the module's trial."""
+    ctx = module.context
+    return {
+        "models_state_dict": [m.state_dict() for m in ctx.models],
+        "optimizers_state_dict": [o.state_dict() for o in ctx.optimizers],
+        "lr_schedulers_state_dict": [s.state_dict() for s in ctx.lr_schedulers],
+        "callbacks": {name: cb.state_dict() for name, cb in module.trial_callbacks.items()},
+        "rng_state": capture_rng_state(),
+        "trial_state": module.state.to_dict(),
+    }
+
+
+def _load_model(idx: int, model: torch.nn.Module, state: dict[str, Any]) -> None:
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as exc:
+        stripped = torch.nn.modules.utils.consume_prefix_in_state_dict_if_present
+        state = dict(state)
+        stripped(state, "module.")
+        try:
+            model.load_state_dict(state)
+        except RuntimeError:
+            raise InvalidCheckpointError(
+                f"The checkpoint's model {idx} does not fit the trial's model {idx} "
+                f"({type(model).__name__}): {exc}"
+            ) from None
+
+
+def apply_payload(module: TrialModule, payload: dict[str, Any]) -> None:
+    """Load a `state_dict.pth` payload into the module's trial."""
+    ctx = module.context
+    for cb in module.trial_callbacks.values():
+        cb.on_checkpoint_load_start(payload)
+    if "model_state_dict" in payload:
+        models = [payload["model_state_dict"]]
+    else:
+        models = list(payload.get("models_state_dict", []))
+    if len(models) != len(ctx.models):
+        raise InvalidCheckpointError(
+            f"The checkpoint holds {len(models)} model(s) but the trial wraps {len(ctx.models)}; "
+            "load it into the trial class that wrote it."
+        )
+    for idx, (model, state) in enumerate(zip(ctx.models, models, strict=True)):
+        _load_model(idx, model, state)
+    if "optimizer_state_dict" in payload:
+        optimizers = [payload["optimizer_state_dict"]]
+    else:
+        optimizers = list(payload.get("optimizers_state_dict", []))
+    if len(optimizers) != len(ctx.optimizers):
+        raise InvalidCheckpointError(
+            f"The checkpoint holds {len(optimizers)} optimizer(s) but the trial wraps "
+            f"{len(ctx.optimizers)}; load it into the trial class that wrote it."
+        )
+    for opt, state in zip(ctx.optimizers, optimizers, strict=True):
+        opt.load_state_dict(state)
+    if "lr_scheduler" in payload:
+        schedulers = [payload["lr_scheduler"]]
+    else:
+        schedulers = list(payload.get("lr_schedulers_state_dict", []))
+    for sched, state in zip(ctx.lr_schedulers, schedulers, strict=False):
+        sched.load_state_dict(state)
+    if "rng_state" in payload:
+        restore_rng_state(payload["rng_state"])
+    saved_callbacks = payload.get("callbacks", {}) or {}
+    for name, cb in module.trial_callbacks.items():
+        if name in saved_callbacks:
+            cb.load_state_dict(saved_callbacks[name])
+    if "trial_state" in payload:
+        module.state = TrialState.from_dict(payload["trial_state"])
+
+
+# ----- writing -----
+
+
+def _fsync_tree(root: pathlib.Path) -> None:
+    for path in sorted(root.rglob("*")):
+        if path.is_file():
+            with open(path, "rb") as f:
+                os.fsync(f.fileno())
+    fd = os.open(root, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def save_checkpoint(module: TrialModule, base_dir: pathlib.Path) -> tuple[pathlib.Path, str]:
+    """Write the trial's checkpoint under `base_dir/<uuid>`; returns its path and id.
+
+    Fires the trial callbacks' save hooks in Determined's order.
+    """
+    state = module.state
+    state.last_ckpt = state.batches_trained
+    payload = trial_payload(module)
+    payload.pop("trial_state")
+    for cb in module.trial_callbacks.values():
+        cb.on_checkpoint_save_start(payload)
+    storage_id = str(uuid_lib.uuid4())
+    base_dir.mkdir(parents=True, exist_ok=True)
+    final = base_dir / storage_id
+    tmp = base_dir / f".{storage_id}.partial"
+    tmp.mkdir()
+    try:
+        torch.save(payload, tmp / STATE_FILE)
+        with open(tmp / "trial_state.pkl", "wb") as f:
+            pickle.dump(state.to_dict(), f)
+        with open(tmp / "load_data.json", "w") as f:
+            json.dump(_load_data(module), f)
+        with open(tmp / "metadata.json", "w") as f:
+            json.dump(
+                {
+                    "lightning_bridge_version": __version__,
+                    "steps_completed": state.batches_trained,
+                    "framework": f"torch-{torch.__version__}",
+                    "format": "pickle",
+                },
+                f,
+                indent=2,
+            )
+        _fsync_tree(tmp)
+        os.replace(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    logger.info("Checkpoint %s written to %s", storage_id, final)
+    for cb in module.trial_callbacks.values():
+        cb.on_checkpoint_end(str(final))
+        cb.on_checkpoint_write_end(str(final))
+    for cb in module.trial_callbacks.values():
+        cb.on_checkpoint_upload_end(uuid=storage_id)
+    return final, storage_id
+
+
+def _load_data(module: TrialModule) -> dict[str, Any]:
+    ctx = module.context
+    cls = type(module.trial)
+    return {
+        "trial_type": "PyTorchTrial",
+        "experiment_config": ctx._exp_conf if ctx._hparams is not None else None,
+        "hparams": ctx._hparams if ctx._exp_conf is not None else None,
+        "trial_cls_spec": f"{cls.__module__}:{cls.__qualname__}",
+        "is_trainer": True,
+    }
+
+
+# ----- reading -----
+
+
+class _StateUnpickler(pickle.Unpickler):
+    """Reads `trial_state.pkl` (a dict of ints) and refuses any other global."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        raise InvalidCheckpointError(
+            f"trial_state.pkl refers to {module}.{name}; a trial state holds only numbers, so "
+            "the file is not a trial state (or was tampered with)."
+        )
+
+
+def read_trial_state(path: pathlib.Path) -> TrialState | None:
+    file = path / "trial_state.pkl"
+    if not file.exists():
+        return None
+    try:
+        data = _StateUnpickler(io.BytesIO(file.read_bytes())).load()
+    except InvalidCheckpointError:
+        raise
+    except Exception as exc:
+        raise InvalidCheckpointError(f"{file} is not a readable trial state: {exc}") from None
+    if not isinstance(data, dict):
+        raise InvalidCheckpointError(f"{file} does not hold a trial state dict.")
+    return TrialState.from_dict(data)
+
+
+def load_state_file(path: pathlib.Path) -> dict[str, Any]:
+    """The `state_dict.pth` payload of a checkpoint directory, loaded weights-only."""
+    if not path.is_dir():
+        raise InvalidCheckpointError(
+            f"Checkpoint directory {path} does not exist; pass the directory a previous run "
+            "logged as 'Checkpoint ... written to ...'."
+        )
+    for parts in LEGACY_STATE_FILES:
+        file = path.joinpath(*parts)
+        if file.exists():
+            break
+    else:
+        raise InvalidCheckpointError(
+            f"{path} is not a checkpoint: it holds no state_dict.pth (nor an older "
+            "determined/state_dict.pth, pedl/state_dict.pth or checkpoint.pt)."
+        )
+    try:
+        payload = torch.load(file, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        raise InvalidCheckpointError(
+            f"{file} could not be loaded safely ({type(exc).__name__}: {str(exc)[:300]}). "
+            "It may be truncated, corrupt, or hold objects that are not plain tensors and "
+            "containers."
+        ) from None
+    if not isinstance(payload, dict):
+        raise InvalidCheckpointError(f"{file} does not hold a checkpoint dict.")
+    return payload
+
+
+def restore_checkpoint(module: TrialModule, directory: str | os.PathLike[str]) -> None:
+    """Restore models, optimizers, schedulers, callbacks, RNG and progress from a checkpoint."""
+    path = pathlib.Path(directory)
+    payload = load_state_file(path)
+    state = read_trial_state(path)
+    logger.info("Restoring trial from checkpoint %s", path)
+    apply_payload(module, payload)
+    if state is not None:
+        module.state = state

@@ -1,0 +1,139 @@
+"""Training and validation metric handling: checks, conversion, averaging and reduction.
+
+Training metrics are kept per batch for a reporting window and averaged when it closes.
+Validation metrics are reduced per metric with the trial's `Reducer`s, then across processes.
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from ._distributed import DistributedContext
+from ._errors import InvalidTrialError
+from ._reducer import Reducer, reduce_values
+
+
+def _check_value(where: str, key: Any, value: Any) -> None:
+    if not isinstance(key, str):
+        raise InvalidTrialError(f"{where} returned a metric name {key!r}; names must be strings.")
+    if value is None or isinstance(value, (numbers.Number, torch.Tensor, np.ndarray, np.generic)):
+        return
+    if isinstance(value, (list, tuple)) and all(isinstance(v, numbers.Number) for v in value):
+        return
+    raise InvalidTrialError(
+        f"{where} returned metric {key!r} of type {type(value).__name__}; metric values must "
+        "be numbers, tensors or numeric arrays."
+    )
+
+
+def check_training_output(out: Any) -> dict[str, Any]:
+    """`train_batch`'s result as a metrics dict (a bare tensor becomes {"loss": tensor})."""
+    if isinstance(out, torch.Tensor):
+        return {"loss": out.detach()}
+    if not isinstance(out, Mapping):
+        raise InvalidTrialError(
+            "train_batch() must return the loss tensor or a dict of metric names to values; "
+            f"got {type(out).__name__}."
+        )
+    metrics = {}
+    for key, value in out.items():
+        _check_value("train_batch()", key, value)
+        metrics[key] = value.detach() if isinstance(value, torch.Tensor) else value
+    return metrics
+
+
+def check_validation_output(out: Any, where: str) -> dict[str, Any]:
+    if not isinstance(out, Mapping):
+        raise InvalidTrialError(
+            f"{where} must return a dict of metric names to values; got {type(out).__name__}."
+        )
+    for key, value in out.items():
+        _check_value(where, key, value)
+    return dict(out)
+
+
+def to_numpy(metrics: dict[str, Any]) -> dict[str, Any]:
+    """Tensors become numpy values (on the host); everything else is kept as is."""
+    return {
+        k: (v.detach().cpu().numpy() if isinstance(v, torch.Tensor) else v)
+        for k, v in metrics.items()
+    }
+
+
+def _mean_or_none(values: list) -> float | None:
+    present = [v for v in values if v is not None]
+    try:
+        return float(np.mean(np.asarray(present)).item()) if present else None
+    except (TypeError, ValueError):
+        return None
+
+
+def average_training_metrics(batch_metrics: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Mean of each metric over a window's batches (None for values that cannot be averaged)."""
+    if not batch_metrics:
+        return {}
+    keys = list(batch_metrics[0])
+    for i, metrics in enumerate(batch_metrics):
+        if list(metrics) != keys and set(metrics) != set(keys):
+            raise InvalidTrialError(
+                "train_batch() must return the same metric names on every batch; batch "
+                f"{i} of the window returned {sorted(metrics)} instead of {sorted(keys)}."
+            )
+    return {key: _mean_or_none([m[key] for m in batch_metrics]) for key in keys}
+
+
+def average_across_processes(
+    distributed: DistributedContext, batch_metrics: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """Per-batch training metrics averaged over processes (each trained its own shard)."""
+    gathered = distributed.allgather(batch_metrics)
+    averaged: list[dict[str, Any]] = []
+    for per_process in zip(*gathered, strict=False):
+        batch: dict[str, Any] = {}
+        for key in per_process[0]:
+            values = [m[key] for m in per_process if m.get(key) is not None]
+            batch[key] = np.mean(np.asarray(values), axis=0) if values else None
+        averaged.append(batch)
+    return averaged
+
+
+def reduce_validation_metrics(
+    distributed: DistributedContext,
+    batch_metrics: list[dict[str, Any]],
+    keys: Sequence[str],
+    reducers: dict[str, Reducer],
+) -> dict[str, Any]:
+    """Reduce per-batch validation metrics on this process, then across processes."""
+    local = {
+        key: reduce_values(reducers[key], np.stack([b[key] for b in batch_metrics], axis=0))
+        for key in keys
+    }
+    if distributed.size == 1:
+        return local
+    gathered = distributed.allgather((local, len(batch_metrics)))
+    parts = [(m, n) for m, n in gathered if n]
+    weights = [n for _, n in parts]
+    return {
+        key: reduce_values(
+            reducers[key], np.stack([np.asarray(m[key]) for m, _ in parts], axis=0), weights
+        )
+        for key in keys
+    }
+
+
+def scalar_items(metrics: Mapping[str, Any]) -> dict[str, float]:
+    """The metrics that are single numbers, as floats (for loggers and the progress bar)."""
+    out: dict[str, float] = {}
+    for key, value in metrics.items():
+        if isinstance(value, bool):
+            continue
+        if isinstance(value, numbers.Number):
+            out[key] = float(value)  # type: ignore[arg-type]
+        elif isinstance(value, (np.ndarray, np.generic, torch.Tensor)) and np.size(value) == 1:
+            out[key] = float(np.asarray(value).reshape(()))
+    return out
