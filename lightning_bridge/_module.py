@@ -389,13 +389,20 @@ class TrialModule(pl.LightningModule):
         # Gradients may be mid-accumulation (aggregation_frequency); Determined keeps them.
         pass
 
+    def _sanity_checking(self) -> bool:
+        # Lightning's pre-fit sanity check (plain lightning.Trainer only) runs evaluate_batch to
+        # catch errors early; it is not a trial validation, so callbacks and state ignore it.
+        return self._trainer is not None and bool(self.trainer.sanity_checking)
+
     def on_validation_start(self) -> None:
         self._ctx.reset_reducers()
-        for cb in self._callbacks():
-            cb.on_validation_start()
         self._val_outputs = []
         self._val_keys = None
         self._full_metrics = {}
+        if self._sanity_checking():
+            return
+        for cb in self._callbacks():
+            cb.on_validation_start()
         if self._evaluate_batch:
             for cb in self._callbacks():
                 cb.on_validation_epoch_start()
@@ -429,6 +436,10 @@ class TrialModule(pl.LightningModule):
 
     def on_validation_epoch_end(self) -> None:
         ctx = self._ctx
+        if self._sanity_checking():
+            self._val_outputs = []
+            ctx.reset_reducers()
+            return
         if self._evaluate_batch:
             if not self._val_outputs:
                 raise InvalidTrialError(

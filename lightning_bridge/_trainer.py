@@ -13,6 +13,7 @@ import os
 import pathlib
 import random
 import sys
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -31,6 +32,15 @@ from ._units import Batch, TrainUnit, check_length, check_period
 logger = logging.getLogger("lightning_bridge")
 
 CHECKPOINT_POLICIES = ("best", "all", "none")
+
+# Lightning warnings about choices the bridge makes on the user's behalf (the trial fetches its
+# own batches; metrics are reported at Determined's boundaries, not Lightning's logging
+# interval). They say nothing actionable to a trial's author, so fits run without them.
+_ENGINE_WARNINGS = (
+    r".*`dataloader_iter` step flavor.*",
+    r".*Found `dataloader_iter` argument.*",
+    r".*smaller than the logging interval.*",
+)
 
 
 class _Engine:
@@ -293,7 +303,10 @@ class Trainer:
         trainer = pl.Trainer(**kwargs)
         self.lightning_trainer = trainer
         try:
-            trainer.fit(module)
+            with warnings.catch_warnings():
+                for pattern in _ENGINE_WARNINGS:
+                    warnings.filterwarnings("ignore", message=pattern)
+                trainer.fit(module)
         finally:
             module.shutdown()
             self.checkpoints = list(boundaries.checkpoints)
