@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .recording import Event, Recorder
+from .recording import Event, Recorder, list_files
 from .trials import SCENARIOS, Scenario
 
 API_MODULES = {"determined": "determined.pytorch", "lightning_bridge": "lightning_bridge"}
@@ -40,7 +40,13 @@ class RunRecord:
     events: list[Event]
     weights: dict[str, dict[str, np.ndarray]]
     final_lrs: dict[str, list[float]]
+    # Per checkpoint (in on_checkpoint_write_end order): the files of its directory once fit()
+    # returned, the files present when on_checkpoint_write_end ran, and where the directory is
+    # (its parent relative to the user data directory, or "<elsewhere>") and whether its name
+    # is the uuid given to on_checkpoint_upload_end.
     checkpoint_files: list[list[str]]
+    files_at_write_end: list[list[str]]
+    checkpoint_locations: list[dict[str, Any]]
     counters: dict[str, int]
 
     def of_kind(self, *kinds: str) -> list[Event]:
@@ -85,6 +91,8 @@ class RunRecord:
                 m: {k: v.tolist() for k, v in sd.items()} for m, sd in self.weights.items()
             },
             "checkpoint_files": self.checkpoint_files,
+            "files_at_write_end": self.files_at_write_end,
+            "checkpoint_locations": self.checkpoint_locations,
             "counters": self.counters,
         }
         if with_events:
@@ -163,15 +171,33 @@ def run_trial(
                 name: [float(g["lr"]) for g in opt.param_groups]
                 for name, opt in trial.optimizers_by_name.items()
             }
+        checkpoint_files = [
+            list_files(d) if os.path.isdir(d) else [] for d in recorder.checkpoint_dirs
+        ]
+        checkpoint_locations = [
+            _location(d, recorder.checkpoint_uuids) for d in recorder.checkpoint_dirs
+        ]
     return RunRecord(
         api=api_name(pytorch),
         scenario=scenario.name,
         events=recorder.events,
         weights=weights,
         final_lrs=final_lrs,
-        checkpoint_files=recorder.checkpoint_files,
+        checkpoint_files=checkpoint_files,
+        files_at_write_end=recorder.files_at_write_end,
+        checkpoint_locations=checkpoint_locations,
         counters=dict(recorder.counters),
     )
+
+
+def _location(checkpoint_dir: str, uuids: list[str]) -> dict[str, Any]:
+    data_home = pathlib.Path(os.environ["XDG_DATA_HOME"]).resolve()
+    path = pathlib.Path(checkpoint_dir).resolve()
+    try:
+        parent = str(path.parent.relative_to(data_home))
+    except ValueError:
+        parent = "<elsewhere>"
+    return {"parent": parent, "named_by_uuid": path.name in uuids}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -57,7 +57,8 @@ class Recorder:
     def __init__(self) -> None:
         self.events: list[Event] = []
         self.counters: dict[str, int] = {}
-        self.checkpoint_files: list[list[str]] = []
+        self.checkpoint_dirs: list[str] = []
+        self.files_at_write_end: list[list[str]] = []
         self.checkpoint_uuids: list[str] = []
 
     def log(self, kind: str, name: str, **args: Any) -> None:
@@ -131,10 +132,11 @@ def make_recording_callback(pytorch: ModuleType, recorder: Recorder) -> Any:
 
         def on_checkpoint_write_end(self, checkpoint_dir: str) -> None:
             self._hook("on_checkpoint_write_end", path_given=isinstance(checkpoint_dir, str))
+            recorder.checkpoint_dirs.append(str(checkpoint_dir))
             if isinstance(checkpoint_dir, str) and os.path.isdir(checkpoint_dir):
-                recorder.checkpoint_files.append(list_files(checkpoint_dir))
+                recorder.files_at_write_end.append(list_files(checkpoint_dir))
             else:
-                recorder.checkpoint_files.append([])
+                recorder.files_at_write_end.append([])
 
         def on_checkpoint_upload_end(self, uuid: str) -> None:
             self._hook("on_checkpoint_upload_end", uuid_given=isinstance(uuid, str) and bool(uuid))

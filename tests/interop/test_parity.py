@@ -135,13 +135,20 @@ def _outside_code_copy(files: list[str]) -> list[str]:
 
 @pytest.mark.parametrize("name", SCENARIO_NAMES)
 def test_checkpoint_files(run_pair: Callable[[str], Pair], name: str) -> None:
-    """Checkpoints hold Determined's files at on_checkpoint_write_end time."""
+    """Every checkpoint ends up with Determined's files, in a directory named by the uuid that
+    on_checkpoint_upload_end reports.  (Where the directories live is the bridge's choice: the
+    reference's default is the user data directory; it is recorded but not compared.)"""
     expected, got = run_pair(name)
     _assert_no_diff(
-        f"[{name}] checkpoint directory contents differ",
+        f"[{name}] checkpoint directories differ",
         diff_values(
             [_outside_code_copy(f) for f in expected.checkpoint_files],
             [_outside_code_copy(f) for f in got.checkpoint_files],
-            "checkpoints",
+            "files",
+        )
+        + diff_values(
+            [loc["named_by_uuid"] for loc in expected.checkpoint_locations],
+            [loc["named_by_uuid"] for loc in got.checkpoint_locations],
+            "named_by_uuid",
         ),
     )

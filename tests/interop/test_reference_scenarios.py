@@ -148,6 +148,10 @@ def test_reducers(ref_run: Callable[[str], RunRecord]) -> None:
         assert not {"val_custom_acc", "val_class0_share"} & set(avg)
         # The reducer used in both phases is reset at every workload start.
         assert avg["updates"] == len(args["batch_metrics"])
+        # A non-scalar training metric is averaged over all its elements and batches.
+        vectors = [m["mean_logits"] for m in args["batch_metrics"]]
+        assert all(len(v) == 3 for v in vectors)
+        assert avg["mean_logits"] == pytest.approx(float(np.mean(vectors)))
     outputs = [a["outputs"] for a in rec.hook_args("on_validation_epoch_end")]
     assert len(outputs) == len(rec.validation_metrics) == 3
     for out, metrics in zip(outputs, rec.validation_metrics, strict=True):
@@ -158,6 +162,8 @@ def test_reducers(ref_run: Callable[[str], RunRecord]) -> None:
         assert metrics["v_sum"] == sum(o["v_sum"] for o in out)
         assert metrics["v_max"] == pytest.approx(max(o["v_max"] for o in out))
         assert metrics["v_min"] == pytest.approx(min(o["v_min"] for o in out))
+        # Reducer.AVG of a non-scalar metric: one scalar, the mean over every element.
+        assert metrics["v_vec"] == pytest.approx(float(np.mean([o["v_vec"] for o in out])))
     # MetricReducer: per-slot then cross-slot reduction once per validation, never in training.
     names = [e["name"] for e in rec.events if e["name"].startswith("reducer_")]
     assert names.count("reducer_cross_slot_reduce") == 3
@@ -181,6 +187,8 @@ def test_full_dataset_schedules(ref_run: Callable[[str], RunRecord]) -> None:
     assert all(c["ids"] == list(range(12)) for c in calls)
     assert all(not c["training"] and not c["grad_enabled"] for c in calls)
     assert all(m["val_count"] == 12 for m in rec.validation_metrics)
+    # Workloads end at validations, checkpoints, the end of the 8-batch epoch and the end.
+    assert batches_before(rec, "on_training_workload_end") == [3, 5, 7, 8, 10, 11, 12]
     assert not [e for e in rec.hooks if e["name"].startswith("on_validation_epoch")]
 
 

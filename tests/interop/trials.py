@@ -399,7 +399,8 @@ def make_reducers_trial(pytorch: ModuleType, recorder: Recorder) -> type:
             margin = logits.detach().max(dim=1).values - logits.detach().min(dim=1).values
             self.train_median.update(margin)
             self.updates.update(batch_idx)
-            return {"loss": loss}
+            # A non-scalar metric: the per-class mean logit.
+            return {"loss": loss, "mean_logits": logits.detach().mean(dim=0)}
 
         def evaluate_batch(self, batch: Any) -> dict[str, Any]:
             ids, x, labels = batch
@@ -414,6 +415,7 @@ def make_reducers_trial(pytorch: ModuleType, recorder: Recorder) -> type:
                 "v_sum": (pred == labels).sum(),
                 "v_max": probs.max(),
                 "v_min": probs.min(),
+                "v_vec": logits.mean(dim=0),
             }
 
         def evaluation_reducer(self) -> dict[str, Any]:
@@ -422,6 +424,7 @@ def make_reducers_trial(pytorch: ModuleType, recorder: Recorder) -> type:
                 "v_sum": pytorch.Reducer.SUM,
                 "v_max": pytorch.Reducer.MAX,
                 "v_min": pytorch.Reducer.MIN,
+                "v_vec": pytorch.Reducer.AVG,
             }
 
     return ReducersTrial
@@ -512,6 +515,7 @@ def _fit_full_dataset(pytorch: ModuleType) -> dict[str, Any]:
         "max_length": pytorch.Batch(12),
         "validation_period": pytorch.Batch([3, 7, 11]),
         "checkpoint_period": pytorch.Batch([5, 10]),
+        "reporting_period": pytorch.Epoch(1),
         "step_zero_validation": True,
     }
 
@@ -727,7 +731,7 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario(
             name="reducers",
             description="function and MetricReducer reducers, per-metric evaluation reducers, "
-            "STEP_EVERY_OPTIMIZER_STEP frequency=2",
+            "non-scalar metrics, STEP_EVERY_OPTIMIZER_STEP frequency=2",
             make_trial=make_reducers_trial,
             fit_kwargs=_fit_reducers,
             hparams={"global_batch_size": 8, "lr": 0.05},
@@ -735,7 +739,8 @@ SCENARIOS: dict[str, Scenario] = {
         ),
         Scenario(
             name="full_dataset",
-            description="evaluate_full_dataset, Batch schedules, step_zero_validation",
+            description="evaluate_full_dataset, Batch schedules, step_zero_validation, "
+            "reporting every epoch",
             make_trial=make_full_dataset_trial,
             fit_kwargs=_fit_full_dataset,
             hparams={"global_batch_size": 5, "lr": 0.05},
