@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import pathlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -63,7 +64,14 @@ class _EpochFeed:
 
 
 class _FullDataset:
-    """Placeholder batch: `evaluate_full_dataset` runs once, as a single validation step."""
+    """Validation "loader" of one placeholder batch: `evaluate_full_dataset` runs once, as a
+    single validation step, and receives the real validation loader itself."""
+
+    def __len__(self) -> int:
+        return 1
+
+    def __iter__(self) -> Iterator[None]:
+        yield None
 
 
 class TrialModule(pl.LightningModule):
@@ -164,8 +172,11 @@ class TrialModule(pl.LightningModule):
         return list(self._ctx.optimizers)
 
     def on_fit_start(self) -> None:
+        uuid = None
+        if self._latest_checkpoint is not None:
+            uuid = pathlib.Path(self._latest_checkpoint).name
         for cb in self._callbacks():
-            cb.on_trial_startup(self._start_batch, self._latest_checkpoint)
+            cb.on_trial_startup(self._start_batch, uuid)
 
     def train_dataloader(self) -> Any:
         if self._feed is None:
@@ -176,7 +187,7 @@ class TrialModule(pl.LightningModule):
         if self._feed is None:
             self._build_data()
         if not self._evaluate_batch:
-            return [_FullDataset()]
+            return _FullDataset()
         return self._val_loader
 
     def _loader(self, built: Any, fn_name: str, *, repeat: bool, shard: bool, skip: int) -> Any:

@@ -30,15 +30,18 @@ class Reducer(enum.Enum):
 def reduce_values(
     reducer: Reducer, values: np.ndarray, weights: Sequence[int] | None = None
 ) -> Any:
-    """Reduce stacked metric values along the first axis (weighted for AVG across processes)."""
+    """Reduce stacked metric values to one number (weighted for AVG across processes).
+
+    Like Determined, a non-scalar metric reduces over all of its elements, not per element.
+    """
     if reducer is Reducer.AVG:
-        return np.average(values, axis=0, weights=weights)
+        return np.average(values, weights=weights)
     if reducer is Reducer.SUM:
-        return np.sum(values, axis=0)
+        return np.sum(values)
     if reducer is Reducer.MAX:
-        return np.max(values, axis=0)
+        return np.max(values)
     if reducer is Reducer.MIN:
-        return np.min(values, axis=0)
+        return np.min(values)
     raise InvalidTrialError(f"Unknown reducer {reducer!r}; use a lightning_bridge.Reducer member.")
 
 

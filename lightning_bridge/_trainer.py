@@ -143,6 +143,14 @@ def _checkpoint_dir(context: PyTorchTrialContext, explicit: Any) -> pathlib.Path
     return context._run_dir / "checkpoints"
 
 
+def _resolve_checkpoint(value: str | os.PathLike[str], ckpt_dir: pathlib.Path) -> pathlib.Path:
+    """A checkpoint given as a directory path, or as a checkpoint id under the checkpoint dir."""
+    path = pathlib.Path(value)
+    if not path.is_dir() and (ckpt_dir / path).is_dir():
+        return ckpt_dir / path
+    return path
+
+
 def _loggers(context: PyTorchTrialContext) -> list[Any]:
     from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 
@@ -244,6 +252,8 @@ class Trainer:
 
         engine: Any = getattr(ctx, "_engine", None)
         ckpt_dir = _checkpoint_dir(ctx, engine.checkpoint_dir if engine else None)
+        if latest_checkpoint is not None:
+            latest_checkpoint = str(_resolve_checkpoint(latest_checkpoint, ckpt_dir))
         module = TrialModule(
             self._trial, ctx, test_mode=test_mode, latest_checkpoint=latest_checkpoint
         )

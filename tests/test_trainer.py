@@ -300,3 +300,10 @@ def test_recorder_sees_callbacks_in_reference_order_around_checkpoint() -> None:
 
 def test_recorder_is_a_callback() -> None:
     assert isinstance(Recorder(), pytorch.PyTorchCallback)
+
+
+def test_resume_by_checkpoint_id_under_the_checkpoint_dir() -> None:
+    _, first = fit(max_length=pytorch.Batch(3))
+    uuid = first.checkpoints[-1].name
+    trial, _ = fit(max_length=pytorch.Batch(4), latest_checkpoint=uuid)
+    assert trial.recorder.calls[0] == ("on_trial_startup", 3)
