@@ -90,7 +90,25 @@ def trial_payload(module: TrialModule) -> dict[str, Any]:
         "callbacks": {name: cb.state_dict() for name, cb in module.trial_callbacks.items()},
         "rng_state": capture_rng_state(),
         "trial_state": module.state.to_dict(),
+        "lightning_bridge": {**module.data_state(), "gradients": _pending_gradients(module)},
     }
+
+
+def _pending_gradients(module: TrialModule) -> list[list[torch.Tensor | None]] | None:
+    """Gradients accumulated towards an optimizer step that has not happened yet."""
+    ctx = module.context
+    if module.state.batches_trained % ctx._aggregation_frequency == 0:
+        return None
+    return [
+        [None if p.grad is None else p.grad.detach().clone() for p in model.parameters()]
+        for model in ctx.models
+    ]
+
+
+def _restore_gradients(module: TrialModule, grads: list[list[torch.Tensor | None]]) -> None:
+    for model, model_grads in zip(module.context.models, grads, strict=True):
+        for param, grad in zip(model.parameters(), model_grads, strict=True):
+            param.grad = None if grad is None else grad.to(param.device)
 
 
 def _load_model(idx: int, model: torch.nn.Module, state: dict[str, Any]) -> None:
@@ -150,6 +168,9 @@ def apply_payload(module: TrialModule, payload: dict[str, Any]) -> None:
             cb.load_state_dict(saved_callbacks[name])
     if "trial_state" in payload:
         module.state = TrialState.from_dict(payload["trial_state"])
+    grads = (payload.get("lightning_bridge") or {}).get("gradients")
+    if grads is not None:
+        _restore_gradients(module, grads)
 
 
 # ----- writing -----
@@ -283,12 +304,7 @@ def load_state_file(path: pathlib.Path) -> dict[str, Any]:
     return payload
 
 
-def restore_checkpoint(module: TrialModule, directory: str | os.PathLike[str]) -> None:
-    """Restore models, optimizers, schedulers, callbacks, RNG and progress from a checkpoint."""
+def read_checkpoint(directory: str | os.PathLike[str]) -> tuple[dict[str, Any], TrialState | None]:
+    """The `state_dict.pth` payload and trial state of a checkpoint directory, read safely."""
     path = pathlib.Path(directory)
-    payload = load_state_file(path)
-    state = read_trial_state(path)
-    logger.info("Restoring trial from checkpoint %s", path)
-    apply_payload(module, payload)
-    if state is not None:
-        module.state = state
+    return load_state_file(path), read_trial_state(path)

@@ -23,6 +23,7 @@ import torch
 from ._callback import PyTorchCallback
 from ._context import PyTorchTrialContext, prepare_step
 from ._data import dataset_repro_message, is_trial_data_loader
+from ._data_position import PassTracker, tracked_loader
 from ._errors import InvalidTrialError
 from ._lr_scheduler import step_count
 from ._metrics import (
@@ -48,15 +49,18 @@ class _EpochFeed:
     created once like Determined does, so data order and RNG use match an uninterrupted run.
     """
 
-    def __init__(self, iterator: Iterator, epoch_len: int) -> None:
+    def __init__(self, iterator: Iterator, epoch_len: int, first_offset: int = 0) -> None:
         self._iterator = iterator
         self._epoch_len = epoch_len
+        # A run continued mid-epoch first finishes that epoch.
+        self._offset = first_offset
 
     def __len__(self) -> int:
-        return self._epoch_len
+        return self._epoch_len - self._offset
 
     def __iter__(self) -> Iterator:
-        for _ in range(self._epoch_len):
+        count, self._offset = self._epoch_len - self._offset, 0
+        for _ in range(count):
             try:
                 yield next(self._iterator)
             except StopIteration:
@@ -138,6 +142,8 @@ class TrialModule(pl.LightningModule):
         self._full_metrics: dict[str, Any] = {}
         self._lightning_optimizers: dict[int, Any] = {}
         self._pending_step: tuple[Any, Callable | None, int] | None = None
+        self._tracker: PassTracker | None = None
+        self._resume: tuple[dict[str, Any], TrialState | None] | None = None
         self._started = False
         self._shut_down = False
         self.last_validation_metrics: dict[str, Any] | None = None
@@ -190,9 +196,22 @@ class TrialModule(pl.LightningModule):
             return _FullDataset()
         return self._val_loader
 
+    def resume_from(self, payload: dict[str, Any], state: TrialState | None) -> None:
+        """Continue from a loaded checkpoint: skip the batches it trained, restore at start."""
+        self._resume = (payload, state)
+        self._start_batch = state.batches_trained if state is not None else 0
+        self._ctx._steps_completed = self._start_batch
+
+    def data_state(self) -> dict[str, Any]:
+        """What a checkpoint needs to resume the data exactly (see `_data_position`)."""
+        tracker = self._tracker
+        return {"pass_start_rng": tracker.pass_start_rng if tracker is not None else None}
+
     def _loader(self, built: Any, fn_name: str, *, repeat: bool, shard: bool, skip: int) -> Any:
         dist = self._ctx.distributed
         if is_trial_data_loader(built):
+            if repeat:
+                built, self._tracker = tracked_loader(built, {})
             return built.get_data_loader(
                 repeat=repeat,
                 skip=skip,
@@ -222,6 +241,11 @@ class TrialModule(pl.LightningModule):
                 "batch_size (with drop_last=True a dataset smaller than one batch is empty)."
             )
         self._ctx._epoch_len = self._ctx.distributed.broadcast(epoch_len)
+        if self._tracker is not None and self._start_batch:
+            done, in_epoch = divmod(self._start_batch, self.epoch_len)
+            saved = (self._resume[0].get("lightning_bridge") or {}) if self._resume else {}
+            self._tracker._resume_passes = done
+            self._tracker._resume_rng = saved.get("pass_start_rng") if in_epoch else None
         validation = self._trial.build_validation_data_loader()
         if self._evaluate_batch:
             self._val_loader = self._loader(
@@ -240,17 +264,21 @@ class TrialModule(pl.LightningModule):
             self._val_loader = self._loader(
                 validation, "build_validation_data_loader", repeat=False, shard=False, skip=0
             )
-        self._feed = _EpochFeed(iter(train), self.epoch_len)
+        self._feed = _EpochFeed(iter(train), self.epoch_len, self._start_batch % self.epoch_len)
 
     def begin_training(self) -> None:
         """Restore a checkpoint if asked and fire `on_training_start`; runs once per fit."""
         if self._started:
             return
         self._started = True
-        if self._latest_checkpoint is not None:
-            from ._checkpoint import restore_checkpoint
+        if self._resume is not None:
+            from ._checkpoint import apply_payload
 
-            restore_checkpoint(self, self._latest_checkpoint)
+            payload, state = self._resume
+            logger.info("Restoring trial from checkpoint %s", self._latest_checkpoint)
+            apply_payload(self, payload)
+            if state is not None:
+                self.state = state
         for cb in self._callbacks():
             cb.on_training_start()
 

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from ._boundaries import TrialBoundaries
-from ._checkpoint import read_trial_state
+from ._checkpoint import read_checkpoint
 from ._context import PyTorchTrialContext
 from ._distributed import DistributedContext
 from ._errors import BridgeError, InvalidArgumentError, InvalidTrialError
@@ -258,13 +258,7 @@ class Trainer:
             self._trial, ctx, test_mode=test_mode, latest_checkpoint=latest_checkpoint
         )
         if latest_checkpoint is not None:
-            from ._checkpoint import load_state_file
-
-            load_state_file(pathlib.Path(latest_checkpoint))
-            state = read_trial_state(pathlib.Path(latest_checkpoint))
-            if state is not None:
-                module._start_batch = state.batches_trained
-                ctx._steps_completed = state.batches_trained
+            module.resume_from(*read_checkpoint(latest_checkpoint))
         boundaries = TrialBoundaries(
             max_length=length,
             validation_period=validation,
@@ -297,6 +291,10 @@ class Trainer:
             kwargs["precision"] = engine.precision
         if test_mode:
             kwargs["limit_val_batches"] = 1
+        if latest_checkpoint is not None:
+            # A run continued mid-epoch first trains a short epoch; re-reading the training
+            # data's length every epoch lets Lightning's epochs stay aligned with the trial's.
+            kwargs["reload_dataloaders_every_n_epochs"] = 1
         if ctx._profiler_kwargs is not None:
             from lightning.pytorch.profilers import PyTorchProfiler
 
