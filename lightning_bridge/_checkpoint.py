@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger("lightning_bridge")
 
 STATE_FILE = "state_dict.pth"
+EXTRAS_KEY = "lightning_bridge"  # the bridge's own entry in state_dict.pth
 LEGACY_STATE_FILES = (
     ("state_dict.pth",),
     ("determined", "state_dict.pth"),
@@ -90,7 +91,7 @@ def trial_payload(module: TrialModule) -> dict[str, Any]:
         "callbacks": {name: cb.state_dict() for name, cb in module.trial_callbacks.items()},
         "rng_state": capture_rng_state(),
         "trial_state": module.state.to_dict(),
-        "lightning_bridge": {**module.data_state(), "gradients": _pending_gradients(module)},
+        EXTRAS_KEY: {**module.data_state(), "gradients": _pending_gradients(module)},
     }
 
 
@@ -130,8 +131,10 @@ def _load_model(idx: int, model: torch.nn.Module, state: dict[str, Any]) -> None
 def apply_payload(module: TrialModule, payload: dict[str, Any]) -> None:
     """Load a `state_dict.pth` payload into the module's trial."""
     ctx = module.context
+    extras = payload.get(EXTRAS_KEY) or {}
+    visible = {k: v for k, v in payload.items() if k not in (EXTRAS_KEY, "trial_state")}
     for cb in module.trial_callbacks.values():
-        cb.on_checkpoint_load_start(payload)
+        cb.on_checkpoint_load_start(visible)
     if "model_state_dict" in payload:
         models = [payload["model_state_dict"]]
     else:
@@ -168,7 +171,7 @@ def apply_payload(module: TrialModule, payload: dict[str, Any]) -> None:
             cb.load_state_dict(saved_callbacks[name])
     if "trial_state" in payload:
         module.state = TrialState.from_dict(payload["trial_state"])
-    grads = (payload.get("lightning_bridge") or {}).get("gradients")
+    grads = extras.get("gradients")
     if grads is not None:
         _restore_gradients(module, grads)
 
@@ -197,8 +200,12 @@ def save_checkpoint(module: TrialModule, base_dir: pathlib.Path) -> tuple[pathli
     state.last_ckpt = state.batches_trained
     payload = trial_payload(module)
     payload.pop("trial_state")
+    # Callbacks see (and may extend) exactly the entries Determined writes; the bridge's own
+    # entry is added after them.
+    extras = payload.pop(EXTRAS_KEY)
     for cb in module.trial_callbacks.values():
         cb.on_checkpoint_save_start(payload)
+    payload[EXTRAS_KEY] = extras
     storage_id = str(uuid_lib.uuid4())
     base_dir.mkdir(parents=True, exist_ok=True)
     final = base_dir / storage_id

@@ -80,6 +80,7 @@ def test_checkpoint_layout() -> None:
     state = torch.load(ckpt / "state_dict.pth", weights_only=True)
     assert sorted(state) == [
         "callbacks",
+        "lightning_bridge",
         "lr_schedulers_state_dict",
         "models_state_dict",
         "optimizers_state_dict",
@@ -87,6 +88,10 @@ def test_checkpoint_layout() -> None:
     ]
     assert torch.equal(state["models_state_dict"][0]["weight"], trial.model.weight.detach())
     assert set(state["rng_state"]) >= {"cpu_rng_state", "np_rng_state", "random_rng_state"}
+    # The bridge's own entry: where the data pass started (exact continuation), no pending
+    # gradients at a step boundary.
+    assert sorted(state["lightning_bridge"]) == ["gradients", "pass_start_rng"]
+    assert state["lightning_bridge"]["gradients"] is None
     with open(ckpt / "trial_state.pkl", "rb") as f:
         assert pickle.load(f)["batches_trained"] == 5
     load_data = json.loads((ckpt / "load_data.json").read_text())
