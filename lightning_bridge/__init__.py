@@ -14,6 +14,7 @@ from ._context import PyTorchExperimentalContext, PyTorchTrialContext
 from ._data import DataLoader, TorchData, data_length, to_device
 from ._distributed import DistributedContext
 from ._errors import BridgeError, InvalidArgumentError, InvalidCheckpointError, InvalidTrialError
+from ._load import load_trial_from_checkpoint_path
 from ._lr_scheduler import LRScheduler
 from ._module import TrialModule
 from ._reducer import MetricReducer, Reducer
@@ -43,6 +44,7 @@ __all__ = [
     "TrialModule",
     "data_length",
     "init",
+    "load_trial_from_checkpoint_path",
     "samplers",
     "to_device",
     "__version__",

@@ -12,13 +12,16 @@ from __future__ import annotations
 import enum
 import logging
 import pathlib
+import signal
+import threading
 from typing import Any
 
 import lightning.pytorch as pl
 
-from ._checkpoint import save_checkpoint
+from ._checkpoint import remove_partial_checkpoints, save_checkpoint
 from ._lightning_compat import disable_scheduled_validation, run_validation
 from ._module import TrialModule
+from ._retention import CheckpointRetention
 from ._units import Batch, Epoch, TrainUnit
 
 logger = logging.getLogger("lightning_bridge")
@@ -47,6 +50,7 @@ class TrialBoundaries(pl.Callback):
         test_mode: bool = False,
         searcher_metric: str | None = None,
         smaller_is_better: bool = True,
+        retention: CheckpointRetention | None = None,
     ) -> None:
         self._length: TrainUnit = Batch(1) if test_mode else max_length
         self._boundaries = [
@@ -62,14 +66,19 @@ class TrialBoundaries(pl.Callback):
         self._searcher_metric = searcher_metric
         self._smaller_is_better = smaller_is_better
         self._best: float | None = None
+        self._retention = retention
         self.checkpoints: list[pathlib.Path] = []
         self.stopped_early = False
+        self.preempted_by: str | None = None
+        self._previous_handlers: dict[int, Any] = {}
 
     # ----- Lightning hooks -----
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         module = self._module(pl_module)
         disable_scheduled_validation(trainer)
+        remove_partial_checkpoints(self._checkpoint_dir)
+        self._install_signal_handlers()
         module.begin_training()
         if self._step_zero_validation and module.state.batches_trained == 0:
             self._validate(trainer, module)
@@ -85,6 +94,9 @@ class TrialBoundaries(pl.Callback):
         batch_idx: int,
     ) -> None:
         module = self._module(pl_module)
+        if self.preempted_by is not None:
+            self._preempt(trainer, module)
+            return
         reached = self._reached(module)
         if not reached:
             return
@@ -105,6 +117,38 @@ class TrialBoundaries(pl.Callback):
                 return
         if self._remaining(module) <= 0:
             self._finish(trainer, module)
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._restore_signal_handlers()
+
+    def on_exception(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
+    ) -> None:
+        self._restore_signal_handlers()
+
+    # ----- preemption -----
+
+    def _install_signal_handlers(self) -> None:
+        """SIGTERM / SIGINT finish the current batch, checkpoint and end the fit cleanly."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            self._previous_handlers[sig] = signal.signal(sig, self._on_signal)
+
+    def _restore_signal_handlers(self) -> None:
+        for sig, handler in self._previous_handlers.items():
+            signal.signal(sig, handler)
+        self._previous_handlers = {}
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        self.preempted_by = signal.Signals(signum).name
+
+    def _preempt(self, trainer: pl.Trainer, module: TrialModule) -> None:
+        module.close_training_window()
+        if not module.state.checkpoint_is_current:
+            self._checkpoint(module)
+        self.stopped_early = True
+        trainer.should_stop = True
 
     # ----- boundary arithmetic -----
 
@@ -152,7 +196,7 @@ class TrialBoundaries(pl.Callback):
         if not module.is_chief or module.state.checkpoint_is_current:
             return
         if self._policy == "all" or (self._policy == "best" and self._is_best(metrics)):
-            self._checkpoint(module)
+            self._checkpoint(module, metrics)
 
     def _is_best(self, metrics: dict[str, Any]) -> bool:
         assert self._searcher_metric is not None
@@ -172,9 +216,17 @@ class TrialBoundaries(pl.Callback):
             self._best = value
         return better
 
-    def _checkpoint(self, module: TrialModule) -> None:
-        if module.is_chief:
-            path, _ = save_checkpoint(module, self._checkpoint_dir)
-            self.checkpoints.append(path)
-        else:
+    def _checkpoint(self, module: TrialModule, metrics: dict[str, Any] | None = None) -> None:
+        if not module.is_chief:
             module.state.last_ckpt = module.state.batches_trained
+            return
+        path, _ = save_checkpoint(module, self._checkpoint_dir)
+        self.checkpoints.append(path)
+        if self._retention is not None:
+            if metrics is None and module.state.validation_is_current:
+                metrics = module.last_validation_metrics
+            value = None
+            if metrics and self._searcher_metric in metrics:
+                value = float(metrics[self._searcher_metric])
+            for removed in self._retention.record(path, value):
+                self.checkpoints.remove(removed)

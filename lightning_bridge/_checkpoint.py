@@ -33,6 +33,8 @@ logger = logging.getLogger("lightning_bridge")
 
 STATE_FILE = "state_dict.pth"
 EXTRAS_KEY = "lightning_bridge"  # the bridge's own entry in state_dict.pth
+LATEST_FILE = "latest"  # names the newest complete checkpoint in a checkpoint directory
+FORMAT_VERSION = 1  # metadata.json "lightning_bridge_format"; bumped on incompatible changes
 LEGACY_STATE_FILES = (
     ("state_dict.pth",),
     ("determined", "state_dict.pth"),
@@ -184,11 +186,41 @@ def _fsync_tree(root: pathlib.Path) -> None:
         if path.is_file():
             with open(path, "rb") as f:
                 os.fsync(f.fileno())
-    fd = os.open(root, os.O_RDONLY)
+    _fsync_dir(root)
+
+
+def _fsync_dir(path: pathlib.Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _write_latest(base_dir: pathlib.Path, storage_id: str) -> None:
+    """Point `latest` at a complete checkpoint (written beside, then renamed over)."""
+    tmp = base_dir / f".{LATEST_FILE}.{storage_id}"
+    with open(tmp, "w") as f:
+        f.write(storage_id + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, base_dir / LATEST_FILE)
+    _fsync_dir(base_dir)
+
+
+def latest_checkpoint_in(base_dir: pathlib.Path) -> pathlib.Path | None:
+    """The checkpoint `latest` names in a checkpoint directory, if any."""
+    pointer = base_dir / LATEST_FILE
+    if not pointer.is_file():
+        return None
+    return base_dir / pointer.read_text().strip()
+
+
+def remove_partial_checkpoints(base_dir: pathlib.Path) -> None:
+    """Delete what an interrupted save left behind (never a complete checkpoint)."""
+    if base_dir.is_dir():
+        for leftover in base_dir.glob(".*.partial"):
+            shutil.rmtree(leftover, ignore_errors=True)
 
 
 def save_checkpoint(module: TrialModule, base_dir: pathlib.Path) -> tuple[pathlib.Path, str]:
@@ -224,12 +256,15 @@ def save_checkpoint(module: TrialModule, base_dir: pathlib.Path) -> tuple[pathli
                     "steps_completed": state.batches_trained,
                     "framework": f"torch-{torch.__version__}",
                     "format": "pickle",
+                    "lightning_bridge_format": FORMAT_VERSION,
                 },
                 f,
                 indent=2,
             )
         _fsync_tree(tmp)
         os.replace(tmp, final)
+        _fsync_dir(base_dir)
+        _write_latest(base_dir, storage_id)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -282,8 +317,46 @@ def read_trial_state(path: pathlib.Path) -> TrialState | None:
     return TrialState.from_dict(data)
 
 
-def load_state_file(path: pathlib.Path) -> dict[str, Any]:
-    """The `state_dict.pth` payload of a checkpoint directory, loaded weights-only."""
+def _numpy_rng_globals() -> list[Any]:
+    """The numpy types a Determined checkpoint pickles for its RNG state (and nothing else)."""
+    core = getattr(np, "_core", None) or np.core
+    return [core.multiarray._reconstruct, np.ndarray, np.dtype, type(np.dtype(np.uint32))]
+
+
+def _check_metadata(path: pathlib.Path) -> None:
+    file = path / "metadata.json"
+    if not file.is_file():
+        return
+    try:
+        metadata = json.loads(file.read_text())
+    except (OSError, ValueError) as exc:
+        raise InvalidCheckpointError(f"{file} is not valid JSON: {exc}") from None
+    fmt = metadata.get("format", "pickle")
+    if fmt != "pickle":
+        raise InvalidCheckpointError(
+            f"{path} has checkpoint format {fmt!r}; lightning_bridge reads the 'pickle' format "
+            "of PyTorch trials only."
+        )
+    version = metadata.get("lightning_bridge_format", FORMAT_VERSION)
+    if not isinstance(version, int) or version > FORMAT_VERSION:
+        raise InvalidCheckpointError(
+            f"{path} was written in lightning_bridge checkpoint format {version!r}, newer than "
+            f"this version reads ({FORMAT_VERSION}); upgrade lightning_bridge to load it."
+        )
+
+
+def load_state_file(
+    path: pathlib.Path,
+    *,
+    trusted: bool = False,
+    torch_load_kwargs: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The `state_dict.pth` payload of a checkpoint directory.
+
+    Loaded weights-only: tensors, containers and the numpy RNG state Determined pickles, nothing
+    that could run code. `trusted=True` (or `torch_load_kwargs={"weights_only": False}`) loads
+    arbitrary pickles from files you trust, such as old checkpoints with custom objects.
+    """
     if not path.is_dir():
         raise InvalidCheckpointError(
             f"Checkpoint directory {path} does not exist; pass the directory a previous run "
@@ -298,20 +371,42 @@ def load_state_file(path: pathlib.Path) -> dict[str, Any]:
             f"{path} is not a checkpoint: it holds no state_dict.pth (nor an older "
             "determined/state_dict.pth, pedl/state_dict.pth or checkpoint.pt)."
         )
+    _check_metadata(path)
+    kwargs: dict[str, Any] = {"map_location": "cpu", "weights_only": True}
+    kwargs.update(torch_load_kwargs or {})
+    if trusted:
+        kwargs["weights_only"] = False
     try:
-        payload = torch.load(file, map_location="cpu", weights_only=True)
+        if kwargs["weights_only"]:
+            with torch.serialization.safe_globals(_numpy_rng_globals()):
+                payload = torch.load(file, **kwargs)
+        else:
+            logger.warning("Loading %s with full unpickling: only do this for trusted files.", file)
+            payload = torch.load(file, **kwargs)
+    except pickle.UnpicklingError as exc:
+        if "Weights only load failed" not in str(exc):
+            raise InvalidCheckpointError(
+                f"{file} could not be loaded ({str(exc)[:300]}); it is truncated or corrupt. "
+                "Use an earlier checkpoint."
+            ) from None
+        raise InvalidCheckpointError(
+            f"{file} holds objects outside the safe set (tensors, containers, numbers, numpy RNG "
+            f"state), so it was not loaded and nothing in it ran: {str(exc).splitlines()[-1][:300]}"
+            " If you wrote this file and trust it, load it with trusted=True."
+        ) from None
     except Exception as exc:
         raise InvalidCheckpointError(
-            f"{file} could not be loaded safely ({type(exc).__name__}: {str(exc)[:300]}). "
-            "It may be truncated, corrupt, or hold objects that are not plain tensors and "
-            "containers."
+            f"{file} could not be loaded ({type(exc).__name__}: {str(exc)[:300]}); it is "
+            "truncated or corrupt. Use an earlier checkpoint."
         ) from None
     if not isinstance(payload, dict):
         raise InvalidCheckpointError(f"{file} does not hold a checkpoint dict.")
     return payload
 
 
-def read_checkpoint(directory: str | os.PathLike[str]) -> tuple[dict[str, Any], TrialState | None]:
+def read_checkpoint(
+    directory: str | os.PathLike[str], *, trusted: bool = False
+) -> tuple[dict[str, Any], TrialState | None]:
     """The `state_dict.pth` payload and trial state of a checkpoint directory, read safely."""
     path = pathlib.Path(directory)
-    return load_state_file(path), read_trial_state(path)
+    return load_state_file(path, trusted=trusted), read_trial_state(path)

@@ -64,6 +64,7 @@ class PyTorchTrialContext:
         trial_seed: int | None = None,
         device: torch.device | None = None,
         run_dir: pathlib.Path | None = None,
+        slots: int | None = None,
     ) -> None:
         if (
             isinstance(aggregation_frequency, bool)
@@ -85,6 +86,7 @@ class PyTorchTrialContext:
         self._trial_seed = trial_seed
         self.device = device if device is not None else torch.device("cpu")
         self._run_dir = run_dir if run_dir is not None else pathlib.Path.cwd()
+        self._slots = slots
         self._per_slot_batch_size, self._global_batch_size = self._batch_sizes()
 
         self.models: list[torch.nn.Module] = []
@@ -115,7 +117,7 @@ class PyTorchTrialContext:
             raise InvalidArgumentError(
                 f"The global_batch_size hyperparameter must be a positive int; got {global_bs!r}."
             )
-        slots = max(self.distributed.size, 1)
+        slots = max(self._slots or self.distributed.size, 1)
         if global_bs % slots != 0:
             raise InvalidArgumentError(
                 f"global_batch_size={global_bs} does not divide evenly across {slots} processes; "

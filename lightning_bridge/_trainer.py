@@ -22,11 +22,12 @@ import numpy as np
 import torch
 
 from ._boundaries import TrialBoundaries
-from ._checkpoint import read_checkpoint
+from ._checkpoint import LATEST_FILE, latest_checkpoint_in, read_checkpoint
 from ._context import PyTorchTrialContext
 from ._distributed import DistributedContext
 from ._errors import BridgeError, InvalidArgumentError, InvalidTrialError
 from ._module import TrialModule
+from ._retention import CheckpointRetention
 from ._units import Batch, TrainUnit, check_length, check_period
 
 logger = logging.getLogger("lightning_bridge")
@@ -77,6 +78,32 @@ def _device(accelerator: str, distributed: DistributedContext) -> torch.device:
     return torch.device("cpu")
 
 
+def _launch_settings(
+    distributed: DistributedContext | None, devices: Any, num_nodes: int, strategy: Any
+) -> tuple[Any, int, Any]:
+    """Under torchrun (or an existing process group) run one device per launched process."""
+    world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    if distributed is not None:
+        world = max(world, distributed.size)
+    if devices is None and world > 1:
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", "0") or 0) or world
+        devices, num_nodes = local, max(1, world // local)
+        if strategy == "auto":
+            strategy = "ddp"
+    return devices, num_nodes, strategy
+
+
+def _slots(distributed: DistributedContext, devices: Any, num_nodes: int) -> int:
+    """How many processes will train: the launcher's world, or devices x nodes for Lightning's."""
+    if distributed.size > 1:
+        return distributed.size
+    if isinstance(devices, int) and devices > 0:
+        return devices * max(num_nodes, 1)
+    if isinstance(devices, (list, tuple)):
+        return len(devices) * max(num_nodes, 1)
+    return 1
+
+
 @contextlib.contextmanager
 def init(
     *,
@@ -103,6 +130,7 @@ def init(
     TensorBoard / CSV logs (default: the working directory).
     """
     dist = distributed if distributed is not None else DistributedContext()
+    devices, num_nodes, strategy = _launch_settings(distributed, devices, num_nodes, strategy)
     seed = None
     if exp_conf is not None:
         seed = (exp_conf.get("reproducibility") or {}).get("experiment_seed")
@@ -117,6 +145,7 @@ def init(
         trial_seed=None if seed is None else int(seed),
         device=_device(accelerator, dist),
         run_dir=pathlib.Path(run_dir) if run_dir is not None else None,
+        slots=_slots(dist, devices, num_nodes),
     )
     context._engine = _Engine(  # type: ignore[attr-defined]
         accelerator=accelerator,
@@ -144,8 +173,17 @@ def _checkpoint_dir(context: PyTorchTrialContext, explicit: Any) -> pathlib.Path
 
 
 def _resolve_checkpoint(value: str | os.PathLike[str], ckpt_dir: pathlib.Path) -> pathlib.Path:
-    """A checkpoint given as a directory path, or as a checkpoint id under the checkpoint dir."""
+    """A checkpoint given as a directory path, a checkpoint id under the checkpoint dir, or
+    "latest" (the newest complete checkpoint there)."""
     path = pathlib.Path(value)
+    if str(value) == LATEST_FILE and not path.is_dir():
+        latest = latest_checkpoint_in(ckpt_dir)
+        if latest is None:
+            raise InvalidArgumentError(
+                f"latest_checkpoint='latest' but {ckpt_dir} holds no checkpoint yet; train "
+                "without latest_checkpoint first."
+            )
+        return latest
     if not path.is_dir() and (ckpt_dir / path).is_dir():
         return ckpt_dir / path
     return path
@@ -270,6 +308,7 @@ class Trainer:
             test_mode=test_mode,
             searcher_metric=metric,
             smaller_is_better=bool(searcher.get("smaller_is_better", True)),
+            retention=CheckpointRetention.from_config(ctx._exp_conf),
         )
         kwargs: dict[str, Any] = {
             "accelerator": engine.accelerator if engine else "auto",
@@ -320,3 +359,12 @@ class Trainer:
             self.checkpoints = list(boundaries.checkpoints)
         if boundaries.checkpoints:
             logger.info("Checkpoints are in %s", ckpt_dir)
+        if boundaries.preempted_by is not None:
+            where = boundaries.checkpoints[-1] if boundaries.checkpoints else ckpt_dir
+            print(
+                f"Stopped by {boundaries.preempted_by} after batch "
+                f"{module.state.batches_trained}; checkpoint {where}. Continue with "
+                f"fit(latest_checkpoint={str(where)!r}).",
+                flush=True,
+            )
+            raise SystemExit(0)

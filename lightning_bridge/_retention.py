@@ -1,0 +1,57 @@
+"""Checkpoint retention as Determined's `checkpoint_storage` config names it.
+
+`save_trial_latest` keeps the newest N checkpoints, `save_trial_best` and
+`save_experiment_best` keep the N best by the searcher metric (one trial is the whole
+experiment here, so the larger of the two applies); everything else is deleted once a newer
+checkpoint is complete. The newest checkpoint is always kept: it is what a run continues from.
+"""
+
+from __future__ import annotations
+
+import logging
+import pathlib
+import shutil
+from typing import Any
+
+logger = logging.getLogger("lightning_bridge")
+
+
+class CheckpointRetention:
+    """Tracks written checkpoints and deletes those the policy no longer keeps."""
+
+    def __init__(self, keep_latest: int, keep_best: int, smaller_is_better: bool) -> None:
+        self._keep_latest = keep_latest
+        self._keep_best = keep_best
+        self._smaller_is_better = smaller_is_better
+        self._written: list[tuple[pathlib.Path, float | None]] = []
+
+    @classmethod
+    def from_config(cls, exp_conf: dict[str, Any] | None) -> CheckpointRetention | None:
+        """The config's policy; None (keep everything) when it has no checkpoint_storage."""
+        storage = (exp_conf or {}).get("checkpoint_storage")
+        if not isinstance(storage, dict):
+            return None
+        searcher = (exp_conf or {}).get("searcher") or {}
+        return cls(
+            keep_latest=int(storage.get("save_trial_latest", 1)),
+            keep_best=max(
+                int(storage.get("save_trial_best", 1)),
+                int(storage.get("save_experiment_best", 0)),
+            ),
+            smaller_is_better=bool(searcher.get("smaller_is_better", True)),
+        )
+
+    def record(self, path: pathlib.Path, metric: float | None) -> list[pathlib.Path]:
+        """Note a complete checkpoint (with its searcher metric, if validated); prune."""
+        self._written.append((path, metric))
+        keep = {self._written[-1][0]}
+        keep.update(p for p, _ in self._written[-self._keep_latest :] if self._keep_latest > 0)
+        scored = [(m, i, p) for i, (p, m) in enumerate(self._written) if m is not None]
+        scored.sort(key=lambda t: (t[0] if self._smaller_is_better else -t[0], t[1]))
+        keep.update(p for _, _, p in scored[: self._keep_best])
+        removed = [p for p, _ in self._written if p not in keep]
+        for p in removed:
+            shutil.rmtree(p, ignore_errors=True)
+            logger.info("Removed checkpoint %s (checkpoint_storage retention)", p)
+        self._written = [(p, m) for p, m in self._written if p in keep]
+        return removed
