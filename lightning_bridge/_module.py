@@ -526,8 +526,8 @@ class TrialModule(pl.LightningModule):
         checkpoint["lightning_bridge"] = trial_payload(self)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        from ._checkpoint import apply_payload
-
+        # Lightning restores before building the data: remember where the trial was, and
+        # restore the rest (RNG last) when training starts, as for a trial checkpoint.
         payload = checkpoint.get("lightning_bridge")
         if payload is not None:
-            apply_payload(self, payload)
+            self.resume_from(payload, TrialState.from_dict(payload.get("trial_state") or {}))
