@@ -209,11 +209,30 @@ def _write_latest(base_dir: pathlib.Path, storage_id: str) -> None:
 
 
 def latest_checkpoint_in(base_dir: pathlib.Path) -> pathlib.Path | None:
-    """The checkpoint `latest` names in a checkpoint directory, if any."""
+    """The checkpoint to continue from in a checkpoint directory, if any.
+
+    `latest` names the last checkpoint written. If a save was interrupted after its directory
+    was renamed into place but before `latest` existed, the complete checkpoint with the most
+    batches trained is used instead.
+    """
     pointer = base_dir / LATEST_FILE
-    if not pointer.is_file():
-        return None
-    return base_dir / pointer.read_text().strip()
+    if pointer.is_file():
+        named = base_dir / pointer.read_text().strip()
+        if (named / "metadata.json").is_file():
+            return named
+
+    def steps(path: pathlib.Path) -> int:
+        try:
+            return int(json.loads((path / "metadata.json").read_text())["steps_completed"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return -1
+
+    complete = [
+        p
+        for p in (base_dir.iterdir() if base_dir.is_dir() else [])
+        if p.is_dir() and not p.name.startswith(".") and steps(p) >= 0
+    ]
+    return max(complete, key=steps) if complete else None
 
 
 def remove_partial_checkpoints(base_dir: pathlib.Path) -> None:
