@@ -9,6 +9,7 @@ from __future__ import annotations
 import enum
 from typing import Any
 
+from ._determined_compat import as_bridge_enum
 from ._errors import InvalidTrialError
 
 
@@ -24,6 +25,7 @@ class LRScheduler:
         STEP_EVERY_OPTIMIZER_STEP = 4
 
     def __init__(self, scheduler: Any, step_mode: StepMode, frequency: int = 1) -> None:
+        step_mode = as_bridge_enum(step_mode, LRScheduler.StepMode)
         if not isinstance(step_mode, LRScheduler.StepMode):
             raise InvalidTrialError(
                 "step_mode must be an LRScheduler.StepMode member, e.g. "

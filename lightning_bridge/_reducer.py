@@ -11,10 +11,11 @@ import abc
 import enum
 import itertools
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import numpy as np
 
+from ._determined_compat import as_bridge_enum, is_metric_reducer
 from ._errors import InvalidTrialError
 
 
@@ -57,6 +58,7 @@ def reducers_for_keys(reducer: Any, keys: Sequence[str]) -> dict[str, Reducer]:
         chosen = dict(reducer)
     else:
         chosen = {key: reducer for key in keys}
+    chosen = {key: as_bridge_enum(value, Reducer) for key, value in chosen.items()}
     for key, value in chosen.items():
         if not isinstance(value, Reducer):
             raise InvalidTrialError(
@@ -164,14 +166,15 @@ class ReducerRegistry:
                 f"The reducer {type(reducer).__name__} was passed to wrap_reducer() twice; "
                 "wrap each reducer object once and keep the returned object."
             )
-        if not isinstance(reducer, MetricReducer):
+        if not isinstance(reducer, MetricReducer) and not is_metric_reducer(reducer):
             if not callable(reducer):
                 raise InvalidTrialError(
                     "wrap_reducer() takes a function of the list of updated values or a "
                     f"MetricReducer subclass instance; got {type(reducer).__name__}."
                 )
             reducer = _SimpleReducer(reducer)
-        self._wrapped.append(_WrappedReducer(reducer, name, for_training, for_validation))
+        metric_reducer = cast(MetricReducer, reducer)  # a MetricReducer, or duck-typed as one
+        self._wrapped.append(_WrappedReducer(metric_reducer, name, for_training, for_validation))
         return reducer
 
     def reset(self) -> None:

@@ -11,6 +11,7 @@ import sys
 from collections import abc
 from typing import Any
 
+from ._determined_compat import as_bridge_unit
 from ._errors import InvalidArgumentError
 
 
@@ -80,6 +81,7 @@ class Epoch(TrainUnit):
 
 def check_period(name: str, unit: Any) -> TrainUnit:
     """Validate a period argument of `fit` (int or container value) and return it."""
+    unit = as_bridge_unit(unit)
     if not isinstance(unit, TrainUnit):
         raise InvalidArgumentError(
             f"{name} must be a Batch or Epoch, e.g. {name}=Batch(100) or {name}=Epoch(1); "
@@ -94,6 +96,7 @@ def check_period(name: str, unit: Any) -> TrainUnit:
 
 def check_length(unit: Any) -> TrainUnit:
     """Validate `max_length`: required, and a `Batch(int)` or `Epoch(int)`."""
+    unit = as_bridge_unit(unit)
     if unit is None:
         raise InvalidArgumentError(
             "fit() needs max_length: say how long to train, e.g. "

@@ -285,13 +285,6 @@ def test_reference_loads_a_bridge_checkpoint(tmp_path: pathlib.Path) -> None:
     _assert_loaded_bridge_weights(trial, ckpt)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=bridge.InvalidTrialError,
-    reason="the bridge rejects determined.pytorch's LRScheduler.StepMode and Reducer members "
-    "(the latter is what determined's PyTorchTrial.evaluation_reducer() returns by default), "
-    "so it cannot train a trial written against determined.pytorch",
-)
 def test_a_determined_trial_trained_on_the_bridge_loads_with_default_arguments(
     tmp_path: pathlib.Path,
 ) -> None:
