@@ -193,9 +193,10 @@ class TrialBoundaries(pl.Callback):
     def _validate(self, trainer: pl.Trainer, module: TrialModule) -> None:
         run_validation(trainer)
         metrics = module.last_validation_metrics or {}
-        if not module.is_chief or module.state.checkpoint_is_current:
-            return
-        if self._policy == "all" or (self._policy == "best" and self._is_best(metrics)):
+        wanted = False
+        if module.is_chief and not module.state.checkpoint_is_current:
+            wanted = self._policy == "all" or (self._policy == "best" and self._is_best(metrics))
+        if module.context.distributed.broadcast(wanted):
             self._checkpoint(module, metrics)
 
     def _is_best(self, metrics: dict[str, Any]) -> bool:
@@ -217,10 +218,20 @@ class TrialBoundaries(pl.Callback):
         return better
 
     def _checkpoint(self, module: TrialModule, metrics: dict[str, Any] | None = None) -> None:
-        if not module.is_chief:
+        """The chief writes the checkpoint; every process learns its id."""
+        storage_id = ""
+        if module.is_chief:
+            path, storage_id = save_checkpoint(module, self._checkpoint_dir)
+            self._record(module, path, metrics)
+        else:
             module.state.last_ckpt = module.state.batches_trained
-            return
-        path, _ = save_checkpoint(module, self._checkpoint_dir)
+        storage_id = module.context.distributed.broadcast(storage_id)
+        for cb in module.trial_callbacks.values():
+            cb.on_checkpoint_upload_end(uuid=storage_id)
+
+    def _record(
+        self, module: TrialModule, path: pathlib.Path, metrics: dict[str, Any] | None
+    ) -> None:
         self.checkpoints.append(path)
         if self._retention is not None:
             if metrics is None and module.state.validation_is_current:

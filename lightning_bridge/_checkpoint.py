@@ -245,7 +245,8 @@ def remove_partial_checkpoints(base_dir: pathlib.Path) -> None:
 def save_checkpoint(module: TrialModule, base_dir: pathlib.Path) -> tuple[pathlib.Path, str]:
     """Write the trial's checkpoint under `base_dir/<uuid>`; returns its path and id.
 
-    Fires the trial callbacks' save hooks in Determined's order.
+    Fires the trial callbacks' save and write hooks in Determined's order (the caller fires
+    `on_checkpoint_upload_end` on every process once the id is shared).
     """
     state = module.state
     state.last_ckpt = state.batches_trained
@@ -291,8 +292,6 @@ def save_checkpoint(module: TrialModule, base_dir: pathlib.Path) -> tuple[pathli
     for cb in module.trial_callbacks.values():
         cb.on_checkpoint_end(str(final))
         cb.on_checkpoint_write_end(str(final))
-    for cb in module.trial_callbacks.values():
-        cb.on_checkpoint_upload_end(uuid=storage_id)
     return final, storage_id
 
 

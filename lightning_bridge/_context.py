@@ -374,7 +374,8 @@ class PyTorchTrialContext:
             )
         kwargs = {"gradient": gradient, "retain_graph": retain_graph, "create_graph": create_graph}
         if self._module is not None:
-            self._module.manual_backward(loss, **kwargs)
+            with self._module.gradient_sync(self._should_communicate_and_update()):
+                self._module.manual_backward(loss, **kwargs)
         else:
             loss.backward(**kwargs)
 

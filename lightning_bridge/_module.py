@@ -11,6 +11,7 @@ Lightning's schedule.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import pathlib
@@ -340,6 +341,13 @@ class TrialModule(pl.LightningModule):
             for cb in self._callbacks():
                 cb.on_training_epoch_end(epoch_idx)
             state.epochs_trained += 1
+
+    def gradient_sync(self, enabled: bool) -> Any:
+        """Skip the strategy's gradient all-reduce on batches that only accumulate."""
+        if enabled or self._trainer is None:
+            return contextlib.nullcontext()
+        block = getattr(self.trainer.strategy, "block_backward_sync", None)
+        return block() if block is not None else contextlib.nullcontext()
 
     def _step_optimizer(self, optimizer: Any, clip_grads: Callable | None, divisor: int) -> None:
         """Step through Lightning's optimizer wrapper: precision plugin, then strategy."""

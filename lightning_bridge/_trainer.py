@@ -41,6 +41,7 @@ _ENGINE_WARNINGS = (
     r".*`dataloader_iter` step flavor.*",
     r".*Found `dataloader_iter` argument.*",
     r".*smaller than the logging interval.*",
+    r".*It is recommended to use `self.log\(.*sync_dist=True.*",
 )
 
 
