@@ -8,6 +8,7 @@ import pickle
 from typing import Any
 
 import lightning.pytorch as pl
+import numpy as np
 import pytest
 import torch
 
@@ -312,3 +313,16 @@ def test_resume_by_checkpoint_id_under_the_checkpoint_dir() -> None:
     uuid = first.checkpoints[-1].name
     trial, _ = fit(max_length=pytorch.Batch(4), latest_checkpoint=uuid)
     assert trial.recorder.calls[0] == ("on_trial_startup", 3)
+
+
+def test_bf16_mixed_precision_on_cpu() -> None:
+    class Dtypes(LinearTrial):
+        def train_batch(self, batch: Any, epoch_idx: int, batch_idx: int) -> Any:
+            self.forward_dtype = self.model(batch[0]).dtype
+            return super().train_batch(batch, epoch_idx, batch_idx)
+
+    trial, _ = fit(Dtypes, init_kwargs={"precision": "bf16-mixed"}, max_length=pytorch.Batch(4))
+    assert trial.forward_dtype == torch.bfloat16  # Lightning's autocast wraps train_batch
+    assert trial.model.weight.dtype == torch.float32  # master weights stay in float32
+    losses = [a[0]["loss"] for n, a in trial.recorder.calls if n == "on_training_workload_end"]
+    assert losses and all(np.isfinite(losses))

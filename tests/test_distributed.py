@@ -1,0 +1,70 @@
+"""Two CPU processes (gloo) train like one process with the same global batch size."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _run(tmp_path: pathlib.Path, name: str, agg: int, launcher: str, fail: str = "") -> Any:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_PORT"):
+        env.pop(var, None)
+    script = [str(REPO / "tests" / "_dist_script.py"), str(tmp_path / name), str(agg), launcher]
+    if fail:
+        script.append(fail)
+    if launcher == "torchrun":
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", *script]
+    else:
+        cmd = [sys.executable, *script]
+    return subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
+
+
+def _load(tmp_path: pathlib.Path, name: str, rank: int) -> dict[str, Any]:
+    return json.loads((tmp_path / f"{name}.{rank}.json").read_text())
+
+
+@pytest.mark.parametrize("agg", [1, 2])
+@pytest.mark.parametrize("launcher", ["torchrun", "lightning"])
+def test_two_processes_match_one(tmp_path: pathlib.Path, agg: int, launcher: str) -> None:
+    single = _run(tmp_path, "single", agg, "single")
+    assert single.returncode == 0, single.stdout + single.stderr
+    double = _run(tmp_path, "ddp", agg, launcher)
+    assert double.returncode == 0, double.stdout + double.stderr
+    one = _load(tmp_path, "single", 0)
+    ranks = [_load(tmp_path, "ddp", r) for r in (0, 1)]
+    assert [r["size"] for r in ranks] == [2, 2] and one["size"] == 1
+    for rank in ranks:
+        # Float sums over two shards of 4 instead of one batch of 8: equal up to rounding.
+        np.testing.assert_allclose(rank["weight"], one["weight"], rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(rank["bias"], one["bias"], rtol=1e-5, atol=1e-6)
+        assert [n for n, _ in rank["calls"]] == [n for n, _ in one["calls"]]
+        for (_, got), (_, want) in zip(rank["calls"], one["calls"], strict=True):
+            if want is not None:
+                assert got[1] == want[1]  # batches in the window
+                for key, value in want[0].items():
+                    assert got[0][key] == pytest.approx(value, rel=1e-5)
+        for got, want in zip(rank["val"], one["val"], strict=True):
+            assert got["val_loss"] == pytest.approx(want["val_loss"], rel=1e-5)
+    assert ranks[0]["weight"] == ranks[1]["weight"]
+
+
+@pytest.mark.parametrize("launcher", ["torchrun", "lightning"])
+def test_a_failing_rank_stops_every_rank(tmp_path: pathlib.Path, launcher: str) -> None:
+    start = time.monotonic()
+    result = _run(tmp_path, "fail", 1, launcher, fail="1")
+    elapsed = time.monotonic() - start
+    assert result.returncode != 0
+    assert elapsed < 60 + 20  # 60 s promised, plus interpreter and Lightning start-up
+    assert "deliberate failure on rank 1" in result.stdout + result.stderr
+    assert not list(tmp_path.glob("fail.*.json")), "no rank finished training"
