@@ -142,7 +142,9 @@ class TrialModule(pl.LightningModule):
         self._val_keys: set[str] | None = None
         self._full_metrics: dict[str, Any] = {}
         self._lightning_optimizers: dict[int, Any] = {}
-        self._pending_step: tuple[Any, Callable | None, int] | None = None
+        # Held in a plain list, not a module attribute: assigning attributes on an nn.Module
+        # every optimizer step is measurably slow.
+        self._pending_step: list[tuple[Any, Callable | None, int]] = []
         self._tracker: PassTracker | None = None
         self._resume: tuple[dict[str, Any], TrialState | None] | None = None
         self._started = False
@@ -361,18 +363,18 @@ class TrialModule(pl.LightningModule):
                 "step_optimizer() got an optimizer Lightning does not manage; step the object "
                 "returned by context.wrap_optimizer()."
             )
-        self._pending_step = (optimizer, clip_grads, divisor)
+        self._pending_step.append((optimizer, clip_grads, divisor))
         try:
             lopt.step()
         finally:
-            self._pending_step = None
+            self._pending_step.pop()
 
     def on_before_optimizer_step(self, optimizer: Any) -> None:
         # Gradients are unscaled here (precision plugin), so averaging and clipping see true
         # gradient values.
-        pending = self._pending_step
-        if pending is not None and pending[0] is optimizer:
-            prepare_step(optimizer, pending[1], pending[2])
+        if self._pending_step and self._pending_step[-1][0] is optimizer:
+            _, clip_grads, divisor = self._pending_step[-1]
+            prepare_step(optimizer, clip_grads, divisor)
 
     def close_training_window(self) -> dict[str, Any]:
         """Average the window's training metrics, log them, fire `on_training_workload_end`."""
