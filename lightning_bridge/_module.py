@@ -33,10 +33,10 @@ from ._metrics import (
     check_training_output,
     check_validation_output,
     reduce_validation_metrics,
-    scalar_items,
     to_numpy,
 )
 from ._reducer import reducers_for_keys
+from ._reporting import report_training, report_validation
 from ._state import TrialState
 from ._trial import is_overridden, takes_batch_idx
 
@@ -385,39 +385,14 @@ class TrialModule(pl.LightningModule):
             batch_metrics = average_across_processes(ctx.distributed, batch_metrics)
         avg = average_training_metrics(batch_metrics)
         avg.update(to_numpy(ctx.reduce_metrics(for_training=True)))
-        if self.is_chief and ctx.get_enable_tensorboard_logging():
-            self._log_training(avg, batch_metrics)
+        if self.is_chief and ctx.get_enable_tensorboard_logging() and self._trainer is not None:
+            report_training(self, avg, batch_metrics, state.batches_trained)
         avg.setdefault("batches", state.batches_trained)
         avg.setdefault("epochs", state.epochs_trained)
         self.last_training_metrics = avg
         for cb in self._callbacks():
             cb.on_training_workload_end(avg_metrics=avg, batch_metrics=batch_metrics)
         return avg
-
-    def _log_training(self, avg: dict[str, Any], batch_metrics: list[dict[str, Any]]) -> None:
-        trainer = self._trainer
-        if trainer is None:
-            return
-        first = self.state.batches_trained - len(batch_metrics)
-        seen: set[str] = set()
-        for logger_ in trainer.loggers:
-            for i, metrics in enumerate(batch_metrics):
-                values = scalar_items(metrics)
-                seen.update(metrics)
-                if values:
-                    logger_.log_metrics(
-                        {f"Determined/{k}": v for k, v in values.items()}, step=first + i
-                    )
-            rest = scalar_items({k: v for k, v in avg.items() if k not in seen})
-            if rest:
-                logger_.log_metrics(
-                    {f"Determined/{k}": v for k, v in rest.items()}, step=self.state.batches_trained
-                )
-        bar = scalar_items(avg)
-        if bar:
-            self.log_dict(
-                bar, prog_bar=True, logger=False, on_step=True, on_epoch=False, batch_size=1
-            )
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         # Under a plain lightning.Trainer (no TrialBoundaries), report at Lightning's cadence.
@@ -513,19 +488,8 @@ class TrialModule(pl.LightningModule):
             cb.on_validation_end(metrics)
         self.state.last_val = self.state.batches_trained
         self.last_validation_metrics = metrics
-        if self.is_chief and ctx.get_enable_tensorboard_logging():
-            named = {
-                (k if k.startswith("val") else f"val_{k}"): v
-                for k, v in scalar_items(metrics).items()
-            }
-            if self._trainer is not None:
-                for logger_ in self.trainer.loggers:
-                    logger_.log_metrics(
-                        {f"Determined/{k}": v for k, v in named.items()},
-                        step=self.state.batches_trained,
-                    )
-            if named:
-                self.log_dict(named, prog_bar=True, logger=False, batch_size=1)
+        if self.is_chief and ctx.get_enable_tensorboard_logging() and self._trainer is not None:
+            report_validation(self, metrics, self.state.batches_trained)
         self._val_outputs = []
 
     # ----- Lightning checkpoints carry the trial state too -----
