@@ -114,20 +114,40 @@ def _restore_gradients(module: TrialModule, grads: list[list[torch.Tensor | None
             param.grad = None if grad is None else grad.to(param.device)
 
 
-def _load_model(idx: int, model: torch.nn.Module, state: dict[str, Any]) -> None:
-    try:
-        model.load_state_dict(state)
-    except RuntimeError as exc:
-        stripped = torch.nn.modules.utils.consume_prefix_in_state_dict_if_present
-        state = dict(state)
-        stripped(state, "module.")
+def _entries(payload: dict[str, Any], single: str, many: str) -> list[Any]:
+    """A payload's per-object states, from the current (list) or the older (single) key."""
+    return [payload[single]] if single in payload else list(payload.get(many, []))
+
+
+def _check_count(what: str, states: list[Any], objects: list[Any]) -> None:
+    if len(states) != len(objects):
+        raise InvalidCheckpointError(
+            f"The checkpoint holds {len(states)} {what}(s) but the trial wraps {len(objects)}; "
+            "load it into the trial class that wrote it."
+        )
+
+
+def load_models(models: list[torch.nn.Module], payload: dict[str, Any]) -> None:
+    """Load a payload's model states (current or older keys), naming any misfit clearly."""
+    states = _entries(payload, "model_state_dict", "models_state_dict")
+    _check_count("model", states, models)
+    for idx, (model, state) in enumerate(zip(models, states, strict=True)):
         try:
             model.load_state_dict(state)
-        except RuntimeError:
-            raise InvalidCheckpointError(
-                f"The checkpoint's model {idx} does not fit the trial's model {idx} "
-                f"({type(model).__name__}): {exc}"
-            ) from None
+        except RuntimeError as exc:
+            # A checkpoint written from a DDP-wrapped model carries a "module." prefix.
+            unprefixed = dict(state)
+            torch.nn.modules.utils.consume_prefix_in_state_dict_if_present(
+                unprefixed,
+                "module.",
+            )
+            try:
+                model.load_state_dict(unprefixed)
+            except RuntimeError:
+                raise InvalidCheckpointError(
+                    f"The checkpoint's model {idx} does not fit the trial's model {idx} "
+                    f"({type(model).__name__}): {exc}"
+                ) from None
 
 
 def apply_payload(module: TrialModule, payload: dict[str, Any]) -> None:
@@ -137,32 +157,12 @@ def apply_payload(module: TrialModule, payload: dict[str, Any]) -> None:
     visible = {k: v for k, v in payload.items() if k not in (EXTRAS_KEY, "trial_state")}
     for cb in module.trial_callbacks.values():
         cb.on_checkpoint_load_start(visible)
-    if "model_state_dict" in payload:
-        models = [payload["model_state_dict"]]
-    else:
-        models = list(payload.get("models_state_dict", []))
-    if len(models) != len(ctx.models):
-        raise InvalidCheckpointError(
-            f"The checkpoint holds {len(models)} model(s) but the trial wraps {len(ctx.models)}; "
-            "load it into the trial class that wrote it."
-        )
-    for idx, (model, state) in enumerate(zip(ctx.models, models, strict=True)):
-        _load_model(idx, model, state)
-    if "optimizer_state_dict" in payload:
-        optimizers = [payload["optimizer_state_dict"]]
-    else:
-        optimizers = list(payload.get("optimizers_state_dict", []))
-    if len(optimizers) != len(ctx.optimizers):
-        raise InvalidCheckpointError(
-            f"The checkpoint holds {len(optimizers)} optimizer(s) but the trial wraps "
-            f"{len(ctx.optimizers)}; load it into the trial class that wrote it."
-        )
+    load_models(ctx.models, payload)
+    optimizers = _entries(payload, "optimizer_state_dict", "optimizers_state_dict")
+    _check_count("optimizer", optimizers, ctx.optimizers)
     for opt, state in zip(ctx.optimizers, optimizers, strict=True):
         opt.load_state_dict(state)
-    if "lr_scheduler" in payload:
-        schedulers = [payload["lr_scheduler"]]
-    else:
-        schedulers = list(payload.get("lr_schedulers_state_dict", []))
+    schedulers = _entries(payload, "lr_scheduler", "lr_schedulers_state_dict")
     for sched, state in zip(ctx.lr_schedulers, schedulers, strict=False):
         sched.load_state_dict(state)
     if "rng_state" in payload:

@@ -12,7 +12,7 @@ import json
 import pathlib
 from typing import Any
 
-from ._checkpoint import load_state_file
+from ._checkpoint import load_models, load_state_file
 from ._context import PyTorchTrialContext
 from ._distributed import DistributedContext
 from ._errors import InvalidCheckpointError
@@ -70,20 +70,5 @@ def load_trial_from_checkpoint_path(
         distributed=DistributedContext(rank=0, size=1, local_rank=0, local_size=1),
     )
     trial = trial_class(context, **(trial_kwargs or {}))
-    if "model_state_dict" in payload:
-        states = [payload["model_state_dict"]]
-    else:
-        states = list(payload.get("models_state_dict", []))
-    if len(states) != len(context.models):
-        raise InvalidCheckpointError(
-            f"The checkpoint holds {len(states)} model(s) but {type(trial).__name__} wraps "
-            f"{len(context.models)}; load it with the trial class that wrote it."
-        )
-    for idx, (model, state) in enumerate(zip(context.models, states, strict=True)):
-        try:
-            model.load_state_dict(state)
-        except RuntimeError as exc:
-            raise InvalidCheckpointError(
-                f"The checkpoint's model {idx} does not fit {type(model).__name__}: {exc}"
-            ) from None
+    load_models(context.models, payload)
     return trial
