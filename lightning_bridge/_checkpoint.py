@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from . import __version__
+from ._amp import plugin_scaler
 from ._errors import InvalidCheckpointError
 from ._state import TrialState
 
@@ -83,10 +84,17 @@ def restore_rng_state(state: dict[str, Any]) -> None:
 # ----- payload <-> trial -----
 
 
+def _scaler(module: TrialModule) -> Any:
+    return module.context._scaler or plugin_scaler(module._trainer)
+
+
 def trial_payload(module: TrialModule) -> dict[str, Any]:
     """The contents of `state_dict.pth` for the module's trial."""
     ctx = module.context
+    scaler = _scaler(module)
+    extra = {} if scaler is None else {"scaler_state_dict": scaler.state_dict()}
     return {
+        **extra,
         "models_state_dict": [m.state_dict() for m in ctx.models],
         "optimizers_state_dict": [o.state_dict() for o in ctx.optimizers],
         "lr_schedulers_state_dict": [s.state_dict() for s in ctx.lr_schedulers],
@@ -165,6 +173,16 @@ def apply_payload(module: TrialModule, payload: dict[str, Any]) -> None:
     schedulers = _entries(payload, "lr_scheduler", "lr_schedulers_state_dict")
     for sched, state in zip(ctx.lr_schedulers, schedulers, strict=False):
         sched.load_state_dict(state)
+    scaler = _scaler(module)
+    if "scaler_state_dict" in payload and scaler is not None:
+        scaler.load_state_dict(payload["scaler_state_dict"])
+    elif "scaler_state_dict" in payload or scaler is not None:
+        logger.warning(
+            "The checkpoint %s a gradient scaler state but the trial %s one; the scaler starts "
+            "fresh.",
+            "has" if scaler is None else "has no",
+            "uses no" if scaler is None else "uses",
+        )
     if "rng_state" in payload:
         restore_rng_state(payload["rng_state"])
     saved_callbacks = payload.get("callbacks", {}) or {}

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ._amp import AutocastForward, warn_once
 from ._data import to_device
 from ._distributed import DistributedContext
 from ._errors import InvalidArgumentError, InvalidTrialError
@@ -44,11 +45,20 @@ class PyTorchExperimentalContext:
         self._auto_to_device = False
 
     def use_amp(self) -> None:
-        """Automatic mixed precision is configured on the Lightning side (see `init`)."""
-        raise InvalidTrialError(
-            "context.experimental.use_amp() is not supported by this version of "
-            "lightning_bridge; run with init(precision='16-mixed') or 'bf16-mixed' instead."
-        )
+        """Automatic mixed precision: Lightning's `16-mixed` plugin on a GPU (no-op on CPU)."""
+        if self._parent._scaler is not None:
+            raise InvalidTrialError(
+                "use_amp() manages its own gradient scaler: remove the wrap_scaler() call, or "
+                "keep wrap_scaler() and scale losses yourself without use_amp()."
+            )
+        if self._parent.device.type != "cuda":
+            warn_once(
+                "use_amp-cpu",
+                "use_amp() has no effect without a GPU (as in Determined); for mixed precision "
+                "on the CPU run with init(precision='bf16-mixed').",
+            )
+            return
+        self._auto_amp = True
 
 
 class PyTorchTrialContext:
@@ -99,6 +109,7 @@ class PyTorchTrialContext:
         self._stop_requested = False
         self._profiler_kwargs: dict[str, Any] | None = None
         self._tb_writer: Any = None
+        self._scaler: Any = None
 
         # Set while a fit runs.
         self._module: TrialModule | None = None
@@ -310,22 +321,47 @@ class PyTorchTrialContext:
         return self._reducers.reduce(for_training)
 
     def wrap_scaler(self, scaler: Any) -> Any:
-        raise InvalidTrialError(
-            "context.wrap_scaler() is not supported by this version of lightning_bridge; "
-            "run with init(precision='16-mixed') instead."
-        )
+        """Use the trial's own gradient scaler: it scales losses, the bridge steps through it."""
+        if self._scaler is not None or self.experimental._auto_amp:
+            raise InvalidTrialError("Call wrap_scaler() or use_amp() once, not both or twice.")
+        if self.models:
+            raise InvalidTrialError("Call wrap_scaler() before wrap_model().")
+        for method in ("scale", "step", "update", "unscale_", "state_dict", "load_state_dict"):
+            if not callable(getattr(scaler, method, None)):
+                raise InvalidTrialError(
+                    f"wrap_scaler() takes a gradient scaler such as torch.amp.GradScaler(); "
+                    f"{type(scaler).__name__} has no {method}()."
+                )
+        self._scaler = scaler
+        return scaler
 
-    def configure_apex_amp(self, *args: Any, **kwargs: Any) -> Any:
-        raise InvalidTrialError(
-            "context.configure_apex_amp() is not supported by this version of lightning_bridge; "
-            "run with init(precision='16-mixed') instead."
+    def configure_apex_amp(
+        self,
+        models: Any,
+        optimizers: Any = None,
+        enabled: bool = True,
+        opt_level: str = "O1",
+        **kwargs: Any,
+    ) -> Any:
+        """apex.amp is unmaintained: this runs native AMP (as `use_amp()`) instead."""
+        warn_once(
+            "apex",
+            "configure_apex_amp(): apex is unmaintained; lightning_bridge uses native AMP "
+            f"(Lightning's 16-mixed precision) instead of apex opt_level={opt_level!r}.",
         )
+        if enabled:
+            self.experimental.use_amp()
+        return models if optimizers is None else (models, optimizers)
 
     def autocast_forward_pass(self, to_wrap: torch.nn.Module) -> torch.nn.Module:
-        raise InvalidTrialError(
-            "context.autocast_forward_pass() is not supported by this version of "
-            "lightning_bridge; run with init(precision='16-mixed') instead."
-        )
+        """`to_wrap` with its forward under autocast (GPU only, as in Determined)."""
+        if self.device.type != "cuda":
+            warn_once(
+                "autocast-cpu",
+                "autocast_forward_pass() has no effect without a GPU (as in Determined).",
+            )
+            return to_wrap
+        return AutocastForward(to_wrap, self.device.type)
 
     def set_profiler(self, *args: Any, **kwargs: Any) -> None:
         """Profile training with Lightning's PyTorch profiler (arguments of torch.profiler)."""
@@ -393,11 +429,7 @@ class PyTorchTrialContext:
                 "context.wrap_optimizer(); wrap the optimizer in __init__ "
                 "(self.opt = context.wrap_optimizer(opt)) and step that object."
             )
-        if scaler is not None:
-            raise InvalidTrialError(
-                "step_optimizer(scaler=...) is not supported by this version of "
-                "lightning_bridge; run with init(precision='16-mixed') instead."
-            )
+        scaler = scaler if scaler is not None else self._scaler
         if self._aggregation_frequency > 1 and not auto_zero_grads:
             raise InvalidTrialError(
                 "With aggregation_frequency > 1 gradients must be zeroed by the bridge: "
@@ -406,7 +438,11 @@ class PyTorchTrialContext:
         if not self._should_communicate_and_update():
             return
         divisor = self._aggregation_frequency if self._average_aggregated[id(optimizer)] else 1
-        if self._module is not None:
+        if scaler is not None:
+            # The trial's own scaler (wrap_scaler): step through it, skipping inf/NaN steps.
+            prepare_step(optimizer, clip_grads, divisor)
+            scaler.step(optimizer)
+        elif self._module is not None:
             self._module._step_optimizer(optimizer, clip_grads, divisor)
         else:
             prepare_step(optimizer, clip_grads, divisor)

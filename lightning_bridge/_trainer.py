@@ -157,11 +157,21 @@ def init(
         checkpoint_dir=checkpoint_dir,
         trainer_kwargs=dict(trainer_kwargs or {}),
     )
+    owned_group = not (torch.distributed.is_available() and torch.distributed.is_initialized())
     try:
         yield context
     finally:
         if context._tb_writer is not None:
             context._tb_writer.close()
+        # A process group Lightning created for this run is torn down here: left to the
+        # interpreter's exit, its communication threads can abort the process.
+        if (
+            owned_group
+            and distributed is None
+            and torch.distributed.is_available()
+            and torch.distributed.is_initialized()
+        ):
+            torch.distributed.destroy_process_group()
 
 
 def _checkpoint_dir(context: PyTorchTrialContext, explicit: Any) -> pathlib.Path:
@@ -329,6 +339,8 @@ class Trainer:
         }
         if engine and engine.precision is not None:
             kwargs["precision"] = engine.precision
+        elif ctx.experimental._auto_amp:
+            kwargs["precision"] = "16-mixed"
         if test_mode:
             kwargs["limit_val_batches"] = 1
         if latest_checkpoint is not None:
