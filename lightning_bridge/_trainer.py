@@ -210,6 +210,59 @@ def _loggers(context: PyTorchTrialContext) -> list[Any]:
     return [TensorBoardLogger(save_dir=str(context.get_tensorboard_path()), name="", version="")]
 
 
+def _lightning_settings(
+    ctx: PyTorchTrialContext,
+    boundaries: TrialBoundaries,
+    *,
+    test_mode: bool,
+    resuming: bool,
+    profiling_enabled: bool,
+) -> dict[str, Any]:
+    """The `lightning.Trainer` arguments for a fit: the bridge's fixed choices (Determined's
+    schedule is driven by `boundaries`), then the engine settings given to `init()`."""
+    engine: Any = getattr(ctx, "_engine", None)
+    kwargs: dict[str, Any] = {
+        "accelerator": engine.accelerator if engine else "auto",
+        "devices": (engine.devices if engine and engine.devices is not None else 1),
+        "num_nodes": engine.num_nodes if engine else 1,
+        "strategy": engine.strategy if engine else "auto",
+        "max_epochs": -1,
+        "max_steps": -1,
+        "num_sanity_val_steps": 0,
+        "enable_checkpointing": False,
+        "use_distributed_sampler": False,
+        "inference_mode": False,
+        "enable_model_summary": False,
+        "logger": _loggers(ctx) if ctx.get_enable_tensorboard_logging() else False,
+        "default_root_dir": str(ctx._run_dir),
+        "callbacks": [boundaries],
+    }
+    if engine and engine.precision is not None:
+        kwargs["precision"] = engine.precision
+    elif ctx.experimental._auto_amp:
+        kwargs["precision"] = "16-mixed"
+    if test_mode:
+        kwargs["limit_val_batches"] = 1
+    if resuming:
+        # A run continued mid-epoch first trains a short epoch; re-reading the training
+        # data's length every epoch lets Lightning's epochs stay aligned with the trial's.
+        kwargs["reload_dataloaders_every_n_epochs"] = 1
+    if ctx._profiler_kwargs is not None:
+        from lightning.pytorch.profilers import PyTorchProfiler
+
+        kwargs["profiler"] = PyTorchProfiler(
+            dirpath=str(ctx.get_tensorboard_path()), **ctx._profiler_kwargs
+        )
+    elif profiling_enabled:
+        kwargs["profiler"] = "simple"
+    if engine:
+        extra = dict(engine.trainer_kwargs)
+        callbacks = extra.pop("callbacks", [])
+        kwargs["callbacks"] = [boundaries, *callbacks]
+        kwargs.update(extra)
+    return kwargs
+
+
 class Trainer:
     """Trains a `PyTorchTrial` with Determined's schedule on a `lightning.Trainer`."""
 
@@ -321,46 +374,15 @@ class Trainer:
             smaller_is_better=bool(searcher.get("smaller_is_better", True)),
             retention=CheckpointRetention.from_config(ctx._exp_conf),
         )
-        kwargs: dict[str, Any] = {
-            "accelerator": engine.accelerator if engine else "auto",
-            "devices": (engine.devices if engine and engine.devices is not None else 1),
-            "num_nodes": engine.num_nodes if engine else 1,
-            "strategy": engine.strategy if engine else "auto",
-            "max_epochs": -1,
-            "max_steps": -1,
-            "num_sanity_val_steps": 0,
-            "enable_checkpointing": False,
-            "use_distributed_sampler": False,
-            "inference_mode": False,
-            "enable_model_summary": False,
-            "logger": _loggers(ctx) if ctx.get_enable_tensorboard_logging() else False,
-            "default_root_dir": str(ctx._run_dir),
-            "callbacks": [boundaries],
-        }
-        if engine and engine.precision is not None:
-            kwargs["precision"] = engine.precision
-        elif ctx.experimental._auto_amp:
-            kwargs["precision"] = "16-mixed"
-        if test_mode:
-            kwargs["limit_val_batches"] = 1
-        if latest_checkpoint is not None:
-            # A run continued mid-epoch first trains a short epoch; re-reading the training
-            # data's length every epoch lets Lightning's epochs stay aligned with the trial's.
-            kwargs["reload_dataloaders_every_n_epochs"] = 1
-        if ctx._profiler_kwargs is not None:
-            from lightning.pytorch.profilers import PyTorchProfiler
-
-            kwargs["profiler"] = PyTorchProfiler(
-                dirpath=str(ctx.get_tensorboard_path()), **ctx._profiler_kwargs
+        trainer = pl.Trainer(
+            **_lightning_settings(
+                ctx,
+                boundaries,
+                test_mode=test_mode,
+                resuming=latest_checkpoint is not None,
+                profiling_enabled=profiling_enabled,
             )
-        elif profiling_enabled:
-            kwargs["profiler"] = "simple"
-        if engine:
-            extra = dict(engine.trainer_kwargs)
-            callbacks = extra.pop("callbacks", [])
-            kwargs["callbacks"] = [boundaries, *callbacks]
-            kwargs.update(extra)
-        trainer = pl.Trainer(**kwargs)
+        )
         self.lightning_trainer = trainer
         try:
             with warnings.catch_warnings():
