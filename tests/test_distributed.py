@@ -13,6 +13,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+import lightning_bridge as pytorch
+from tests._trials import LinearTrial, fit
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
@@ -68,3 +71,18 @@ def test_a_failing_rank_stops_every_rank(tmp_path: pathlib.Path, launcher: str) 
     assert elapsed < 60 + 20  # 60 s promised, plus interpreter and Lightning start-up
     assert "deliberate failure on rank 1" in result.stdout + result.stderr
     assert not list(tmp_path.glob("fail.*.json")), "no rank finished training"
+
+
+@pytest.mark.parametrize(
+    ("strategy", "message"),
+    [("fsdp", "requires a GPU accelerator"), ("deepspeed", "DeepSpeed installed")],
+)
+def test_other_strategies_are_handed_to_lightning_by_name(strategy: str, message: str) -> None:
+    # On this CPU-only test machine Lightning refuses FSDP (GPU only) and DeepSpeed (not
+    # installed) with its own messages: the name reached Lightning's strategy registry.
+    with pytest.raises(Exception, match=message):
+        fit(
+            LinearTrial,
+            init_kwargs={"accelerator": "cpu", "devices": 2, "strategy": strategy},
+            max_length=pytorch.Batch(2),
+        )
