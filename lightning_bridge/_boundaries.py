@@ -76,6 +76,7 @@ class TrialBoundaries(pl.Callback):
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         module = self._module(pl_module)
+        module._on_trial_schedule = True
         disable_scheduled_validation(trainer)
         remove_partial_checkpoints(self._checkpoint_dir)
         self._install_signal_handlers()

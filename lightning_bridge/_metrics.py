@@ -79,7 +79,7 @@ def average_training_metrics(batch_metrics: Sequence[dict[str, Any]]) -> dict[st
         return {}
     keys = list(batch_metrics[0])
     for i, metrics in enumerate(batch_metrics):
-        if list(metrics) != keys and set(metrics) != set(keys):
+        if set(metrics) != set(keys):
             raise InvalidTrialError(
                 "train_batch() must return the same metric names on every batch; batch "
                 f"{i} of the window returned {sorted(metrics)} instead of {sorted(keys)}."

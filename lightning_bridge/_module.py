@@ -149,6 +149,8 @@ class TrialModule(pl.LightningModule):
         self._resume: tuple[dict[str, Any], TrialState | None] | None = None
         self._started = False
         self._shut_down = False
+        # Set by TrialBoundaries: Determined's schedule closes the reporting windows.
+        self._on_trial_schedule = False
         self.last_validation_metrics: dict[str, Any] | None = None
         self.last_training_metrics: dict[str, Any] | None = None
         context._module = self
@@ -396,10 +398,7 @@ class TrialModule(pl.LightningModule):
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         # Under a plain lightning.Trainer (no TrialBoundaries), report at Lightning's cadence.
-        if self._trainer is None or any(
-            type(cb).__name__ == "TrialBoundaries"
-            for cb in self.trainer.callbacks  # type: ignore[attr-defined]
-        ):
+        if self._trainer is None or self._on_trial_schedule:
             return
         every = max(int(getattr(self.trainer, "log_every_n_steps", 50) or 50), 1)
         if self.state.batches_trained % every == 0 or (
