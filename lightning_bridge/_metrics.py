@@ -1,21 +1,24 @@
 """Training and validation metric handling: checks, conversion, averaging and reduction.
 
 Training metrics are kept per batch for a reporting window and averaged when it closes.
-Validation metrics are reduced per metric with the trial's `Reducer`s, then across processes.
+Validation metrics are reduced per metric with the trial's `Reducer`s by torchmetrics
+aggregators, which also combine them across processes.
 """
 
 from __future__ import annotations
 
 import numbers
-from collections.abc import Mapping, Sequence
+import warnings
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import torch
+from torchmetrics.aggregation import BaseAggregator, MaxMetric, MeanMetric, MinMetric, SumMetric
 
 from ._distributed import DistributedContext
 from ._errors import InvalidTrialError
-from ._reducer import Reducer, reduce_values
+from ._reducer import Reducer
 
 
 def _check_value(where: str, key: Any, value: Any) -> None:
@@ -102,28 +105,53 @@ def average_across_processes(
     return averaged
 
 
+_AGGREGATORS: dict[Reducer, Callable[..., BaseAggregator]] = {
+    Reducer.AVG: MeanMetric,
+    Reducer.SUM: SumMetric,
+    Reducer.MAX: MaxMetric,
+    Reducer.MIN: MinMetric,
+}
+
+
+def _aggregate(reducer: Reducer, key: str, values: np.ndarray, device: torch.device) -> Any:
+    """One metric's per-batch values reduced on this process and across processes.
+
+    A torchmetrics aggregator does both: `compute()` syncs its state over the process group
+    when there is one (every process must call it, in the same order). NaNs are kept, not
+    dropped, so a diverged validation shows as NaN. Like Determined, a non-scalar metric
+    reduces over all of its elements; a SUM / MAX / MIN of integers stays an integer.
+    """
+    # Moved first: `Metric.to()` resets the compute dtype set by `set_dtype()`.
+    aggregator = _AGGREGATORS[reducer](nan_strategy="disable").to(device).set_dtype(torch.float64)
+    if values.size:
+        aggregator.update(torch.as_tensor(values.astype(np.float64), device=device))
+    with warnings.catch_warnings():
+        # A process that validated no batch still takes part in the sync.
+        warnings.filterwarnings("ignore", message=".*compute.*before.*update.*")
+        result = np.float64(aggregator.compute().item())
+    if reducer is not Reducer.AVG and values.dtype.kind in "iub":
+        return np.int64(result)
+    return result
+
+
 def reduce_validation_metrics(
-    distributed: DistributedContext,
     batch_metrics: list[dict[str, Any]],
     keys: Sequence[str],
     reducers: dict[str, Reducer],
+    device: torch.device,
 ) -> dict[str, Any]:
-    """Reduce per-batch validation metrics on this process, then across processes."""
-    local = {
-        key: reduce_values(reducers[key], np.stack([b[key] for b in batch_metrics], axis=0))
-        for key in keys
-    }
-    if distributed.size == 1:
-        return local
-    gathered = distributed.allgather((local, len(batch_metrics)))
-    parts = [(m, n) for m, n in gathered if n]
-    weights = [n for _, n in parts]
-    return {
-        key: reduce_values(
-            reducers[key], np.stack([np.asarray(m[key]) for m, _ in parts], axis=0), weights
-        )
-        for key in keys
-    }
+    """Reduce per-batch validation metrics over this process's batches and every process's."""
+    out: dict[str, Any] = {}
+    for key in keys:
+        try:
+            values = np.stack([np.asarray(b[key]) for b in batch_metrics], axis=0)
+        except ValueError as exc:
+            raise InvalidTrialError(
+                f"evaluate_batch() returned metric {key!r} with different shapes on different "
+                f"batches ({exc}); return the same shape every batch."
+            ) from None
+        out[key] = _aggregate(reducers[key], key, values, device)
+    return out
 
 
 def scalar_items(metrics: Mapping[str, Any]) -> dict[str, float]:

@@ -473,10 +473,10 @@ class TrialModule(pl.LightningModule):
                 cb.on_validation_epoch_end(self._val_outputs)
             keys = list(self._val_outputs[0])
             metrics = reduce_validation_metrics(
-                ctx.distributed,
                 self._val_outputs,
                 keys,
                 reducers_for_keys(self._trial.evaluation_reducer(), keys),
+                self.device,
             )
         else:
             metrics = dict(self._full_metrics)

@@ -13,8 +13,6 @@ import itertools
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar, cast
 
-import numpy as np
-
 from ._determined_compat import as_bridge_enum, is_metric_reducer
 from ._errors import InvalidTrialError
 
@@ -26,24 +24,6 @@ class Reducer(enum.Enum):
     SUM = 2
     MAX = 3
     MIN = 4
-
-
-def reduce_values(
-    reducer: Reducer, values: np.ndarray, weights: Sequence[int] | None = None
-) -> Any:
-    """Reduce stacked metric values to one number (weighted for AVG across processes).
-
-    Like Determined, a non-scalar metric reduces over all of its elements, not per element.
-    """
-    if reducer is Reducer.AVG:
-        return np.average(values, weights=weights)
-    if reducer is Reducer.SUM:
-        return np.sum(values)
-    if reducer is Reducer.MAX:
-        return np.max(values)
-    if reducer is Reducer.MIN:
-        return np.min(values)
-    raise InvalidTrialError(f"Unknown reducer {reducer!r}; use a lightning_bridge.Reducer member.")
 
 
 def reducers_for_keys(reducer: Any, keys: Sequence[str]) -> dict[str, Reducer]:
