@@ -21,6 +21,7 @@ import lightning.pytorch as pl
 import numpy as np
 import torch
 
+from . import _cluster_info
 from ._boundaries import TrialBoundaries
 from ._checkpoint import LATEST_FILE, latest_checkpoint_in, read_checkpoint
 from ._context import PyTorchTrialContext
@@ -130,6 +131,21 @@ def init(
     (default: `checkpoint_storage` from `exp_conf`, else `./checkpoints`); `run_dir` holds
     TensorBoard / CSV logs (default: the working directory).
     """
+    # Run by `lightning-bridge run`: the runner's config and settings fill the defaults.
+    given = _cluster_info.init_defaults(
+        {
+            "hparams": hparams,
+            "exp_conf": exp_conf,
+            "aggregation_frequency": aggregation_frequency,
+            "accelerator": accelerator,
+            "devices": devices,
+            "strategy": strategy,
+            "precision": precision,
+        }
+    )
+    hparams, exp_conf = given["hparams"], given["exp_conf"]
+    aggregation_frequency, accelerator = given["aggregation_frequency"], given["accelerator"]
+    devices, strategy, precision = given["devices"], given["strategy"], given["precision"]
     dist = distributed if distributed is not None else DistributedContext()
     devices, num_nodes, strategy = _launch_settings(distributed, devices, num_nodes, strategy)
     seed = None
@@ -276,6 +292,8 @@ class Trainer:
         self._context = context
         self.lightning_trainer: pl.Trainer | None = None
         self.checkpoints: list[pathlib.Path] = []
+        # The metrics of the last validation of the latest fit (None before one ran).
+        self.last_validation_metrics: dict[str, Any] | None = None
 
     def configure_profiler(self, *args: Any, **kwargs: Any) -> None:
         """Deprecated in Determined; use `fit(profiling_enabled=True)` or `set_profiler`."""
@@ -294,6 +312,7 @@ class Trainer:
         profiling_enabled: bool = False,
     ) -> None:
         """Train until `max_length`, validating, checkpointing and reporting at their periods."""
+        max_length, test_mode = _cluster_info.fit_defaults(max_length, test_mode)
         try:
             self._fit(
                 checkpoint_period=checkpoint_period,
@@ -392,6 +411,8 @@ class Trainer:
         finally:
             module.shutdown()
             self.checkpoints = list(boundaries.checkpoints)
+            self.last_validation_metrics = module.last_validation_metrics
+            _cluster_info.record_fit(module.last_validation_metrics, self.checkpoints)
         if boundaries.checkpoints:
             logger.info("Checkpoints are in %s", ckpt_dir)
         if boundaries.preempted_by is not None:

@@ -1,0 +1,8 @@
+"""`python -m lightning_bridge ...`: the `lightning-bridge` command."""
+
+import sys
+
+from ._cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())
