@@ -228,13 +228,22 @@ def _port(args: argparse.Namespace, from_command_line: bool) -> int:
     return EXIT_OK
 
 
+class _StderrHandler(logging.Handler):
+    """Writes to whatever `sys.stderr` is at the time of the record."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            print(self.format(record), file=sys.stderr, flush=True)
+        except Exception:  # noqa: BLE001 - logging must never raise
+            self.handleError(record)
+
+
 def _setup_logging() -> None:
     bridge = logging.getLogger("lightning_bridge")
-    if not bridge.handlers:
-        handler = logging.StreamHandler(sys.stderr)
+    if not any(isinstance(h, _StderrHandler) for h in bridge.handlers):
+        handler = _StderrHandler()
         handler.setFormatter(logging.Formatter("lightning-bridge: %(levelname)s: %(message)s"))
         bridge.addHandler(handler)
-        bridge.propagate = False
     bridge.setLevel(logging.INFO)
 
 

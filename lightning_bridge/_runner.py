@@ -165,8 +165,8 @@ def _unwrap_launcher(launcher: str, args: list[str]) -> Entrypoint:
 
 def prepare(config_path: str | os.PathLike[str], context_dir: Any, options: Options) -> Plan:
     """Load and validate everything a run needs; raise InvalidArgumentError on bad input."""
+    config = load_config(config_path, options.overrides)
     config_file = pathlib.Path(config_path).resolve()
-    config = load_config(config_file, options.overrides)
     folder = pathlib.Path(context_dir) if context_dir is not None else config_file.parent
     if not folder.is_dir():
         raise InvalidArgumentError(

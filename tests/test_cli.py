@@ -1,0 +1,270 @@
+"""`lightning-bridge run` with trial-class entrypoints: an unchanged Determined folder trains."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import pathlib
+import subprocess
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+
+import lightning_bridge as pytorch
+from lightning_bridge import _import_map
+from lightning_bridge._cli import main
+from tests._cli_folders import (
+    BASE_CONFIG,
+    checkpoint_weights,
+    steps_completed,
+    validations,
+    write_folder,
+)
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def _isolated_imports() -> Iterator[None]:
+    """Each run imports its folder's model_def through the determined mapping; undo both."""
+    path = list(sys.path)
+    yield
+    _import_map.uninstall()
+    sys.path[:] = path
+    for name in [m for m in sys.modules if m == "model_def"]:
+        del sys.modules[name]
+
+
+def _config(**changes: Any) -> dict[str, Any]:
+    config = copy.deepcopy(BASE_CONFIG)
+    config.update(changes)
+    return config
+
+
+def _checkpoints(folder: pathlib.Path) -> list[pathlib.Path]:
+    return sorted(
+        (p for p in (folder / "checkpoints").iterdir() if p.is_dir()),
+        key=steps_completed,
+    )
+
+
+def test_runs_an_unchanged_trial_folder(
+    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = write_folder(tmp_path, _config(max_restarts=0, environment={"image": "x"}))
+    folder = config.parent
+    assert main(["run", str(config)]) == 0
+    out, err = capsys.readouterr()
+
+    # 64 records / 8 per batch = 8 batches an epoch, 2 epochs, validation every 4 batches.
+    losses = validations(folder)
+    assert len(losses) == 4
+    assert losses == sorted(losses, reverse=True)  # it learns
+    seen = json.loads((folder / "seen.json").read_text())
+    assert seen == {
+        "hparams": {"global_batch_size": 8, "lr": 0.05},
+        "data": {"url": "https://example.invalid/data"},
+        "seed": 7,
+        "size": 1,
+        "metric": "validation_loss",
+    }
+    # The table: last validation metric, the checkpoint directory and its checkpoints.
+    assert "Last validation metrics" in out
+    assert f"validation_loss  {losses[-1]:.6f}" in out
+    assert f"Checkpoint directory: {folder / 'checkpoints'}" in out
+    kept = _checkpoints(folder)
+    assert kept and all(str(p) in out for p in kept)
+    assert steps_completed(kept[-1]) == 16
+    # One warning lists the Determined keys the run does not use.
+    assert err.count("not used by lightning-bridge") == 1
+    assert "environment, max_restarts" in err
+
+
+def test_matches_the_same_trial_trained_directly(tmp_path: pathlib.Path) -> None:
+    config = write_folder(tmp_path, name="cli")
+    assert main(["run", str(config)]) == 0
+    via_cli = checkpoint_weights(_checkpoints(config.parent)[-1])
+
+    # The Trainer API by hand, with what the config says.
+    direct = tmp_path / "direct"
+    write_folder(tmp_path, name="direct")
+    sys.path.insert(0, str(direct))
+    _import_map.install(force=True)
+    os.chdir(direct)
+    import model_def  # type: ignore[import-not-found]
+
+    with pytorch.init(
+        hparams={"global_batch_size": 8, "lr": 0.05}, exp_conf=copy.deepcopy(BASE_CONFIG)
+    ) as ctx:
+        trial = model_def.LinearTrial(ctx)
+        pytorch.Trainer(trial, ctx).fit(
+            max_length=pytorch.Epoch(2), validation_period=pytorch.Batch(4)
+        )
+    assert validations(direct) == validations(config.parent)
+    for key, value in via_cli.items():
+        torch.testing.assert_close(value, trial.model.state_dict()[key], rtol=0, atol=0)
+
+
+def test_set_overrides_lengths_and_hyperparameters(tmp_path: pathlib.Path) -> None:
+    config = write_folder(tmp_path)
+    code = main(
+        [
+            "run",
+            str(config),
+            "--set",
+            "searcher.max_length={batches: 5}",
+            "--set",
+            "min_validation_period.batches=5",
+            "--set",
+            "hyperparameters.lr=0.01",
+        ]
+    )
+    assert code == 0
+    assert len(validations(config.parent)) == 1
+    seen = json.loads((config.parent / "seen.json").read_text())
+    assert seen["hparams"]["lr"] == 0.01
+    assert steps_completed(_checkpoints(config.parent)[-1]) == 5
+
+
+def test_records_lengths_use_the_global_batch_size(tmp_path: pathlib.Path) -> None:
+    config = write_folder(
+        tmp_path,
+        _config(
+            searcher={"name": "single", "metric": "validation_loss", "max_length": {"records": 56}},
+            min_validation_period={"records": 24},
+        ),
+    )
+    assert main(["run", str(config)]) == 0
+    # 56 records / 8 = 7 batches; validation every 24 / 8 = 3 batches: after 3 and 6, and the
+    # final validation the bridge runs at the end of training (as Determined does).
+    assert len(validations(config.parent)) == 3
+    assert steps_completed(_checkpoints(config.parent)[-1]) == 7
+
+
+def test_test_mode_trains_one_batch(tmp_path: pathlib.Path) -> None:
+    config = write_folder(tmp_path)
+    assert main(["run", str(config), "--test"]) == 0
+    assert len(validations(config.parent)) == 1
+    assert steps_completed(_checkpoints(config.parent)[-1]) == 1
+
+
+def test_resume_continues_to_the_same_weights(tmp_path: pathlib.Path) -> None:
+    whole = write_folder(tmp_path, name="whole")
+    assert main(["run", str(whole)]) == 0
+    want = checkpoint_weights(_checkpoints(whole.parent)[-1])
+
+    parts = write_folder(tmp_path, name="parts")
+    assert main(["run", str(parts), "--set", "searcher.max_length.epochs=1"]) == 0
+    assert main(["run", str(parts), "--resume", "latest"]) == 0
+    last = _checkpoints(parts.parent)[-1]
+    assert steps_completed(last) == 16
+    for key, value in checkpoint_weights(last).items():
+        torch.testing.assert_close(value, want[key], rtol=0, atol=0)
+
+
+def test_checkpoint_storage_and_policy(tmp_path: pathlib.Path) -> None:
+    config = write_folder(
+        tmp_path,
+        _config(
+            checkpoint_storage={
+                "type": "shared_fs",
+                "host_path": "store",
+                "storage_path": "ckpts",
+                "save_trial_latest": 1,
+                "save_trial_best": 0,
+            },
+            checkpoint_policy="all",
+        ),
+    )
+    assert main(["run", str(config)]) == 0
+    store = config.parent / "store" / "ckpts"
+    kept = [p for p in store.iterdir() if p.is_dir()]
+    assert len(kept) == 1 and steps_completed(kept[0]) == 16
+    assert not (config.parent / "checkpoints").exists()
+
+
+def test_bad_config_exits_2_with_the_key_path(
+    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = write_folder(
+        tmp_path,
+        _config(searcher={"name": "single", "metric": "m", "max_length": {"epochs": -3}}),
+    )
+    assert main(["run", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert "searcher.max_length.epochs: expected a positive integer, got -3" in err
+    assert "Traceback" not in err
+    assert not validations(config.parent)
+
+
+def test_search_form_names_the_key_and_the_set_fix(
+    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    hparams = {
+        "global_batch_size": 8,
+        "lr": {"type": "log", "base": 10, "minval": -3, "maxval": -1},
+    }
+    config = write_folder(tmp_path, _config(hyperparameters=hparams))
+    assert main(["run", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert "hyperparameters.lr: a log search range" in err
+    assert "--set hyperparameters.lr=VALUE" in err
+    assert main(["run", str(config), "--set", "hyperparameters.lr=0.05", "--test"]) == 0
+
+
+def test_trial_errors_exit_1(tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = write_folder(tmp_path)
+    # An exception of the trial's own code: its traceback, once.
+    assert main(["run", str(config), "--set", "hyperparameters.fail=init"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("RuntimeError: deliberate failure in __init__") == 1
+    assert "Traceback" in err
+    # A bridge error (bad input at run time): its message only.
+    assert main(["run", str(config), "--resume", "latest"]) == 2
+    err = capsys.readouterr().err
+    assert "holds no checkpoint yet" in err and "Traceback" not in err
+
+
+def test_entrypoint_errors(tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = write_folder(tmp_path, _config(entrypoint="model_def:NoSuchTrial"))
+    assert main(["run", str(config)]) == 2
+    assert "model_def has no 'NoSuchTrial'" in capsys.readouterr().err
+    config = write_folder(tmp_path, _config(entrypoint="model_def:Data"), name="notatrial")
+    assert main(["run", str(config)]) == 1
+    assert "Data is not a PyTorchTrial subclass" in capsys.readouterr().err
+
+
+def test_two_processes_from_slots_per_trial(tmp_path: pathlib.Path) -> None:
+    """slots_per_trial: 2 runs two DDP processes through Lightning's launcher, which re-runs
+    the command for rank 1 (so this runs the real command line, `python -m lightning_bridge`)."""
+    config = write_folder(tmp_path, _config(resources={"slots_per_trial": 2}))
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_PORT"):
+        env.pop(var, None)
+    result = subprocess.run(
+        [sys.executable, "-m", "lightning_bridge", "run", "exp/const.yaml"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    seen = json.loads((config.parent / "seen.json").read_text())
+    assert seen["size"] == 2
+    # Each rank trains 4 records of the 8-record global batch: 8 batches an epoch as before,
+    # so the same validations happen; the table is printed once.
+    assert len(validations(config.parent)) == 4
+    assert result.stdout.count("Last validation metrics") == 1
+    assert steps_completed(_checkpoints(config.parent)[-1]) == 16
+
+
+def test_launcher_trial_argument_runs_the_trial_class(tmp_path: pathlib.Path) -> None:
+    entrypoint = "python3 -m determined.launch.torch_distributed --trial model_def:LinearTrial"
+    config = write_folder(tmp_path, _config(entrypoint=entrypoint))
+    assert main(["run", str(config), "--set", "searcher.max_length.epochs=1"]) == 0
+    assert len(validations(config.parent)) == 2

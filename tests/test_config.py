@@ -1,0 +1,316 @@
+"""Experiment config validation, `--set`, entrypoint forms, the determined import mapping."""
+
+from __future__ import annotations
+
+import pathlib
+import sys
+import types
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+import lightning_bridge
+from lightning_bridge import InvalidArgumentError, _import_map
+from lightning_bridge._cli import main
+from lightning_bridge._config import load_config, parse_config
+from lightning_bridge._runner import Entrypoint, parse_entrypoint
+
+
+def _error(config: Any, overrides: list[str] | None = None) -> str:
+    with pytest.raises(InvalidArgumentError) as info:
+        parse_config(config, overrides)
+    return str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("config", "line"),
+    [
+        (
+            {"searcher": {"max_length": {"epochs": -3}}},
+            "searcher.max_length.epochs: expected a positive integer, got -3",
+        ),
+        (
+            {"searcher": {"max_length": {"batches": 2, "epochs": 1}}},
+            "searcher.max_length: expected exactly one of batches, records or epochs, got "
+            "{batches: 2, epochs: 1}",
+        ),
+        (
+            {"min_validation_period": {"batches": 1.5}},
+            "min_validation_period.batches: expected an integer, got 1.5",
+        ),
+        (
+            {"optimizations": {"aggregation_frequency": 0}},
+            "optimizations.aggregation_frequency: expected an integer of at least 1, got 0",
+        ),
+        (
+            {"resources": {"slots_per_trial": True}},
+            "resources.slots_per_trial: expected an integer, got true",
+        ),
+        (
+            {"checkpoint_policy": "some"},
+            "checkpoint_policy: expected 'best', 'all' or 'none', got 'some'",
+        ),
+        (
+            {"searcher": {"max_time": 10}},
+            "searcher: max_time and time_metric go together",
+        ),
+        (
+            {"hyperparamters": {"lr": 1}},
+            "hyperparamters: unknown key (Determined's experiment config has no such key",
+        ),
+        (
+            {"searcher": {"name": "adaptive_asha", "max_trials": 4}},
+            "searcher.name: lightning-bridge runs one trial, so only the single searcher is "
+            "supported, got 'adaptive_asha'; use --set searcher.name=single",
+        ),
+        (
+            {"hyperparameters": {"opt": {"type": "adam", "lr": 1}}},
+            "hyperparameters.opt.type: expected one of const, int, double, log, categorical",
+        ),
+        (
+            {"hyperparameters": {"lr": {"type": "const"}}},
+            "hyperparameters.lr.val: required",
+        ),
+        ({"entrypoint": 3}, "entrypoint: expected a string, got 3"),
+    ],
+)
+def test_invalid_values_name_the_key(config: dict[str, Any], line: str) -> None:
+    message = _error(config)
+    assert message.startswith("invalid experiment config:")
+    assert line in message
+
+
+def test_every_problem_is_reported_at_once() -> None:
+    message = _error(
+        {"records_per_epoch": -1, "searcher": {"smaller_is_better": "yes"}, "typo_key": 1}
+    )
+    assert "records_per_epoch: expected a non-negative integer, got -1" in message
+    assert "searcher.smaller_is_better: expected true or false, got 'yes'" in message
+    assert "typo_key: unknown key" in message
+
+
+def test_hyperparameter_forms() -> None:
+    conf = parse_config(
+        {
+            "hyperparameters": {
+                "global_batch_size": 32,
+                "lr": {"type": "const", "val": 0.1},
+                "layers": [64, 32],
+                "optimizer": {"name": "sgd", "momentum": {"type": "const", "val": 0.9}},
+            }
+        }
+    )
+    assert conf.hparams == {
+        "global_batch_size": 32,
+        "lr": 0.1,
+        "layers": [64, 32],
+        "optimizer": {"name": "sgd", "momentum": 0.9},
+    }
+    for form in (
+        {"type": "int", "minval": 1, "maxval": 4},
+        {"type": "double", "minval": 0.1, "maxval": 0.5},
+        {"type": "log", "base": 10, "minval": -4, "maxval": -1},
+        {"type": "categorical", "vals": ["a", "b"]},
+    ):
+        message = _error({"hyperparameters": {"group": {"x": form}}})
+        assert f"hyperparameters.group.x: a {form['type']} search range" in message
+        assert "--set hyperparameters.group.x=VALUE" in message
+        fixed = parse_config(
+            {"hyperparameters": {"group": {"x": form}}}, ["hyperparameters.group.x=3"]
+        )
+        assert fixed.hparams == {"group": {"x": 3}}
+
+
+def test_set_overrides() -> None:
+    conf = parse_config(
+        {"searcher": {"metric": "loss", "max_length": {"epochs": 3}}},
+        [
+            "searcher.max_length={batches: 10}",
+            "searcher.smaller_is_better=false",
+            "data.path=/data/x",
+            "hyperparameters.name=resnet",
+        ],
+    )
+    assert str(conf.length("max_length")) == str(lightning_bridge.Batch(10))
+    assert conf.model.searcher.smaller_is_better is False
+    assert conf.experiment_config()["data"] == {"path": "/data/x"}
+    assert conf.hparams == {"name": "resnet"}
+    assert "--set 'lr': expected KEY.PATH=VALUE" in _error({}, ["lr"])
+    assert "searcher is 3, not a mapping" in _error({"searcher": 3}, ["searcher.name=single"])
+
+
+def test_lengths_and_periods() -> None:
+    conf = parse_config(
+        {
+            "hyperparameters": {"global_batch_size": 16},
+            "searcher": {"max_time": 100, "time_metric": "records"},
+            "min_validation_period": {"epochs": 1},
+            "min_checkpoint_period": {"batches": 0},
+        }
+    )
+    assert str(conf.length("max_length")) == str(lightning_bridge.Batch(6))
+    assert str(conf.length("min_validation_period")) == str(lightning_bridge.Epoch(1))
+    assert conf.length("min_checkpoint_period").value == sys.maxsize  # type: ignore[union-attr]
+    no_gbs = parse_config({"searcher": {"max_length": {"records": 100}}})
+    with pytest.raises(InvalidArgumentError, match="needs the hyperparameter global_batch_size"):
+        no_gbs.length("max_length")
+
+
+def test_unused_keys_and_checkpoint_storage(tmp_path: pathlib.Path) -> None:
+    conf = parse_config(
+        {
+            "name": "x",
+            "description": "y",
+            "max_restarts": 3,
+            "environment": {"image": "img"},
+            "resources": {"slots_per_trial": 1, "resource_pool": "gpu"},
+            "searcher": {"source_trial_id": 4},
+            "checkpoint_storage": {"type": "s3", "bucket": "b", "save_trial_best": 2},
+        }
+    )
+    assert conf.unused_keys == [
+        "checkpoint_storage.bucket",
+        "checkpoint_storage.type (s3: written to a local folder)",
+        "environment",
+        "max_restarts",
+        "resources.resource_pool",
+        "searcher.source_trial_id",
+    ]
+    storage = conf.experiment_config(tmp_path)["checkpoint_storage"]
+    assert storage == {
+        "type": "shared_fs",
+        "host_path": str(tmp_path / "checkpoints"),
+        "save_trial_best": 2,
+    }
+
+
+def test_load_config_file_errors(tmp_path: pathlib.Path) -> None:
+    with pytest.raises(InvalidArgumentError, match="not found"):
+        load_config(tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("searcher: [unclosed\n")
+    with pytest.raises(InvalidArgumentError, match="is not valid YAML"):
+        load_config(bad)
+    bad.write_text("- a list\n")
+    with pytest.raises(InvalidArgumentError, match="must be a mapping"):
+        load_config(bad)
+
+
+@pytest.mark.parametrize(
+    ("entrypoint", "expected"),
+    [
+        ("model_def:MyTrial", Entrypoint(trial="model_def:MyTrial")),
+        ("pkg.model:Outer.Trial", Entrypoint(trial="pkg.model:Outer.Trial")),
+        (
+            "python3 train.py --epochs 3",
+            Entrypoint(command=["python3", "train.py", "--epochs", "3"], python=True),
+        ),
+        (
+            ["python3", "-m", "pkg.train"],
+            Entrypoint(command=["python3", "-m", "pkg.train"], python=True),
+        ),
+        (
+            "python3 -m determined.launch.torch_distributed python3 train.py",
+            Entrypoint(command=["python3", "train.py"], python=True),
+        ),
+        (
+            "python3 -m determined.launch.torch_distributed --max_restarts 1 -- python3 t.py",
+            Entrypoint(command=["python3", "t.py"], python=True),
+        ),
+        (
+            "python3 -m determined.launch.torch_distributed --trial model_def:T",
+            Entrypoint(trial="model_def:T"),
+        ),
+        ("bash run.sh", Entrypoint(command=["bash", "run.sh"], python=False)),
+    ],
+)
+def test_entrypoint_forms(entrypoint: Any, expected: Entrypoint) -> None:
+    assert parse_entrypoint(entrypoint) == expected
+
+
+def test_unsupported_launchers_and_missing_entrypoint() -> None:
+    with pytest.raises(InvalidArgumentError, match="determined.launch.deepspeed is not supported"):
+        parse_entrypoint("python3 -m determined.launch.deepspeed python3 train.py")
+    with pytest.raises(InvalidArgumentError, match="entrypoint: required"):
+        parse_entrypoint(None)
+
+
+@pytest.fixture()
+def mapped() -> Iterator[None]:
+    assert _import_map.install(force=True)
+    yield
+    _import_map.uninstall()
+
+
+def test_determined_imports_resolve_to_the_bridge(mapped: None) -> None:
+    import determined  # type: ignore[import-not-found]
+    import determined.pytorch as det_torch  # type: ignore[import-not-found]
+    from determined import pytorch  # type: ignore[import-not-found]
+    from determined.pytorch import DataLoader, samplers  # type: ignore[import-not-found]
+    from determined.pytorch.samplers import RepeatSampler  # type: ignore[import-not-found]
+
+    assert pytorch is det_torch and determined.pytorch is det_torch
+    assert DataLoader is lightning_bridge.DataLoader
+    assert det_torch.PyTorchTrial is lightning_bridge.PyTorchTrial
+    assert samplers.RepeatSampler is RepeatSampler is lightning_bridge.samplers.RepeatSampler
+    assert determined.get_cluster_info() is None  # not started by the runner
+    with pytest.raises(ModuleNotFoundError, match="maps only determined, determined.pytorch"):
+        import determined.core  # type: ignore[import-not-found]  # noqa: F401
+
+
+def test_shim_folder_maps_determined_in_a_subprocess(tmp_path: pathlib.Path) -> None:
+    import subprocess
+
+    shim = _import_map.shim_dir(tmp_path)
+    code = (
+        "from determined.pytorch import Trainer; import determined; "
+        "print(Trainer.__module__, determined.pytorch.Batch.__module__)"
+    )
+    repo = str(pathlib.Path(__file__).resolve().parents[1])
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        env={"PYTHONPATH": f"{shim}:{repo}", "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["lightning_bridge._trainer", "lightning_bridge._units"]
+
+
+def test_command_line_usage(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["run"])
+    assert info.value.code == 2
+    assert "CONFIG" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as info:
+        main(["run", "c.yaml", "--devices", "0"])
+    assert info.value.code == 2
+    assert main(["run", "missing.yaml"]) == 2
+    assert "experiment config 'missing.yaml' not found" in capsys.readouterr().err
+
+
+def test_port_calls_the_port_tool(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    calls: list[tuple[Any, ...]] = []
+
+    def write_trial_folder(
+        target: str, out: pathlib.Path, datamodule: str | None = None, force: bool = False
+    ) -> pathlib.Path:
+        calls.append((target, out, datamodule, force))
+        if target == "bad:Module":
+            raise InvalidArgumentError("bad:Module is not a LightningModule")
+        return out
+
+    port = types.ModuleType("lightning_bridge._port")
+    port.write_trial_folder = write_trial_folder  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "lightning_bridge._port", port)
+    out = tmp_path / "trial"
+    assert main(["port", "pkg.mod:Net", "--datamodule", "pkg.mod:DM", "--out", str(out)]) == 0
+    assert calls == [("pkg.mod:Net", out, "pkg.mod:DM", False)]
+    assert f"Wrote trial folder {out}" in capsys.readouterr().out
+    assert main(["port", "bad:Module", "--out", str(out), "--force"]) == 2
+    assert calls[-1][3] is True
+    assert "bad:Module is not a LightningModule" in capsys.readouterr().err
