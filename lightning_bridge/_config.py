@@ -477,7 +477,7 @@ def parse_config(config: Any, overrides: list[str] | None = None) -> ResolvedCon
     return ResolvedConfig(raw, model, hparams)
 
 
-def load_config(path: str | pathlib.Path, overrides: list[str] | None = None) -> ResolvedConfig:
+def load_config(path: str | os.PathLike[str], overrides: list[str] | None = None) -> ResolvedConfig:
     """Read an experiment config YAML file and validate it (see `parse_config`)."""
     file = pathlib.Path(path)
     if not file.is_file():

@@ -53,12 +53,16 @@ class LinearTrial(pytorch.PyTorchTrial):
         self.opt = context.wrap_optimizer(
             torch.optim.SGD(self.model.parameters(), lr=context.get_hparam("lr"))
         )
+        try:
+            seed = context.get_trial_seed()
+        except Exception:  # Determined's local mode has no trial seed
+            seed = None
         with open("seen.json", "w") as f:
             json.dump(
                 {
                     "hparams": context.get_hparams(),
                     "data": context.get_data_config(),
-                    "seed": context.get_trial_seed(),
+                    "seed": seed,
                     "size": context.distributed.size,
                     "metric": context.get_experiment_config()["searcher"]["metric"],
                 },
@@ -82,6 +86,9 @@ class LinearTrial(pytorch.PyTorchTrial):
         self.context.backward(loss)
         self.context.step_optimizer(self.opt)
         return {"loss": loss}
+
+    def evaluation_reducer(self):
+        return pytorch.Reducer.AVG
 
     def evaluate_batch(self, batch):
         x, y = batch
