@@ -9,6 +9,7 @@ bars, profilers) underneath. `TrialModule` is the generated LightningModule, usa
 __version__ = "0.1.0"
 
 from . import samplers
+from ._adapter import LightningAdapter, lightning_trial
 from ._callback import PyTorchCallback
 from ._context import PyTorchExperimentalContext, PyTorchTrialContext
 from ._data import DataLoader, TorchData, data_length, to_device
@@ -31,6 +32,7 @@ __all__ = [
     "InvalidArgumentError",
     "InvalidCheckpointError",
     "InvalidTrialError",
+    "LightningAdapter",
     "LRScheduler",
     "MetricReducer",
     "PyTorchCallback",
@@ -44,6 +46,7 @@ __all__ = [
     "TrialModule",
     "data_length",
     "init",
+    "lightning_trial",
     "load_trial_from_checkpoint_path",
     "samplers",
     "to_device",
