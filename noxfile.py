@@ -185,11 +185,24 @@ def interop(session: nox.Session) -> None:
     _pytest(session, ["-m", "interop", "-q"], _data_home(session), allow_empty)
 
 
-# Examples convention: each example is a folder examples/<name>/ holding a train.py that
-# accepts --test (a short run on small data). This session runs
-# `python train.py --test` in each folder (cwd = that folder) and fails if any of them fails.
-# A folder whose name starts with "_" or "." is not an example (shared data, helpers);
-# any other folder without a train.py is an error.
+# Examples convention: each example is a folder examples/<name>/ holding a const.yaml (the
+# experiment config a Determined user submits) and a README.md. This session runs, with the
+# folder as working directory:
+#   lightning-bridge run const.yaml --test        (every example)
+#   python train.py --test                        (where a Trainer-API train.py exists)
+#   torchrun --nproc_per_node=2 train.py --test   (the same script under torchrun)
+# and fails if any of them fails. A folder whose name starts with "_" or "." is not an example
+# (shared data, helpers); any other folder without a const.yaml is an error.
+def _example_commands(folder: Path, python: str) -> list[list[str]]:
+    commands = [[python, "-m", "lightning_bridge", "run", "const.yaml", "--test"]]
+    if (folder / "train.py").is_file():
+        commands.append([python, "train.py", "--test"])
+        commands.append(
+            [python, "-m", "torch.distributed.run", "--nproc_per_node=2", "train.py", "--test"]
+        )
+    return commands
+
+
 @nox.session(python=PYTHON)
 def examples(session: nox.Session) -> None:
     """Every example end to end in test mode."""
@@ -200,13 +213,13 @@ def examples(session: nox.Session) -> None:
         if p.is_dir() and not p.name.startswith(("_", "."))
     )
     if not folders:
-        session.log("no examples found: no folder examples/<name>/ with a train.py yet")
+        session.log("no examples found: no folder examples/<name>/ with a const.yaml yet")
         return
-    missing = [p.name for p in folders if not (p / "train.py").is_file()]
+    missing = [p.name for p in folders if not (p / "const.yaml").is_file()]
     if missing:
         session.error(
-            f"examples/{', examples/'.join(missing)}: no train.py. Every folder under examples/ "
-            "is an example with a train.py accepting --test; prefix a folder that is not an "
+            f"examples/{', examples/'.join(missing)}: no const.yaml. Every folder under "
+            "examples/ is an example with an experiment config; prefix a folder that is not an "
             "example with '_'."
         )
 
@@ -226,21 +239,21 @@ def examples(session: nox.Session) -> None:
     python = os.path.join(session.bin, "python")
     failed = []
     for folder in folders:
-        session.log(f"example {folder.name}: python train.py --test")
-        with session.chdir(folder):
-            try:
-                session.run(
-                    "timeout",
-                    "--kill-after=30",
-                    str(EXAMPLE_TIMEOUT_S),
-                    python,
-                    "train.py",
-                    "--test",
-                    env=env,
-                    external=True,
-                )
-            except nox.command.CommandFailed:
-                failed.append(folder.name)
-    session.log(f"examples: {len(folders) - len(failed)} passed, {len(failed)} failed")
+        for command in _example_commands(folder, python):
+            shown = " ".join(Path(c).name if c == python else c for c in command)
+            session.log(f"example {folder.name}: {shown}")
+            with session.chdir(folder):
+                try:
+                    session.run(
+                        "timeout",
+                        "--kill-after=30",
+                        str(EXAMPLE_TIMEOUT_S),
+                        *command,
+                        env=env,
+                        external=True,
+                    )
+                except nox.command.CommandFailed:
+                    failed.append(f"{folder.name} ({shown})")
+    session.log(f"examples: {len(failed)} command(s) failed")
     if failed:
         session.error(f"examples failed: {', '.join(failed)}")

@@ -1,8 +1,8 @@
 """A PyTorchTrial that classifies scikit-learn's 8x8 handwritten digits.
 
-The trial is plain Determined code: only the import below differs from a trial written for
-`determined.pytorch`. It uses the bridge when it is installed and Determined otherwise; set
-`DIGITS_API=determined` to force Determined even where the bridge is installed.
+The trial is plain Determined code, unchanged: `lightning-bridge run const.yaml` runs it on
+Lightning (mapping `from determined import pytorch` onto the bridge when Determined is not
+installed), and `det e create const.yaml .` would run it on a Determined cluster.
 
 Shown here: hyperparameters from the context, a model / optimizer / LR scheduler wrapped by the
 context, training and validation data loaders, per-batch validation metrics, and a custom
@@ -12,23 +12,15 @@ processes.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import numpy as np
 import torch
+from determined import pytorch
 from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 from torch import nn
 from torchmetrics.classification import MulticlassConfusionMatrix
-
-if os.environ.get("DIGITS_API", "").lower() == "determined":
-    from determined import pytorch
-else:
-    try:
-        import lightning_bridge as pytorch
-    except ImportError:
-        from determined import pytorch
 
 NUM_CLASSES = 10
 # The train / validation split is fixed, whatever the trial seed.
@@ -88,16 +80,6 @@ class MacroF1(pytorch.MetricReducer):
         return float((2 * true_positives[seen] / denominator[seen]).mean())
 
 
-class LatestValidationMetrics(pytorch.PyTorchCallback):
-    """Keeps the metrics of the most recent validation, for the script to print at the end."""
-
-    def __init__(self) -> None:
-        self.metrics: dict[str, Any] = {}
-
-    def on_validation_end(self, metrics: dict[str, Any]) -> None:
-        self.metrics = dict(metrics)
-
-
 class DigitsTrial(pytorch.PyTorchTrial):
     def __init__(self, context: pytorch.PyTorchTrialContext) -> None:
         self.context = context
@@ -129,7 +111,6 @@ class DigitsTrial(pytorch.PyTorchTrial):
         self.macro_f1 = context.wrap_reducer(
             MacroF1(NUM_CLASSES, context.device), name="val_macro_f1", for_training=False
         )
-        self.latest_validation = LatestValidationMetrics()
 
     def build_training_data_loader(self) -> pytorch.DataLoader:
         return pytorch.DataLoader(
@@ -140,9 +121,6 @@ class DigitsTrial(pytorch.PyTorchTrial):
         return pytorch.DataLoader(
             self.val_data, batch_size=self.context.get_per_slot_batch_size(), shuffle=False
         )
-
-    def build_callbacks(self) -> dict[str, pytorch.PyTorchCallback]:
-        return {"latest_validation": self.latest_validation}
 
     def train_batch(self, batch: Any, epoch_idx: int, batch_idx: int) -> dict[str, torch.Tensor]:
         features, labels = batch
