@@ -5,7 +5,8 @@ The adapter is a `PyTorchTrial` that uses only the trial contract (`wrap_model`,
 so the same class trains on `lightning_bridge.Trainer` and, built on
 `determined.pytorch.PyTorchTrial`, on Determined's own `Trainer`. The module gets a stand-in
 trainer (`_adapter_trainer`); `self.log` goes to the trial's metrics (`_adapter_logging`);
-`configure_optimizers` is parsed by Lightning's helpers (`_adapter_optim`). docs/lightning.md
+`configure_optimizers` is parsed by Lightning's helpers (`_adapter_optim`); the trainer meets the
+module through `_adapter_callback`. docs/lightning.md
 lists every hook and what happens to it.
 """
 
@@ -22,6 +23,7 @@ from lightning.pytorch.core.optimizer import LightningOptimizer
 from lightning.pytorch.trainer.states import RunningStage
 from lightning.pytorch.utilities.model_helpers import is_overridden
 
+from ._adapter_callback import adapter_callback, adapter_reducer
 from ._adapter_data import (
     RepeatingLoader,
     build_from_hparams,
@@ -116,13 +118,13 @@ class _AdapterMixin:
             for opt in optimizers
         ]
         self._train_reducer = context.wrap_reducer(
-            _reducer(api, router.training_state, router.reset_window, combine_training),
+            adapter_reducer(api, router.training_state, router.reset_window, combine_training),
             name=None,
             for_training=True,
             for_validation=False,
         )
         self._val_reducer = context.wrap_reducer(
-            _reducer(api, router.validation_state, router.val.reset, combine_validation),
+            adapter_reducer(api, router.validation_state, router.val.reset, combine_validation),
             name=None,
             for_training=False,
             for_validation=True,
@@ -356,7 +358,7 @@ class _AdapterMixin:
         )
 
     def build_callbacks(self) -> dict[str, Any]:
-        return {"lightning_adapter": _callback(self._api, self)}
+        return {"lightning_adapter": adapter_callback(self._api, self)}
 
     def get_batch_length(self, batch: Any) -> int:
         from lightning.pytorch.utilities.data import extract_batch_size
@@ -384,90 +386,6 @@ def _loss_of(out: Any, *, automatic: bool) -> torch.Tensor | None:
             f"automatic optimization; got {type(out).__name__}."
         )
     return None
-
-
-def _reducer(api: Any, state: Any, reset: Any, combine: Any) -> Any:
-    """A `MetricReducer` of `api` (each trainer checks for its own class)."""
-
-    class _Reducer(api.MetricReducer):
-        def reset(self) -> None:
-            reset()
-
-        def per_slot_reduce(self) -> Any:
-            return state()
-
-        def cross_slot_reduce(self, per_slot_metrics: list) -> Any:
-            return combine(per_slot_metrics)
-
-    return _Reducer()
-
-
-def _callback(api: Any, adapter: _AdapterMixin) -> Any:
-    """The `PyTorchCallback` that runs the module's fit, epoch and checkpoint hooks."""
-    call, log, trainer = adapter._call, adapter._log, adapter._trainer
-    module, dm = adapter.lightning_module, adapter.datamodule
-
-    class _Hooks(api.PyTorchCallback):
-        def on_training_start(self) -> None:
-            call("on_fit_start")
-            call("on_train_start")
-
-        def on_training_epoch_start(self, epoch_idx: int) -> None:
-            if adapter._pending_plateau:
-                adapter._flush_plateau()
-            trainer.current_epoch = epoch_idx
-            trainer.state.stage = RunningStage.TRAINING
-            call("on_train_epoch_start")
-
-        def on_training_epoch_end(self, epoch_idx: int) -> None:
-            call("on_train_epoch_end")
-            log.finish_training_epoch()
-            adapter._pending_plateau = True
-
-        def on_validation_start(self) -> None:
-            trainer.state.stage = RunningStage.VALIDATING
-            call("on_validation_model_zero_grad")
-            call("on_validation_model_eval")
-            call("on_validation_start")
-
-        def on_validation_epoch_start(self) -> None:
-            call("on_validation_epoch_start")
-
-        def on_validation_epoch_end(self, outputs: list) -> None:
-            call("on_validation_epoch_end")
-            log.finish_validation_epoch()
-
-        def on_validation_end(self, metrics: dict[str, Any]) -> None:
-            call("on_validation_end")
-            call("on_validation_model_train")
-            trainer.state.stage = RunningStage.TRAINING
-            if adapter._pending_plateau:
-                adapter._flush_plateau()
-
-        def on_trial_shutdown(self) -> None:
-            call("on_train_end")
-            call("on_fit_end")
-            if dm is not None:
-                dm.teardown(stage="fit")
-            call("teardown", "fit")
-
-        def state_dict(self) -> dict[str, Any]:
-            checkpoint: dict[str, Any] = {}
-            call("on_save_checkpoint", checkpoint)
-            return {
-                "module_checkpoint": checkpoint,
-                "datamodule": dm.state_dict() if dm is not None else {},
-                "global_step": trainer.global_step,
-            }
-
-        def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-            trainer.global_step = int(state_dict.get("global_step", 0))
-            if dm is not None:
-                dm.load_state_dict(state_dict.get("datamodule", {}))
-            call("on_load_checkpoint", dict(state_dict.get("module_checkpoint", {})))
-
-    del module
-    return _Hooks()
 
 
 class LightningAdapter(_AdapterMixin, PyTorchTrial):
