@@ -1,0 +1,461 @@
+"""`lightning-bridge port`: a LightningModule (and DataModule) becomes a trial folder that trains.
+
+Each test writes a small Lightning project into its own folder under module names of its own
+(`tinyN`), so modules imported by one test never answer another test's imports.
+"""
+
+from __future__ import annotations
+
+import importlib
+import itertools
+import os
+import pathlib
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import yaml
+
+import lightning_bridge
+from lightning_bridge import InvalidArgumentError, InvalidTrialError
+from lightning_bridge._port import write_trial_folder
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "ported"
+GENERATED = ("model_def.py", "const.yaml", "startup-hook.sh")
+_counter = itertools.count()
+
+MODULE = """
+import lightning.pytorch as pl
+import torch
+from torch import nn
+
+
+class TinyModule(pl.LightningModule):
+    def __init__(
+        self,
+        hidden: int = 8,
+        lr: float = 0.1,
+        activation: nn.Module = nn.Tanh(),
+        widths: tuple = (3, 4),
+    ):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(2, hidden), activation, nn.Linear(hidden, 1))
+        self.lr = lr
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        loss = nn.functional.mse_loss(self.net(x), y)
+        self.log("train_loss", loss)
+        return loss
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        error = nn.functional.mse_loss(self.net(x), y)
+        {validation_logs}
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=self.lr)
+"""
+
+DATAMODULE = """
+import lightning.pytorch as pl
+import pytest  # a third-party import: the startup hook installs it
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from {helper} import line_data
+
+
+class TinyData(pl.LightningDataModule):
+    def __init__(self, batch_size: int = 4, samples: int = 32, hidden: int = 8):
+        super().__init__()
+        self.batch_size = batch_size
+        self.samples = samples
+
+    def train_dataloader(self):
+        return DataLoader(line_data(self.samples, 0), batch_size=self.batch_size, shuffle=True)
+
+    def val_dataloader(self):
+        return DataLoader(line_data(self.samples // 2, 1), batch_size=self.batch_size)
+"""
+
+HELPER = """
+import torch
+from torch.utils.data import TensorDataset
+
+
+def line_data(count, seed):
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(count, 2, generator=generator)
+    return TensorDataset(x, x.sum(dim=1, keepdim=True) * 0.5 + 0.1)
+"""
+
+LOG_ERROR_FIRST = 'self.log("val_error", error)\n        self.log("val_accuracy", 1 - error)'
+LOG_ACCURACY_FIRST = 'self.log("val_accuracy", 1 - error)\n        self.log("val_error", error)'
+
+
+class Project:
+    """A Lightning project in a folder: module, data module and a helper the data imports."""
+
+    def __init__(self, folder: pathlib.Path, validation_logs: str = LOG_ERROR_FIRST) -> None:
+        n = next(_counter)
+        self.folder = folder
+        self.model, self.data, self.helper = f"tiny{n}_model", f"tiny{n}_data", f"tiny{n}_help"
+        folder.mkdir(parents=True, exist_ok=True)
+        self.write(self.model, MODULE.format(validation_logs=validation_logs))
+        self.write(self.data, DATAMODULE.format(helper=self.helper))
+        self.write(self.helper, HELPER)
+
+    def write(self, name: str, source: str) -> None:
+        (self.folder / f"{name}.py").write_text(textwrap.dedent(source).lstrip())
+
+    @property
+    def target(self) -> str:
+        return f"{self.model}:TinyModule"
+
+    @property
+    def datamodule(self) -> str:
+        return f"{self.data}:TinyData"
+
+
+@pytest.fixture
+def project(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Project]:
+    """A project in `tmp_path / "project"`, the working directory (where port imports from)."""
+    before = set(sys.modules)
+    proj = Project(tmp_path / "project")
+    monkeypatch.chdir(proj.folder)
+    yield proj
+    for name in set(sys.modules) - before:
+        if name.startswith(("tiny", "model_def")):
+            del sys.modules[name]
+
+
+def run_cli(*args: str, cwd: pathlib.Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run(
+        [sys.executable, "-m", "lightning_bridge", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def read_config(folder: pathlib.Path) -> dict[str, Any]:
+    return yaml.safe_load((folder / "const.yaml").read_text())
+
+
+def test_port_writes_a_folder_that_trains_on_its_own(
+    project: Project, tmp_path: pathlib.Path
+) -> None:
+    result = run_cli(
+        "port", project.target, "--datamodule", project.datamodule, "--out", "../trial",
+        cwd=project.folder,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    out = tmp_path / "trial"
+
+    # The user's sources are copied unchanged, including the helper the data module imports.
+    copied = {p.name for p in out.iterdir()} - set(GENERATED)
+    assert copied == {f"{project.model}.py", f"{project.data}.py", f"{project.helper}.py"}
+    for name in copied:
+        assert (out / name).read_bytes() == (project.folder / name).read_bytes()
+
+    # model_def.py imports the classes by their import path and holds none of their code.
+    model_def = (out / "model_def.py").read_text()
+    assert f"from {project.model} import TinyModule" in model_def
+    assert f"from {project.data} import TinyData" in model_def
+    assert "class TinyModuleTrial(_PortedTrial):" in model_def
+    assert "def validation_step" not in model_def and "nn.Linear" not in model_def
+
+    config = read_config(out)
+    assert config["entrypoint"] == "model_def:TinyModuleTrial"
+    # Defaults of both constructors; batch_size became global_batch_size; the module's
+    # activation (an nn.Module) is not plain data and is left to its default.
+    assert config["hyperparameters"] == {
+        "global_batch_size": 4,
+        "hidden": 8,
+        "lr": 0.1,
+        "widths": [3, 4],
+        "samples": 32,
+    }
+    assert "TinyModule.activation" in (out / "const.yaml").read_text()
+    assert config["searcher"] == {
+        "name": "single",
+        "metric": "val_error",
+        "smaller_is_better": True,
+        "max_length": {"epochs": 10},
+    }
+    assert config["min_validation_period"] == {"epochs": 1}
+
+    hook = out / "startup-hook.sh"
+    assert os.access(hook, os.X_OK)
+    install = [line for line in hook.read_text().splitlines() if line.startswith("pip install")]
+    assert install == [f'pip install "lightning-bridge=={lightning_bridge.__version__}" pytest']
+
+    # The folder alone trains: run from elsewhere, the project folder is not importable.
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    run = run_cli("run", str(out / "const.yaml"), "--test", cwd=elsewhere)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "val_error" in run.stdout and "val_accuracy" in run.stdout
+
+
+def test_searcher_metric_is_the_first_one_logged(tmp_path: pathlib.Path) -> None:
+    before = set(sys.modules)
+    proj = Project(tmp_path / "project", validation_logs=LOG_ACCURACY_FIRST)
+    old = os.getcwd()
+    os.chdir(proj.folder)
+    try:
+        write_trial_folder(proj.target, tmp_path / "out", datamodule=proj.datamodule)
+    finally:
+        os.chdir(old)
+        for name in set(sys.modules) - before:
+            if name.startswith("tiny"):
+                del sys.modules[name]
+    searcher = read_config(tmp_path / "out")["searcher"]
+    assert searcher["metric"] == "val_accuracy"
+    assert searcher["smaller_is_better"] is False
+
+
+def test_out_dir_is_not_overwritten_without_force(project: Project, tmp_path: pathlib.Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    (out / "const.yaml").write_text("name: mine\n")
+    with pytest.raises(InvalidArgumentError, match=r"--out .* is not empty.*--force"):
+        write_trial_folder(project.target, out, datamodule=project.datamodule)
+    assert (out / "const.yaml").read_text() == "name: mine\n"
+    assert sorted(p.name for p in out.iterdir()) == ["const.yaml", "notes.txt"]
+
+    write_trial_folder(project.target, out, datamodule=project.datamodule, force=True)
+    assert read_config(out)["entrypoint"] == "model_def:TinyModuleTrial"
+    assert (out / "notes.txt").read_text() == "mine"
+
+    a_file = tmp_path / "a_file"
+    a_file.write_text("x")
+    with pytest.raises(InvalidArgumentError, match="is a file"):
+        write_trial_folder(project.target, a_file, datamodule=project.datamodule, force=True)
+
+
+def test_cli_reports_a_bad_target_in_one_line(project: Project) -> None:
+    result = run_cli("port", f"{project.model}:Missing", "--out", "out", cwd=project.folder)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        f"lightning-bridge: error: TARGET {project.model}:Missing: module {project.model!r} "
+        "has no 'Missing'. Its LightningModule classes: TinyModule."
+    ]
+    assert not (project.folder / "out").exists()
+
+
+BAD_MODULES = {
+    "raises": "raise RuntimeError('boom at import')",
+    "needs_dep": "import not_installed_dependency_xyz",
+    "not_a_class": "def build():\n    return None",
+    "required_args": """
+        import lightning.pytorch as pl
+
+        class Model(pl.LightningModule):
+            def __init__(self, num_classes, width, depth: int = 2):
+                super().__init__()
+        """,
+    "no_validation": """
+        import lightning.pytorch as pl
+
+        class Model(pl.LightningModule):
+            def training_step(self, batch, batch_idx):
+                return None
+        """,
+    "logs_nothing": """
+        import lightning.pytorch as pl
+        import torch
+        from torch.utils.data import DataLoader, TensorDataset
+
+        class Model(pl.LightningModule):
+            def __init__(self):
+                super().__init__()
+                self.layer = torch.nn.Linear(1, 1)
+
+            def validation_step(self, batch, batch_idx):
+                self.layer(batch[0])
+
+            def train_dataloader(self):
+                return DataLoader(TensorDataset(torch.zeros(4, 1)), batch_size=2)
+
+            def val_dataloader(self):
+                return DataLoader(TensorDataset(torch.zeros(4, 1)), batch_size=2)
+        """,
+    "fails_in_validation": """
+        import lightning.pytorch as pl
+        import torch
+        from torch.utils.data import DataLoader, TensorDataset
+
+        class Model(pl.LightningModule):
+            def validation_step(self, batch, batch_idx):
+                raise ValueError("shape mismatch in validation")
+
+            def train_dataloader(self):
+                return DataLoader(TensorDataset(torch.zeros(4, 1)), batch_size=2)
+
+            def val_dataloader(self):
+                return DataLoader(TensorDataset(torch.zeros(4, 1)), batch_size=2)
+        """,
+}
+
+
+@pytest.mark.parametrize(
+    ("case", "target", "datamodule", "error", "message"),
+    [
+        ("", "tiny_model_only", None, InvalidArgumentError, r"not of the form module:Class"),
+        ("", "no_such_module_xyz:Model", None, InvalidArgumentError,
+         r"no module named 'no_such_module_xyz' on the import path\. Run port from the folder"),
+        ("raises", "{m}:Model", None, InvalidArgumentError,
+         r"importing '{m}' failed: RuntimeError: boom at import"),
+        ("needs_dep", "{m}:Model", None, InvalidArgumentError,
+         r"importing '{m}' failed: No module named 'not_installed_dependency_xyz'\. Install"),
+        ("not_a_class", "{m}:build", None, InvalidTrialError,
+         r"is a function, not a LightningModule subclass"),
+        ("", "{data}:TinyData", None, InvalidTrialError,
+         r"is the class TinyData, not a LightningModule subclass"),
+        ("", "{target}", "{target}", InvalidTrialError,
+         r"--datamodule .*TinyModule is the class TinyModule, not a LightningDataModule"),
+        ("required_args", "{m}:Model", None, InvalidTrialError,
+         r"Model.__init__ has arguments without a default value: num_classes, width\. "),
+        ("no_validation", "{m}:Model", None, InvalidTrialError, r"has no validation_step\(\)"),
+        ("", "{target}", None, InvalidTrialError,
+         r"has no train_dataloader\(\).*or pass --datamodule"),
+        ("logs_nothing", "{m}:Model", None, InvalidTrialError,
+         r"validation_step logged no metric.*self\.log\('val_loss', loss\)"),
+        ("fails_in_validation", "{m}:Model", None, InvalidTrialError,
+         r"validating one batch with Lightning failed: ValueError: shape mismatch"),
+    ],
+)  # fmt: skip
+def test_bad_targets_fail_with_one_clear_message(
+    project: Project,
+    tmp_path: pathlib.Path,
+    case: str,
+    target: str,
+    datamodule: str | None,
+    error: type[Exception],
+    message: str,
+) -> None:
+    module = f"{project.model}_{case}"
+    if case:
+        project.write(module, BAD_MODULES[case])
+    names = {"m": module, "data": project.data, "target": project.target}
+    out = tmp_path / "out"
+    with pytest.raises(error, match=message.format(**names)):
+        write_trial_folder(
+            target.format(**names),
+            out,
+            datamodule=datamodule.format(**names) if datamodule else None,
+        )
+    assert not out.exists(), "nothing is written when the target is refused"
+
+
+def test_a_module_named_model_def_is_refused(project: Project, tmp_path: pathlib.Path) -> None:
+    sub = project.folder / f"pkg{next(_counter)}"
+    sub.mkdir()
+    (sub / "__init__.py").write_text("")
+    (sub / "model_def.py").write_text(f"from {project.model} import TinyModule\n")
+    # A package's own model_def module is fine: only a top-level one would clash.
+    write_trial_folder(f"{sub.name}.model_def:TinyModule", tmp_path / "ok", project.datamodule)
+    assert (tmp_path / "ok" / sub.name / "model_def.py").is_file()
+    assert read_config(tmp_path / "ok")["entrypoint"] == "model_def:TinyModuleTrial"
+
+    (project.folder / "model_def.py").write_text(f"from {project.model} import TinyModule\n")
+    sys.modules.pop("model_def", None)
+    with pytest.raises(InvalidArgumentError, match="clashes with the trial folder's own"):
+        write_trial_folder("model_def:TinyModule", tmp_path / "clash", project.datamodule)
+
+
+def test_checked_in_ported_example_is_what_port_writes_now(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("sklearn", reason="the ported example's data module needs scikit-learn")
+    saved = {name: sys.modules.pop(name) for name in ("data", "lit_model") if name in sys.modules}
+    monkeypatch.chdir(EXAMPLE)
+    try:
+        out = write_trial_folder(
+            "lit_model:LitClassifier", tmp_path / "out", datamodule="data:DigitsDataModule"
+        )
+    finally:
+        for name in ("data", "lit_model"):
+            sys.modules.pop(name, None)
+        sys.modules.update(saved)
+    assert sorted(p.name for p in out.iterdir()) == sorted([*GENERATED, "data.py", "lit_model.py"])
+    for name in (*GENERATED, "data.py", "lit_model.py"):
+        assert (out / name).read_text() == (EXAMPLE / name).read_text(), (
+            f"examples/ported/{name} differs from what port writes now; regenerate it with "
+            "`cd examples/ported && lightning-bridge port lit_model:LitClassifier "
+            "--datamodule data:DigitsDataModule --out . --force`"
+        )
+    assert os.access(EXAMPLE / "startup-hook.sh", os.X_OK)
+
+
+def _validation_history(api: Any, trial_cls: type, config: dict[str, Any]) -> list[dict]:
+    """Train the ported trial for 6 batches with `api`'s Trainer; the validation metrics."""
+    history: list[dict] = []
+
+    class Record(api.PyTorchCallback):  # type: ignore[misc, name-defined]
+        def on_validation_end(self, metrics: dict[str, Any]) -> None:
+            history.append({k: float(v) for k, v in metrics.items()})
+
+    class Recorded(trial_cls):  # type: ignore[misc, valid-type]
+        def build_callbacks(self) -> dict[str, Any]:
+            return {**super().build_callbacks(), "record": Record()}
+
+    import random
+
+    import numpy as np
+    import torch
+
+    with api.init(hparams=config["hyperparameters"], exp_conf=config) as context:
+        random.seed(0)
+        np.random.seed(0)
+        torch.manual_seed(0)
+        api.Trainer(Recorded(context), context).fit(
+            max_length=api.Batch(6), validation_period=api.Batch(3), checkpoint_policy="none"
+        )
+    return history
+
+
+@pytest.mark.interop
+def test_ported_folder_trains_the_same_on_determined_and_the_bridge(
+    project: Project, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    det_pytorch = pytest.importorskip("determined.pytorch")
+    out = write_trial_folder(project.target, tmp_path / "trial", datamodule=project.datamodule)
+    # Determined's local mode copies the working directory: run from an empty one.
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    monkeypatch.chdir(run_dir)
+    monkeypatch.syspath_prepend(str(out))
+    sys.modules.pop("model_def", None)
+    model_def = importlib.import_module("model_def")
+    # With Determined installed, the generated trial is built on Determined's own class.
+    assert issubclass(model_def.TinyModuleTrial, det_pytorch.PyTorchTrial)
+    config = read_config(out)
+
+    on_determined = _validation_history(det_pytorch, model_def.TinyModuleTrial, config)
+    on_bridge = _validation_history(lightning_bridge, model_def.TinyModuleTrial, config)
+    assert (
+        len(on_determined) == 2
+        and [set(m) for m in on_determined] == [{"val_error", "val_accuracy"}] * 2
+    )
+    for det_metrics, bridge_metrics in zip(on_determined, on_bridge, strict=True):
+        assert bridge_metrics == pytest.approx(det_metrics, rel=1e-5)
+
+
+def test_installed_code_is_installed_by_the_hook_not_copied() -> None:
+    from lightning_bridge._port import _Loaded, _sources
+
+    installed = importlib.import_module("_pytest.python")  # part of the pytest distribution
+    bridge_dependency = importlib.import_module("lightning.pytorch.demos.boring_classes")
+    assert _sources([_Loaded("_pytest.python:Class", object, installed)]) == ([], ["pytest"])
+    assert _sources([_Loaded("x:BoringModel", object, bridge_dependency)]) == ([], [])
