@@ -80,11 +80,16 @@ def distributed_loader(loader: Any, rank: int, size: int, *, shuffle: bool) -> A
         return loader
     if isinstance(loader.dataset, torch.utils.data.IterableDataset):
         return loader
+    from lightning.pytorch.trainer.connectors.data_connector import _get_distributed_sampler
     from lightning.pytorch.utilities.data import _update_dataloader
 
+    # Lightning's own choice of sampler: a DistributedSampler over the dataset for the default
+    # samplers, a DistributedSamplerWrapper around any other (so its order and weights are
+    # kept), seeded from `seed_everything` (PL_GLOBAL_SEED). Unlike lightning.Trainer, which
+    # shuffles every training loader under DDP, a loader that does not shuffle keeps its order.
     shuffle = shuffle and isinstance(loader.sampler, torch.utils.data.RandomSampler)
-    sampler: torch.utils.data.DistributedSampler = torch.utils.data.DistributedSampler(
-        loader.dataset, num_replicas=size, rank=rank, shuffle=shuffle
+    sampler = _get_distributed_sampler(
+        loader, shuffle=shuffle, overfit_batches=0, num_replicas=size, rank=rank
     )
     return _update_dataloader(loader, sampler)
 

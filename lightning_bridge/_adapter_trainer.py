@@ -116,7 +116,6 @@ class StandInTrainer:
         self.gradient_clip_algorithm = None if algo is None else GradClipAlgorithmType(algo)
         self.optimizers: list[torch.optim.Optimizer] = []
         self.lr_scheduler_configs: list[Any] = []
-        self.callback_metrics: dict[str, torch.Tensor] = {}
         self.logged_metrics: dict[str, torch.Tensor] = {}
         self.progress_bar_metrics: dict[str, float] = {}
         self.current_epoch = 0
@@ -193,6 +192,11 @@ class StandInTrainer:
     @property
     def datamodule(self) -> Any:
         return self._adapter.datamodule
+
+    @property
+    def callback_metrics(self) -> dict[str, torch.Tensor]:
+        """What the module logged (step and epoch values, synced where `sync_dist=True`)."""
+        return self._adapter._log.callback_metrics
 
     @property
     def default_root_dir(self) -> str:
