@@ -8,8 +8,9 @@ bars, profilers) underneath. `TrialModule` is the generated LightningModule, usa
 
 __version__ = "0.1.0"
 
+from typing import TYPE_CHECKING, Any
+
 from . import samplers
-from ._adapter import LightningAdapter, lightning_trial
 from ._callback import PyTorchCallback
 from ._context import PyTorchExperimentalContext, PyTorchTrialContext
 from ._data import DataLoader, TorchData, data_length, to_device
@@ -22,6 +23,22 @@ from ._reducer import MetricReducer, Reducer
 from ._trainer import Trainer, init
 from ._trial import PyTorchTrial
 from ._units import Batch, Epoch, TrainUnit
+
+if TYPE_CHECKING:
+    from ._adapter import LightningAdapter, lightning_trial
+
+# The Lightning adapter reuses Lightning's private helpers; it is imported on first use so
+# that a Lightning release which moved one breaks only the adapter, with its own message.
+_LAZY = {"LightningAdapter", "lightning_trial"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        from . import _adapter
+
+        return getattr(_adapter, name)
+    raise AttributeError(f"module 'lightning_bridge' has no attribute {name!r}")
+
 
 __all__ = [
     "Batch",

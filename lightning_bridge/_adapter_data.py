@@ -15,10 +15,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
-from lightning.fabric.utilities.data import _set_sampler_epoch
 from lightning.pytorch.utilities.model_helpers import is_overridden
 
 from ._errors import InvalidTrialError
+from ._lightning_private import _set_sampler_epoch
 
 _MISSING = inspect.Parameter.empty
 
@@ -80,8 +80,7 @@ def distributed_loader(loader: Any, rank: int, size: int, *, shuffle: bool) -> A
         return loader
     if isinstance(loader.dataset, torch.utils.data.IterableDataset):
         return loader
-    from lightning.pytorch.trainer.connectors.data_connector import _get_distributed_sampler
-    from lightning.pytorch.utilities.data import _update_dataloader
+    from ._lightning_private import _get_distributed_sampler, _update_dataloader
 
     # Lightning's own choice of sampler: a DistributedSampler over the dataset for the default
     # samplers, a DistributedSamplerWrapper around any other (so its order and weights are

@@ -19,14 +19,10 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from lightning.pytorch.trainer.connectors.logger_connector.fx_validator import _FxValidator
-from lightning.pytorch.trainer.connectors.logger_connector.result import (
-    _get_default_dtype,
-    _ResultCollection,
-)
 from torchmetrics import Metric
 
 from ._errors import InvalidTrialError
+from ._lightning_private import _FxValidator, _get_default_dtype, _ResultCollection
 
 
 def _is_validation_hook(fx: str) -> bool:
@@ -271,6 +267,6 @@ def _no_sync(value: Any, *args: Any, **kwargs: Any) -> Any:
 
 
 def _sync_fn(value: Any, group: Any = None, reduce_op: Any = None) -> Any:
-    from lightning.fabric.utilities.distributed import _sync_ddp_if_available
+    from ._lightning_private import _sync_ddp_if_available
 
     return _sync_ddp_if_available(value, group, reduce_op=reduce_op)

@@ -15,7 +15,10 @@ import warnings
 from typing import Any
 
 import torch
-from lightning.pytorch.core.optimizer import (
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
+
+from ._errors import InvalidTrialError
+from ._lightning_private import (
     _configure_optimizers,
     _configure_schedulers_automatic_opt,
     _configure_schedulers_manual_opt,
@@ -23,9 +26,6 @@ from lightning.pytorch.core.optimizer import (
     _validate_optimizers_attached,
     _validate_scheduler_api,
 )
-from lightning.pytorch.utilities.exceptions import MisconfigurationException
-
-from ._errors import InvalidTrialError
 
 
 def parse_optimizers(module: Any, conf: Any) -> tuple[list[torch.optim.Optimizer], list[Any]]:

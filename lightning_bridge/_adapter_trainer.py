@@ -14,16 +14,13 @@ import os
 from typing import TYPE_CHECKING, Any
 
 import torch
-from lightning.fabric.utilities.distributed import (
-    _all_gather_ddp_if_available,
-    _sync_ddp_if_available,
-)
 from lightning.pytorch.plugins.precision import Precision
 from lightning.pytorch.profilers import PassThroughProfiler
 from lightning.pytorch.trainer.states import RunningStage, TrainerFn, TrainerState, TrainerStatus
 from lightning.pytorch.utilities import GradClipAlgorithmType
 
 from ._errors import InvalidTrialError
+from ._lightning_private import _all_gather_ddp_if_available, _sync_ddp_if_available
 
 if TYPE_CHECKING:
     from ._adapter import _AdapterMixin

@@ -31,7 +31,11 @@ PROVIDED = ("determined", "determined.pytorch", "determined.pytorch.samplers")
 def _copy_module(name: str, source: types.ModuleType, names: list[str]) -> types.ModuleType:
     module = types.ModuleType(name, source.__doc__)
     for attr in names:
-        setattr(module, attr, getattr(source, attr))
+        try:
+            setattr(module, attr, getattr(source, attr))
+        except ImportError:
+            # The Lightning adapter is imported lazily; Determined's API does not need it.
+            continue
     module.__all__ = list(names)  # type: ignore[attr-defined]
     return module
 
