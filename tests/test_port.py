@@ -453,7 +453,8 @@ def test_ported_folder_trains_the_same_on_determined_and_the_bridge(
 
 
 def test_installed_code_is_installed_by_the_hook_not_copied() -> None:
-    from lightning_bridge._port import _Loaded, _sources
+    from lightning_bridge._port_inspect import _Loaded
+    from lightning_bridge._port_sources import _sources
 
     installed = importlib.import_module("_pytest.python")  # part of the pytest distribution
     bridge_dependency = importlib.import_module("lightning.pytorch.demos.boring_classes")
