@@ -228,6 +228,23 @@ def _loggers(context: PyTorchTrialContext) -> list[Any]:
     return [TensorBoardLogger(save_dir=str(context.get_tensorboard_path()), name="", version="")]
 
 
+def _strategy(ctx: PyTorchTrialContext, strategy: Any) -> Any:
+    """The strategy for a fit: DDP over several wrapped models looks for unused parameters.
+
+    Determined wraps each model in its own DistributedDataParallel; Lightning wraps the whole
+    `TrialModule`, so a trial that steps its models separately (a GAN: the discriminator's loss
+    leaves the generator's parameters without gradients) would stop DDP with "parameters that
+    were not used". With several models, DDP is told to find them, so every backward
+    all-reduces the gradients it produced, as the per-model wrappers did.
+    """
+    processes = max(ctx._slots or ctx.distributed.size, 1)
+    if len(ctx.models) > 1 and processes > 1 and strategy in ("auto", "ddp"):
+        from lightning.pytorch.strategies import DDPStrategy
+
+        return DDPStrategy(find_unused_parameters=True)
+    return strategy
+
+
 def _lightning_settings(
     ctx: PyTorchTrialContext,
     boundaries: TrialBoundaries,
@@ -243,7 +260,7 @@ def _lightning_settings(
         "accelerator": engine.accelerator if engine else "auto",
         "devices": (engine.devices if engine and engine.devices is not None else 1),
         "num_nodes": engine.num_nodes if engine else 1,
-        "strategy": engine.strategy if engine else "auto",
+        "strategy": _strategy(ctx, engine.strategy if engine else "auto"),
         "max_epochs": -1,
         "max_steps": -1,
         "num_sanity_val_steps": 0,

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from typing import Any
+
+import torch
 
 import lightning_bridge as pytorch
 from tests._trials import LinearTrial, quiet_init
@@ -17,13 +20,38 @@ class Trial(LinearTrial):
         return super().train_batch(batch, epoch_idx, batch_idx)
 
 
+class TwoModelTrial(Trial):
+    """Two models stepped separately, GAN style: each loss leaves the other model's
+    parameters without gradients (the second model learns the first's detached output)."""
+
+    def __init__(self, context: pytorch.PyTorchTrialContext) -> None:
+        super().__init__(context)
+        torch.manual_seed(1)
+        self.follower = context.wrap_model(torch.nn.Linear(4, 1))
+        self.follower_opt = context.wrap_optimizer(
+            torch.optim.SGD(self.follower.parameters(), lr=0.1)
+        )
+
+    def train_batch(self, batch: Any, epoch_idx: int, batch_idx: int) -> Any:
+        x, y = batch
+        prediction = self.model(x)
+        loss = torch.nn.functional.mse_loss(prediction, y)
+        self.context.backward(loss)
+        self.context.step_optimizer(self.opt)
+        follow = torch.nn.functional.mse_loss(self.follower(x), prediction.detach())
+        self.context.backward(follow)
+        self.context.step_optimizer(self.follower_opt)
+        return {"loss": loss, "follow": follow}
+
+
 def main(out: str, agg: int, launcher: str, fail_rank: int | None) -> None:
     engine: dict[str, Any] = {}
     if launcher == "lightning":
         engine = {"accelerator": "cpu", "devices": 2, "strategy": "ddp"}
     hparams = {"global_batch_size": 8, "n_train": 64, "fail_rank": fail_rank}
     with quiet_init(hparams=hparams, aggregation_frequency=agg, **engine) as ctx:
-        trial = Trial(ctx)
+        two_models = os.environ.get("BRIDGE_TEST_TRIAL") == "two_models"
+        trial = TwoModelTrial(ctx) if two_models else Trial(ctx)
         pytorch.Trainer(trial, ctx).fit(
             max_length=pytorch.Batch(12),
             validation_period=pytorch.Batch(5),
@@ -34,6 +62,9 @@ def main(out: str, agg: int, launcher: str, fail_rank: int | None) -> None:
             "size": ctx.distributed.size,
             "weight": trial.model.weight.detach().flatten().tolist(),
             "bias": trial.model.bias.detach().flatten().tolist(),
+            "follower": [p.detach().flatten().tolist() for p in trial.follower.parameters()]
+            if isinstance(trial, TwoModelTrial)
+            else [],
             "calls": [
                 (n, a if n == "on_training_workload_end" else None)
                 for n, a in (

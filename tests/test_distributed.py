@@ -19,8 +19,15 @@ from tests._trials import LinearTrial, fit
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
-def _run(tmp_path: pathlib.Path, name: str, agg: int, launcher: str, fail: str = "") -> Any:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+def _run(
+    tmp_path: pathlib.Path,
+    name: str,
+    agg: int,
+    launcher: str,
+    fail: str = "",
+    trial: str = "one_model",
+) -> Any:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "BRIDGE_TEST_TRIAL": trial}
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_PORT"):
         env.pop(var, None)
     script = [str(REPO / "tests" / "_dist_script.py"), str(tmp_path / name), str(agg), launcher]
@@ -60,6 +67,25 @@ def test_two_processes_match_one(tmp_path: pathlib.Path, agg: int, launcher: str
         for got, want in zip(rank["val"], one["val"], strict=True):
             assert got["val_loss"] == pytest.approx(want["val_loss"], rel=1e-5)
     assert ranks[0]["weight"] == ranks[1]["weight"]
+
+
+def test_two_models_stepped_separately_train_like_one_process(tmp_path: pathlib.Path) -> None:
+    # Lightning's DDP wraps the whole TrialModule where Determined wraps each model: each of
+    # the two backward passes leaves the other model's parameters without gradients.
+    single = _run(tmp_path, "single", 1, "single", trial="two_models")
+    assert single.returncode == 0, single.stdout + single.stderr
+    double = _run(tmp_path, "ddp", 1, "lightning", trial="two_models")
+    assert double.returncode == 0, double.stdout + double.stderr
+    one = _load(tmp_path, "single", 0)
+    assert one["follower"], "the two-model trial ran"
+    for rank in (_load(tmp_path, "ddp", r) for r in (0, 1)):
+        assert rank["size"] == 2
+        for key in ("weight", "bias"):
+            np.testing.assert_allclose(rank[key], one[key], rtol=1e-5, atol=1e-6)
+        for got, want in zip(rank["follower"], one["follower"], strict=True):
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+        for got, want in zip(rank["val"], one["val"], strict=True):
+            assert got["val_loss"] == pytest.approx(want["val_loss"], rel=1e-5)
 
 
 @pytest.mark.parametrize("launcher", ["torchrun", "lightning"])
