@@ -27,7 +27,7 @@ from typing import Any
 import torch.distributed as dist
 
 from .harness import load_api, run_trial
-from .trials import Scenario, make_sgd_dropout_trial
+from .trials import Scenario, _fit_two_models, make_sgd_dropout_trial, make_two_models_trial
 
 # 48 training samples = 6 global batches of 8 (4 per rank), 24 validation samples = 4 batches of
 # 6 (2 per rank): every batch is full on both ranks, so neither side pads or drops anything.
@@ -53,6 +53,18 @@ SCENARIO = Scenario(
     hparams={"global_batch_size": 8, "lr": 0.05},
     exp_conf={"data": {"n_train": N_TRAIN, "n_val": N_VAL}},
 )
+
+# Two models stepped separately, aggregation_frequency=2: Determined wraps each model in its own
+# DistributedDataParallel, Lightning wraps the whole TrialModule once.
+TWO_MODELS = Scenario(
+    name="ddp_two_models",
+    description="two models/optimizers, clip_grads, aggregation_frequency=2, on two processes",
+    make_trial=make_two_models_trial,
+    fit_kwargs=_fit_two_models,
+    hparams={"global_batch_size": 8, "lr_a": 0.2, "lr_b": 0.02},
+)
+SCENARIOS = {"sgd_dropout": SCENARIO, "two_models": TWO_MODELS}
+AGGREGATION = {"sgd_dropout": 1, "two_models": 2}
 
 
 def _init_kwargs(api: str, launch: str) -> dict[str, Any]:
@@ -84,10 +96,13 @@ def main() -> None:
     parser.add_argument("--workdir", required=True)
     parser.add_argument("--out", required=True)
     parser.add_argument("--launch", choices=["auto", "process_group"], default="process_group")
+    parser.add_argument("--scenario", choices=sorted(SCENARIOS), default="sgd_dropout")
     args = parser.parse_args()
 
     rank = int(os.environ["RANK"])
-    scenario = dataclasses.replace(SCENARIO, init_kwargs=_init_kwargs(args.api, args.launch))
+    init_kwargs = _init_kwargs(args.api, args.launch)
+    init_kwargs["aggregation_frequency"] = AGGREGATION[args.scenario]
+    scenario = dataclasses.replace(SCENARIOS[args.scenario], init_kwargs=init_kwargs)
     record = run_trial(load_api(args.api), scenario, args.workdir)
     summary = record.summary()
     summary["train_ids"] = [call["ids"] for call in record.trial_calls("train_batch")]

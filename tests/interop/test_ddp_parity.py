@@ -41,13 +41,15 @@ METRIC_RTOL = 1e-5
 
 Record = dict[str, Any]
 RUNS = {
-    "reference": ("determined", "process_group"),
-    "bridge": ("lightning_bridge", "process_group"),
-    "bridge_auto": ("lightning_bridge", "auto"),
+    "reference": ("determined", "process_group", "sgd_dropout"),
+    "bridge": ("lightning_bridge", "process_group", "sgd_dropout"),
+    "bridge_auto": ("lightning_bridge", "auto", "sgd_dropout"),
+    "reference_two_models": ("determined", "process_group", "two_models"),
+    "bridge_two_models": ("lightning_bridge", "auto", "two_models"),
 }
 
 
-def _torchrun(api: str, launch: str, workdir: pathlib.Path) -> list[Record]:
+def _torchrun(api: str, launch: str, scenario: str, workdir: pathlib.Path) -> list[Record]:
     workdir.mkdir(parents=True)
     env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONHASHSEED": "0"}
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR"):
@@ -57,7 +59,7 @@ def _torchrun(api: str, launch: str, workdir: pathlib.Path) -> list[Record]:
     cmd = [
         sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
         "--standalone", "-m", "tests.interop.ddp_script",
-        "--api", api, "--launch", launch,
+        "--api", api, "--launch", launch, "--scenario", scenario,
         "--workdir", str(workdir), "--out", str(workdir / "record"),
     ]  # fmt: skip
     done = subprocess.run(
@@ -75,9 +77,9 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], list[Recor
 
     def get(name: str) -> list[Record]:
         if name not in cache:
-            api, launch = RUNS[name]
+            api, launch, scenario = RUNS[name]
             try:
-                cache[name] = _torchrun(api, launch, root / name)
+                cache[name] = _torchrun(api, launch, scenario, root / name)
             except BaseException as exc:  # re-raised for every test that needs this run
                 cache[name] = exc
         result = cache[name]
@@ -170,3 +172,24 @@ def test_models_are_not_wrapped_in_ddp_by_the_trial(
     got = runs(side)[0]["state_dict_keys"]
     assert got == want
     assert not any(k.startswith("module.") for keys in got.values() for k in keys)
+
+
+@pytest.mark.parametrize("rank", RANKS)
+def test_two_models_stepped_separately_match_the_reference(
+    runs: Callable[[str], list[Record]], rank: int
+) -> None:
+    """Determined wraps each model in its own DistributedDataParallel; Lightning wraps the whole
+    TrialModule once (with unused-parameter detection for several models). Two models, each
+    backward touching one of them, with aggregation_frequency=2 and clipping, end alike."""
+    want = runs("reference_two_models")[rank]
+    got = runs("bridge_two_models")[rank]
+    assert got["hook_names"] == want["hook_names"]
+    assert got["train_ids"] == want["train_ids"]
+    _assert_metrics_close(got["training_metrics"], want["training_metrics"])
+    _assert_metrics_close(got["validation_metrics"], want["validation_metrics"])
+    want_weights, got_weights = _bare_weights(want), _bare_weights(got)
+    for model, weights in want_weights.items():
+        for key, value in weights.items():
+            np.testing.assert_allclose(
+                got_weights[model][key], value, rtol=WEIGHT_RTOL, atol=WEIGHT_ATOL, err_msg=key
+            )
