@@ -35,16 +35,15 @@ from ._adapter_logging import LogRouter, combine_training, combine_validation
 from ._adapter_optim import parse_optimizers, step_schedulers
 from ._adapter_trainer import StandInTrainer, _distributed
 from ._errors import InvalidTrialError
-from ._trial import PyTorchTrial
+from ._trial import PyTorchTrial, is_determined_trial_base
 
 _CLIP_HPARAMS = ("gradient_clip_val", "gradient_clip_algorithm")
 
 
 def _api_of(cls: type) -> Any:
     """The `determined.pytorch`-like module whose `PyTorchTrial` the class is built on."""
-    for klass in cls.__mro__:
-        if klass.__name__ == "PyTorchTrial" and klass.__module__.startswith("determined."):
-            return importlib.import_module("determined.pytorch")
+    if any(is_determined_trial_base(klass) for klass in cls.__mro__):
+        return importlib.import_module("determined.pytorch")
     return importlib.import_module("lightning_bridge")
 
 

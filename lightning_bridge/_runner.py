@@ -29,6 +29,7 @@ from typing import Any
 from . import _cluster_info, _import_map
 from ._config import ResolvedConfig, load_config
 from ._errors import InvalidArgumentError, InvalidTrialError
+from ._trial import is_trial_class
 from ._units import Batch, Epoch, TrainUnit
 
 logger = logging.getLogger("lightning_bridge")
@@ -225,19 +226,6 @@ def _engine(plan: Plan, processes_launched: bool) -> dict[str, Any]:
     return engine
 
 
-def _is_trial_class(cls: Any) -> bool:
-    from ._trial import PyTorchTrial
-
-    if not isinstance(cls, type):
-        return False
-    if issubclass(cls, PyTorchTrial):
-        return True
-    return any(
-        base.__name__ == "PyTorchTrial" and base.__module__.startswith("determined.")
-        for base in cls.__mro__
-    )
-
-
 def load_trial_class(spec: str, context_dir: pathlib.Path) -> type:
     """Import `module:Class` from the context directory (first on sys.path)."""
     module_name, _, qualname = spec.partition(":")
@@ -263,7 +251,7 @@ def load_trial_class(spec: str, context_dir: pathlib.Path) -> type:
                 f"entrypoint {spec}: {module_name} has no {qualname!r}; check the class name."
             )
         obj = getattr(obj, part)
-    if not _is_trial_class(obj):
+    if not is_trial_class(obj):
         raise InvalidTrialError(
             f"entrypoint {spec}: {qualname} is not a PyTorchTrial subclass; a trial-class "
             "entrypoint names a class derived from pytorch.PyTorchTrial (or use a script "

@@ -62,11 +62,19 @@ class PyTorchTrial(metaclass=abc.ABCMeta):
         return data_length(batch)
 
 
+def is_determined_trial_base(cls: type) -> bool:
+    """Determined's own `PyTorchTrial`, recognised by name without importing Determined."""
+    return cls.__name__ == "PyTorchTrial" and cls.__module__.startswith("determined.")
+
+
 def _is_base_trial_class(cls: type) -> bool:
     """The bridge's or Determined's `PyTorchTrial` (so trials built on either are accepted)."""
-    return cls is PyTorchTrial or (
-        cls.__name__ == "PyTorchTrial" and cls.__module__.startswith("determined.")
-    )
+    return cls is PyTorchTrial or is_determined_trial_base(cls)
+
+
+def is_trial_class(obj: Any) -> bool:
+    """A class derived from the bridge's or Determined's `PyTorchTrial`."""
+    return isinstance(obj, type) and any(_is_base_trial_class(base) for base in obj.__mro__)
 
 
 def is_overridden(trial: Any, method: str) -> bool:
