@@ -24,7 +24,7 @@ import torch
 
 from . import __version__
 from ._amp import plugin_scaler
-from ._errors import InvalidCheckpointError
+from ._errors import InvalidArgumentError, InvalidCheckpointError
 from ._state import TrialState
 
 if TYPE_CHECKING:
@@ -224,6 +224,26 @@ def _write_latest(base_dir: pathlib.Path, storage_id: str) -> None:
         os.fsync(f.fileno())
     os.replace(tmp, base_dir / LATEST_FILE)
     _fsync_dir(base_dir)
+
+
+def resolve_checkpoint(
+    value: str | os.PathLike[str], ckpt_dir: pathlib.Path, option: str = "latest_checkpoint"
+) -> pathlib.Path:
+    """A checkpoint given as a directory path, a checkpoint id under the checkpoint dir, or
+    "latest" (the newest complete checkpoint there). `option` names the argument in the
+    message when there is no checkpoint yet."""
+    path = pathlib.Path(value)
+    if str(value) == LATEST_FILE and not path.is_dir():
+        latest = latest_checkpoint_in(ckpt_dir)
+        if latest is None:
+            raise InvalidArgumentError(
+                f"{option}='latest' but {ckpt_dir} holds no checkpoint yet; train without "
+                f"{option} first."
+            )
+        return latest
+    if not path.is_dir() and (ckpt_dir / path).is_dir():
+        return ckpt_dir / path
+    return path
 
 
 def latest_checkpoint_in(base_dir: pathlib.Path) -> pathlib.Path | None:

@@ -307,24 +307,16 @@ def _resume_for_script(plan: Plan) -> str | None:
     resume = plan.options.resume
     if resume is None:
         return None
-    from ._checkpoint import LATEST_FILE, latest_checkpoint_in
+    from ._checkpoint import resolve_checkpoint
 
     ckpt_dir = plan.checkpoint_dir()
-    if resume == LATEST_FILE and not pathlib.Path(resume).is_dir():
-        found = latest_checkpoint_in(ckpt_dir)
-        if found is None:
-            raise InvalidArgumentError(
-                f"--resume latest: {ckpt_dir} holds no checkpoint yet; run without --resume first."
-            )
-        return str(found)
-    if not pathlib.Path(resume).is_dir() and (ckpt_dir / resume).is_dir():
-        return str(ckpt_dir / resume)
-    if not pathlib.Path(resume).is_dir():
+    found = resolve_checkpoint(resume, ckpt_dir, option="--resume")
+    if not found.is_dir():
         raise InvalidArgumentError(
             f"--resume {resume}: no such checkpoint directory (nor a checkpoint id under "
             f"{ckpt_dir}); pass a checkpoint directory, its id, or 'latest'."
         )
-    return resume
+    return str(found)
 
 
 def script_command(plan: Plan) -> list[str]:

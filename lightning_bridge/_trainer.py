@@ -23,7 +23,7 @@ import torch
 
 from . import _cluster_info
 from ._boundaries import TrialBoundaries
-from ._checkpoint import LATEST_FILE, latest_checkpoint_in, read_checkpoint
+from ._checkpoint import read_checkpoint, resolve_checkpoint
 from ._context import PyTorchTrialContext
 from ._distributed import DistributedContext
 from ._errors import BridgeError, InvalidArgumentError, InvalidTrialError
@@ -201,23 +201,6 @@ def _checkpoint_dir(context: PyTorchTrialContext, explicit: Any) -> pathlib.Path
     return context._run_dir / "checkpoints"
 
 
-def _resolve_checkpoint(value: str | os.PathLike[str], ckpt_dir: pathlib.Path) -> pathlib.Path:
-    """A checkpoint given as a directory path, a checkpoint id under the checkpoint dir, or
-    "latest" (the newest complete checkpoint there)."""
-    path = pathlib.Path(value)
-    if str(value) == LATEST_FILE and not path.is_dir():
-        latest = latest_checkpoint_in(ckpt_dir)
-        if latest is None:
-            raise InvalidArgumentError(
-                f"latest_checkpoint='latest' but {ckpt_dir} holds no checkpoint yet; train "
-                "without latest_checkpoint first."
-            )
-        return latest
-    if not path.is_dir() and (ckpt_dir / path).is_dir():
-        return ckpt_dir / path
-    return path
-
-
 def _loggers(context: PyTorchTrialContext) -> list[Any]:
     from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 
@@ -393,7 +376,7 @@ class Trainer:
         engine: Any = getattr(ctx, "_engine", None)
         ckpt_dir = _checkpoint_dir(ctx, engine.checkpoint_dir if engine else None)
         if latest_checkpoint is not None:
-            latest_checkpoint = str(_resolve_checkpoint(latest_checkpoint, ckpt_dir))
+            latest_checkpoint = str(resolve_checkpoint(latest_checkpoint, ckpt_dir))
         module = TrialModule(
             self._trial, ctx, test_mode=test_mode, latest_checkpoint=latest_checkpoint
         )
