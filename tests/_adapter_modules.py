@@ -147,6 +147,12 @@ def weights(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach().cpu().clone() for k, v in module.state_dict().items()}
 
 
+def max_weight_diff(a: dict[str, Any], b: dict[str, Any]) -> float:
+    """Largest absolute difference between two sets of named weights (tensors or lists)."""
+    assert a.keys() == b.keys()
+    return max(float((torch.as_tensor(a[k]) - torch.as_tensor(b[k])).abs().max()) for k in a)
+
+
 def run_lightning(
     module: pl.LightningModule, epochs: int = 2, datamodule: Any = None, **kwargs: Any
 ) -> list[dict[str, float]]:

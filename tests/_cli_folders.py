@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import json
 import pathlib
+import sys
 import textwrap
+from collections.abc import Iterator
 from typing import Any
 
+import pytest
 import torch
 import yaml
+
+from lightning_bridge import _import_map
 
 # A trial written for Determined: it imports `determined.pytorch`, nothing of the bridge. It
 # appends one line per validation to events.jsonl in the working directory.
@@ -179,3 +184,15 @@ def checkpoint_weights(checkpoint: pathlib.Path) -> dict[str, torch.Tensor]:
 
 def steps_completed(checkpoint: pathlib.Path) -> int:
     return int(json.loads((checkpoint / "metadata.json").read_text())["steps_completed"])
+
+
+@pytest.fixture(autouse=True)
+def isolated_imports() -> Iterator[None]:
+    """Each run imports its folder's model_def through the determined mapping; undo both.
+
+    Autouse in every test module that imports it."""
+    path = list(sys.path)
+    yield
+    _import_map.uninstall()
+    sys.path[:] = path
+    sys.modules.pop("model_def", None)

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-import torch
 
 import lightning_bridge as bridge
 from tests._adapter_modules import (
@@ -14,17 +13,13 @@ from tests._adapter_modules import (
     ManualNet,
     Net,
     PlateauNet,
+    max_weight_diff,
     run_lightning,
     run_trial,
     weights,
 )
 
 HPARAMS = {"global_batch_size": 8, "lr": 0.1, "unused": 1}
-
-
-def _max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
-    assert a.keys() == b.keys()
-    return max(float((a[k] - b[k]).abs().max()) for k in a)
 
 
 @pytest.mark.parametrize("module_cls", [Net, PlateauNet, ManualNet])
@@ -35,7 +30,7 @@ def test_trains_like_lightning(module_cls: type) -> None:
         bridge, bridge.lightning_trial(module_cls), HPARAMS, **BRIDGE_INIT
     )
     assert isinstance(trial.lightning_module, module_cls)
-    assert _max_diff(weights(trial.lightning_module), weights(expected)) < 1e-6
+    assert max_weight_diff(weights(trial.lightning_module), weights(expected)) < 1e-6
     assert len(val) == 2
     for ours, theirs in zip(val, lightning_val, strict=True):
         for key in ("val_loss", "val_acc", "val_max", "val_count"):
@@ -75,7 +70,7 @@ def test_datamodule_built_from_hparams() -> None:
     # batch_size came from global_batch_size (one process), setup ran once for "fit".
     assert trial.datamodule.batch_size == 4
     assert trial.datamodule.setup_stages == ["fit"]
-    assert _max_diff(weights(trial.lightning_module), weights(expected)) < 1e-6
+    assert max_weight_diff(weights(trial.lightning_module), weights(expected)) < 1e-6
 
 
 def test_subclassing_lightning_adapter() -> None:
@@ -86,4 +81,4 @@ def test_subclassing_lightning_adapter() -> None:
     expected = Net(lr=0.1)
     run_lightning(expected, epochs=1)
     trial, _, _ = run_trial(bridge, MyTrial, HPARAMS, epochs=1, **BRIDGE_INIT)
-    assert _max_diff(weights(trial.lightning_module), weights(expected)) < 1e-6
+    assert max_weight_diff(weights(trial.lightning_module), weights(expected)) < 1e-6

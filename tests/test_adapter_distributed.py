@@ -27,6 +27,7 @@ from torch.utils.data import DataLoader, DistributedSampler, Sampler, TensorData
 
 from lightning_bridge._adapter_data import distributed_loader
 from tests import _adapter_dist_script as script
+from tests._adapter_modules import max_weight_diff
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "tests" / "_adapter_dist_script.py"
@@ -63,11 +64,6 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[str, A
     }
 
 
-def _max_diff(a: dict[str, list[float]], b: dict[str, list[float]]) -> float:
-    assert a.keys() == b.keys()
-    return max(float((torch.tensor(a[k]) - torch.tensor(b[k])).abs().max()) for k in a)
-
-
 @pytest.mark.slow
 def test_two_processes_train_like_one(runs: dict[str, list[dict[str, Any]]]) -> None:
     (one,), ranks = runs["single"], runs["ddp"]
@@ -85,7 +81,7 @@ def test_two_processes_train_like_one(runs: dict[str, list[dict[str, Any]]]) -> 
             assert sorted(half[0] + half[1]) == one["seen"][epoch][step * 32 : (step + 1) * 32]
     # Same weights on both ranks, and the weights of the one-process run.
     assert ranks[0]["weights"] == ranks[1]["weights"]
-    assert _max_diff(ranks[0]["weights"], one["weights"]) < 1e-5
+    assert max_weight_diff(ranks[0]["weights"], one["weights"]) < 1e-5
     # StepLR stepped once per optimizer step: 8 steps, step_size 3 -> lr 0.2 * 0.5**2.
     assert [r["lr"] for r in ranks] == [pytest.approx(one["lr"])] * 2
     assert one["lr"] == pytest.approx(0.05)

@@ -8,7 +8,6 @@ import os
 import pathlib
 import subprocess
 import sys
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -17,26 +16,16 @@ import torch
 import lightning_bridge as pytorch
 from lightning_bridge import _import_map
 from lightning_bridge._cli import main
-from tests._cli_folders import (
+from tests._cli_folders import (  # isolated_imports: an autouse fixture
     BASE_CONFIG,
     checkpoint_weights,
+    isolated_imports,  # noqa: F401
     steps_completed,
     validations,
     write_folder,
 )
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(autouse=True)
-def _isolated_imports() -> Iterator[None]:
-    """Each run imports its folder's model_def through the determined mapping; undo both."""
-    path = list(sys.path)
-    yield
-    _import_map.uninstall()
-    sys.path[:] = path
-    for name in [m for m in sys.modules if m == "model_def"]:
-        del sys.modules[name]
 
 
 def _config(**changes: Any) -> dict[str, Any]:

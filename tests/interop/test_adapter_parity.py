@@ -9,11 +9,9 @@ and report the validation values Lightning logged.
 
 from __future__ import annotations
 
-import os
 import pathlib
 
 import pytest
-import torch
 
 reference = pytest.importorskip("determined.pytorch")
 bridge = pytest.importorskip("lightning_bridge")
@@ -23,6 +21,7 @@ from tests._adapter_modules import (  # noqa: E402
     ManualNet,
     Net,
     PlateauNet,
+    max_weight_diff,
     run_lightning,
     run_trial,
     weights,
@@ -34,22 +33,10 @@ HPARAMS = {"global_batch_size": 8, "lr": 0.1}
 VAL_KEYS = ("val_loss", "val_acc", "val_max", "val_count")
 
 
-def _max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
-    assert a.keys() == b.keys()
-    return max(float((a[k] - b[k]).abs().max()) for k in a)
-
-
 @pytest.mark.parametrize("module_cls", [Net, ManualNet, PlateauNet])
 def test_same_weights_on_lightning_bridge_and_determined(
-    module_cls: type, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+    module_cls: type, reference_workdir: pathlib.Path
 ) -> None:
-    work = tmp_path / "work"
-    work.mkdir()
-    monkeypatch.chdir(work)
-    # Determined's local mode writes checkpoints under the user data directory: keep it out of
-    # the working directory (it copies the working directory into each checkpoint).
-    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
-    os.environ.pop("WORLD_SIZE", None)
 
     expected = module_cls(lr=0.1, batch_size=8)
     lightning_val = run_lightning(expected, epochs=2)
@@ -59,8 +46,8 @@ def test_same_weights_on_lightning_bridge_and_determined(
     ref_cls = bridge.lightning_trial(module_cls, base=reference.PyTorchTrial)
     ref, _, ref_val = run_trial(reference, ref_cls, HPARAMS)
 
-    bridge_diff = _max_diff(weights(ours.lightning_module), weights(expected))
-    reference_diff = _max_diff(weights(ref.lightning_module), weights(expected))
+    bridge_diff = max_weight_diff(weights(ours.lightning_module), weights(expected))
+    reference_diff = max_weight_diff(weights(ref.lightning_module), weights(expected))
     print(
         f"{module_cls.__name__}: max |w - w_lightning| bridge {bridge_diff:.3g}, "
         f"determined {reference_diff:.3g}"
@@ -69,7 +56,7 @@ def test_same_weights_on_lightning_bridge_and_determined(
     assert reference_diff < 1e-5
     # The weights moved: a run that skipped training would not pass.
     start = weights(module_cls(lr=0.1, batch_size=8))
-    assert _max_diff(start, weights(expected)) > 1e-2
+    assert max_weight_diff(start, weights(expected)) > 1e-2
     assert len(ours_val) == len(ref_val) == len(lightning_val) == 2
     for theirs, got_bridge, got_ref in zip(lightning_val, ours_val, ref_val, strict=True):
         for key in VAL_KEYS:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import pathlib
 from typing import Any
 
@@ -25,13 +24,8 @@ def _run(api: Any, tmp_path: pathlib.Path, **init_kwargs: Any) -> Any:
 
 
 def test_scaler_path_matches_the_reference(
-    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: pathlib.Path, reference_workdir: pathlib.Path
 ) -> None:
-    work = tmp_path / "work"
-    work.mkdir()
-    monkeypatch.chdir(work)
-    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
-    os.environ.pop("WORLD_SIZE", None)
     ref = _run(reference, tmp_path, enable_tensorboard_logging=False)
     got = _run(
         bridge,

@@ -10,25 +10,20 @@ import json
 import os
 import pathlib
 import sys
-from collections.abc import Iterator
 
 import pytest
 import torch
 
-from lightning_bridge import _import_map
 from lightning_bridge._cli import main
-from tests._cli_folders import BASE_CONFIG, checkpoint_weights, steps_completed, write_folder
+from tests._cli_folders import (  # isolated_imports: an autouse fixture
+    BASE_CONFIG,
+    checkpoint_weights,
+    isolated_imports,  # noqa: F401
+    steps_completed,
+    write_folder,
+)
 
 pytestmark = pytest.mark.interop
-
-
-@pytest.fixture(autouse=True)
-def _isolated_imports() -> Iterator[None]:
-    path = list(sys.path)
-    yield
-    _import_map.uninstall()
-    sys.path[:] = path
-    sys.modules.pop("model_def", None)
 
 
 def _losses(folder: pathlib.Path) -> list[float]:
