@@ -6,26 +6,32 @@ bars, profilers) underneath. `TrialModule` is the generated LightningModule, usa
 `lightning.Trainer`.
 """
 
-__version__ = "0.1.0"
-
 from typing import TYPE_CHECKING, Any
 
-from . import samplers
-from ._callback import PyTorchCallback
-from ._context import PyTorchExperimentalContext, PyTorchTrialContext
-from ._data import DataLoader, TorchData, data_length, to_device
-from ._distributed import DistributedContext
-from ._errors import BridgeError, InvalidArgumentError, InvalidCheckpointError, InvalidTrialError
-from ._load import load_trial_from_checkpoint_path
-from ._lr_scheduler import LRScheduler
-from ._module import TrialModule
-from ._reducer import MetricReducer, Reducer
-from ._trainer import Trainer, init
-from ._trial import PyTorchTrial
-from ._units import Batch, Epoch, TrainUnit
+from lightning_bridge import samplers
+from lightning_bridge._errors import (
+    BridgeError,
+    InvalidArgumentError,
+    InvalidCheckpointError,
+    InvalidTrialError,
+)
+from lightning_bridge._version import __version__
+from lightning_bridge.contract._callback import PyTorchCallback
+from lightning_bridge.contract._context import PyTorchTrialContext
+from lightning_bridge.contract._data import DataLoader, TorchData, data_length, to_device
+from lightning_bridge.contract._distributed import DistributedContext
+from lightning_bridge.contract._experimental import PyTorchExperimentalContext
+from lightning_bridge.contract._load import load_trial_from_checkpoint_path
+from lightning_bridge.contract._lr_scheduler import LRScheduler
+from lightning_bridge.contract._reducer import MetricReducer, Reducer
+from lightning_bridge.contract._trial import PyTorchTrial
+from lightning_bridge.contract._units import Batch, Epoch, TrainUnit
+from lightning_bridge.translation._init import init
+from lightning_bridge.translation._module import TrialModule
+from lightning_bridge.translation._trainer import Trainer
 
 if TYPE_CHECKING:
-    from ._adapter import LightningAdapter, lightning_trial
+    from lightning_bridge.adapter._classes import LightningAdapter, lightning_trial
 
 # The Lightning adapter reuses Lightning's private helpers; it is imported on first use so
 # that a Lightning release which moved one breaks only the adapter, with its own message.
@@ -34,9 +40,9 @@ _LAZY = {"LightningAdapter", "lightning_trial"}
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
-        from . import _adapter
+        from lightning_bridge.adapter import _classes
 
-        return getattr(_adapter, name)
+        return getattr(_classes, name)
     raise AttributeError(f"module 'lightning_bridge' has no attribute {name!r}")
 
 

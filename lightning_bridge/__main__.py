@@ -2,7 +2,7 @@
 
 import sys
 
-from ._cli import main
+from lightning_bridge.experiment._cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

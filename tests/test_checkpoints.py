@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import lightning_bridge as pytorch
-from lightning_bridge._checkpoint import read_checkpoint
+from lightning_bridge.checkpoint._safe_load import read_checkpoint
 from tests._trials import LinearTrial, fit, quiet_init
 
 

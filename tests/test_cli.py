@@ -14,8 +14,8 @@ import pytest
 import torch
 
 import lightning_bridge as pytorch
-from lightning_bridge import _import_map
-from lightning_bridge._cli import main
+from lightning_bridge.experiment import _import_map
+from lightning_bridge.experiment._cli import main
 from tests._cli_folders import (  # isolated_imports: an autouse fixture
     BASE_CONFIG,
     checkpoint_weights,

@@ -11,10 +11,11 @@ from typing import Any
 import pytest
 
 import lightning_bridge
-from lightning_bridge import InvalidArgumentError, _import_map
-from lightning_bridge._cli import main
-from lightning_bridge._config import load_config, parse_config
-from lightning_bridge._runner import Entrypoint, parse_entrypoint
+from lightning_bridge import InvalidArgumentError
+from lightning_bridge.experiment import _import_map
+from lightning_bridge.experiment._cli import main
+from lightning_bridge.experiment._config import load_config, parse_config
+from lightning_bridge.experiment._runner import Entrypoint, parse_entrypoint
 
 
 def _error(config: Any, overrides: list[str] | None = None) -> str:
@@ -276,7 +277,10 @@ def test_shim_folder_maps_determined_in_a_subprocess(tmp_path: pathlib.Path) -> 
         timeout=120,
     )
     assert result.returncode == 0, result.stderr
-    assert result.stdout.split() == ["lightning_bridge._trainer", "lightning_bridge._units"]
+    assert result.stdout.split() == [
+        "lightning_bridge.translation._trainer",
+        "lightning_bridge.contract._units",
+    ]
 
 
 def test_command_line_usage(capsys: pytest.CaptureFixture[str]) -> None:
@@ -304,9 +308,9 @@ def test_port_calls_the_port_tool(
             raise InvalidArgumentError("bad:Module is not a LightningModule")
         return out
 
-    port = types.ModuleType("lightning_bridge._port")
+    port = types.ModuleType("lightning_bridge.port._write")
     port.write_trial_folder = write_trial_folder  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "lightning_bridge._port", port)
+    monkeypatch.setitem(sys.modules, "lightning_bridge.port._write", port)
     out = tmp_path / "trial"
     assert main(["port", "pkg.mod:Net", "--datamodule", "pkg.mod:DM", "--out", str(out)]) == 0
     assert calls == [("pkg.mod:Net", out, "pkg.mod:DM", False)]

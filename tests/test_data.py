@@ -14,7 +14,7 @@ import torch
 import torch.utils.data as tud
 
 from lightning_bridge import samplers
-from lightning_bridge._data import (
+from lightning_bridge.contract._data import (
     DataLoader,
     adapt_batch_sampler,
     data_length,

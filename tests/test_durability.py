@@ -16,7 +16,9 @@ import pytest
 import torch
 
 import lightning_bridge as pytorch
-from lightning_bridge._checkpoint import latest_checkpoint_in, read_checkpoint, save_checkpoint
+from lightning_bridge.checkpoint._layout import latest_checkpoint_in
+from lightning_bridge.checkpoint._safe_load import read_checkpoint
+from lightning_bridge.translation._payload import save_checkpoint
 from tests._trials import LinearTrial, quiet_init
 
 REPO = pathlib.Path(__file__).resolve().parents[1]

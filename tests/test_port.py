@@ -21,7 +21,7 @@ import yaml
 
 import lightning_bridge
 from lightning_bridge import InvalidArgumentError, InvalidTrialError
-from lightning_bridge._port import write_trial_folder
+from lightning_bridge.port._write import write_trial_folder
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "ported"
@@ -453,10 +453,10 @@ def test_ported_folder_trains_the_same_on_determined_and_the_bridge(
 
 
 def test_installed_code_is_installed_by_the_hook_not_copied() -> None:
-    from lightning_bridge._port_inspect import _Loaded
-    from lightning_bridge._port_sources import _sources
+    from lightning_bridge.port._folder import Loaded
+    from lightning_bridge.port._sources import _sources
 
     installed = importlib.import_module("_pytest.python")  # part of the pytest distribution
     bridge_dependency = importlib.import_module("lightning.pytorch.demos.boring_classes")
-    assert _sources([_Loaded("_pytest.python:Class", object, installed)]) == ([], ["pytest"])
-    assert _sources([_Loaded("x:BoringModel", object, bridge_dependency)]) == ([], [])
+    assert _sources([Loaded("_pytest.python:Class", object, installed)]) == ([], ["pytest"])
+    assert _sources([Loaded("x:BoringModel", object, bridge_dependency)]) == ([], [])

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import lightning_bridge as pytorch
-from lightning_bridge._metrics import reduce_validation_metrics
+from lightning_bridge.translation._metrics import reduce_validation_metrics
 
 CPU = torch.device("cpu")
 

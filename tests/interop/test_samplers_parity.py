@@ -14,8 +14,8 @@ import torch.utils.data as tud
 det_pytorch = pytest.importorskip("determined.pytorch")
 det_samplers = pytest.importorskip("determined.pytorch.samplers")
 
-from lightning_bridge import _data as bridge_data  # noqa: E402
 from lightning_bridge import samplers as bridge_samplers  # noqa: E402
+from lightning_bridge.contract import _data as bridge_data  # noqa: E402
 
 pytestmark = pytest.mark.interop
 

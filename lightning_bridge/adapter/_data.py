@@ -1,0 +1,137 @@
+"""Data side of a ported LightningModule: constructor arguments from hparams, its loaders.
+
+The module's (or data module's) `train_dataloader()` is handed to the trial's trainer as a
+loader that repeats epoch after epoch (a trial's training data never runs out), re-iterating
+the user's `DataLoader` each pass exactly as Lightning does, so shuffling draws the same
+permutations. Under several processes the loaders get a `DistributedSampler`, as Lightning's
+DDP strategy gives them.
+"""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from lightning.pytorch.utilities.model_helpers import is_overridden
+
+from lightning_bridge._errors import InvalidTrialError
+from lightning_bridge.adapter._lightning_private import _set_sampler_epoch
+
+_MISSING = inspect.Parameter.empty
+
+
+def build_from_hparams(cls: type, hparams: dict[str, Any], context: Any, what: str) -> Any:
+    """`cls(**matching hparams)`; `batch_size` defaults to the per-process batch size."""
+    try:
+        params = inspect.signature(cls).parameters
+    except (TypeError, ValueError):  # pragma: no cover - builtins without a signature
+        params = {}  # type: ignore[assignment]
+    kwargs: dict[str, Any] = {}
+    missing: list[str] = []
+    for name, param in params.items():
+        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+            continue
+        if name in hparams:
+            kwargs[name] = hparams[name]
+        elif name == "batch_size" and "global_batch_size" in hparams:
+            kwargs[name] = context.get_per_slot_batch_size()
+        elif param.default is _MISSING:
+            missing.append(name)
+    if missing:
+        raise InvalidTrialError(
+            f"{what} {cls.__name__}.__init__ needs {', '.join(map(repr, missing))}, which the "
+            "trial's hparams do not have: add them to hparams (constructor arguments are "
+            "matched to hparams by name)."
+        )
+    return cls(**kwargs)
+
+
+def hook_owner(name: str, module: Any, datamodule: Any) -> Any:
+    """Which object's shared data hook runs: the data module's when it overrides it."""
+    if datamodule is not None and is_overridden(name, datamodule):
+        return datamodule
+    return module
+
+
+def single_loader(loader: Any, hook: str) -> Any:
+    """Refuse what a trial cannot iterate: several loaders, or nothing."""
+    if loader is None:
+        raise InvalidTrialError(f"{hook}() returned None; return a torch DataLoader.")
+    if isinstance(loader, (list, tuple, dict)):
+        raise InvalidTrialError(
+            f"{hook}() returned {len(loader)} data loaders; a trial trains and validates on one "
+            "loader. Return a single DataLoader (combine datasets with ConcatDataset)."
+        )
+    if not hasattr(loader, "__iter__"):
+        raise InvalidTrialError(
+            f"{hook}() returned a {type(loader).__name__}; return a torch DataLoader."
+        )
+    return loader
+
+
+def distributed_loader(loader: Any, rank: int, size: int, *, shuffle: bool) -> Any:
+    """`loader` with a DistributedSampler for this process (as Lightning's DDP strategy)."""
+    if size <= 1 or not isinstance(loader, torch.utils.data.DataLoader):
+        return loader
+    if isinstance(loader.sampler, torch.utils.data.DistributedSampler):
+        return loader
+    if isinstance(loader.dataset, torch.utils.data.IterableDataset):
+        return loader
+    from lightning_bridge.adapter._lightning_private import (
+        _get_distributed_sampler,
+        _update_dataloader,
+    )
+
+    # Lightning's own choice of sampler: a DistributedSampler over the dataset for the default
+    # samplers, a DistributedSamplerWrapper around any other (so its order and weights are
+    # kept), seeded from `seed_everything` (PL_GLOBAL_SEED). Unlike lightning.Trainer, which
+    # shuffles every training loader under DDP, a loader that does not shuffle keeps its order.
+    shuffle = shuffle and isinstance(loader.sampler, torch.utils.data.RandomSampler)
+    sampler = _get_distributed_sampler(
+        loader, shuffle=shuffle, overfit_batches=0, num_replicas=size, rank=rank
+    )
+    return _update_dataloader(loader, sampler)
+
+
+class RepeatingLoader:
+    """The training loader as a trial sees it: `len` is one epoch, iteration never ends.
+
+    Each pass re-iterates the user's loader (and sets its sampler's epoch), so an epoch sees
+    what Lightning's epoch sees. A continued trial skips the batches already trained.
+    """
+
+    def __init__(self, loader: Any, start_batch: Any) -> None:
+        self.loader = loader
+        self._start_batch = start_batch
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self) -> Iterator[Any]:
+        start = int(self._start_batch())
+        try:
+            epoch_len = len(self.loader)
+        except TypeError:
+            epoch_len = 0
+        epoch, skip = divmod(start, epoch_len) if epoch_len else (0, 0)
+        while True:
+            _set_sampler_epoch(self.loader, epoch)
+            # Like Lightning, take one epoch's batches and drop the iterator without running
+            # it to exhaustion (which would draw one more permutation from a shuffling
+            # sampler's generator and change the next epoch's order).
+            batches = iter(self.loader)
+            passes = itertools.islice(batches, epoch_len) if epoch_len else batches
+            produced = False
+            for i, batch in enumerate(passes):
+                produced = True
+                if i < skip:
+                    continue
+                yield batch
+            del batches, passes
+            skip = 0
+            epoch += 1
+            if not produced:
+                return

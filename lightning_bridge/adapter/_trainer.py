@@ -1,0 +1,226 @@
+"""The trainer a ported LightningModule sees while it runs as a trial.
+
+A module running under `LightningAdapter` is never attached to a `lightning.Trainer`: the
+trial runs on whichever Determined-style `Trainer` drives it. `module.trainer` is a
+`StandInTrainer` that answers what modules commonly read (epoch and step counters, phase flags,
+optimizers and scheduler configs, rank and world size, `callback_metrics`, `log_dir`, ...), and
+whose `strategy` routes `manual_backward` and `optimizer.step()` into the trial context.
+Anything else fails with a message naming the attribute.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any
+
+import torch
+from lightning.pytorch.plugins.precision import Precision
+from lightning.pytorch.profilers import PassThroughProfiler
+from lightning.pytorch.trainer.states import RunningStage, TrainerFn, TrainerState, TrainerStatus
+from lightning.pytorch.utilities import GradClipAlgorithmType
+
+from lightning_bridge._errors import InvalidTrialError
+from lightning_bridge.adapter._lightning_private import (
+    _all_gather_ddp_if_available,
+    _sync_ddp_if_available,
+)
+
+if TYPE_CHECKING:
+    from lightning_bridge.adapter._host import AdapterHost
+
+
+def _distributed() -> bool:
+    return torch.distributed.is_available() and torch.distributed.is_initialized()
+
+
+class StandInStrategy:
+    """`trainer.strategy`: backward and optimizer steps go through the trial context."""
+
+    handles_gradient_accumulation = False
+
+    def __init__(self, adapter: AdapterHost) -> None:
+        self._adapter = adapter
+        self._lightning_optimizers: list[Any] = []
+        self.precision_plugin = Precision()
+
+    @property
+    def lightning_module(self) -> Any:
+        return self._adapter.lightning_module
+
+    @property
+    def model(self) -> Any:
+        return self._adapter.lightning_module
+
+    @property
+    def root_device(self) -> torch.device:
+        return torch.device(self._adapter.context.device)
+
+    @property
+    def world_size(self) -> int:
+        return int(self._adapter.context.distributed.size)
+
+    @property
+    def global_rank(self) -> int:
+        return int(self._adapter.context.distributed.rank)
+
+    @property
+    def local_rank(self) -> int:
+        return int(self._adapter.context.distributed.local_rank)
+
+    @property
+    def is_global_zero(self) -> bool:
+        return self.global_rank == 0
+
+    def backward(
+        self, closure_loss: torch.Tensor, optimizer: Any, *args: Any, **kwargs: Any
+    ) -> Any:
+        """`manual_backward` and automatic optimization: backward through the context."""
+        self._adapter._backward(closure_loss, *args, **kwargs)
+        return closure_loss
+
+    def optimizer_step(self, optimizer: Any, closure: Any, model: Any = None, **kwargs: Any) -> Any:
+        """`LightningOptimizer.step`: run the closure, then step through the context."""
+        return self._adapter._optimizer_step(optimizer, closure, **kwargs)
+
+    def reduce(self, tensor: Any, group: Any = None, reduce_op: Any = "mean") -> Any:
+        if not isinstance(tensor, torch.Tensor) or not _distributed():
+            return tensor
+        return _sync_ddp_if_available(tensor, group, reduce_op=reduce_op)
+
+    def all_gather(self, tensor: torch.Tensor, group: Any = None, sync_grads: bool = False) -> Any:
+        return _all_gather_ddp_if_available(tensor, group=group, sync_grads=sync_grads)
+
+    def barrier(self, name: str | None = None) -> None:
+        if _distributed():
+            torch.distributed.barrier()
+
+    def broadcast(self, obj: Any, src: int = 0) -> Any:
+        if src != 0:
+            raise InvalidTrialError(
+                "trainer.strategy.broadcast() under LightningAdapter broadcasts from rank 0 only."
+            )
+        return self._adapter.context.distributed.broadcast(obj)
+
+
+class StandInTrainer:
+    """`module.trainer` for a module running as a trial (see the module docstring)."""
+
+    def __init__(self, adapter: AdapterHost, gradient_clip_val: float | None, algo: Any) -> None:
+        self._adapter = adapter
+        self.strategy = StandInStrategy(adapter)
+        self.precision_plugin = self.strategy.precision_plugin
+        self.state = TrainerState(status=TrainerStatus.RUNNING, fn=TrainerFn.FITTING)
+        self.state.stage = RunningStage.TRAINING
+        self.profiler = PassThroughProfiler()
+        self.gradient_clip_val = gradient_clip_val
+        self.gradient_clip_algorithm = None if algo is None else GradClipAlgorithmType(algo)
+        self.optimizers: list[torch.optim.Optimizer] = []
+        self.lr_scheduler_configs: list[Any] = []
+        self.logged_metrics: dict[str, torch.Tensor] = {}
+        self.progress_bar_metrics: dict[str, float] = {}
+        self.current_epoch = 0
+        self.global_step = 0
+        self.num_training_batches: float = float("inf")
+        self.sanity_checking = False
+        self.testing = False
+        self.predicting = False
+        self.barebones = False
+        self.received_sigterm = False
+        self.accumulate_grad_batches = 1
+        self.logger = None
+        self.loggers: list[Any] = []
+        self.callbacks: list[Any] = []
+        self.checkpoint_callback = None
+        self.checkpoint_callbacks: list[Any] = []
+        self.early_stopping_callback = None
+        self.progress_bar_callback = None
+        self.precision = "32-true"
+        self.num_nodes = 1
+        self.num_devices = 1
+        self.node_rank = 0
+        self.max_epochs: int | None = None
+        self.max_steps = -1
+
+    # ----- phases -----
+
+    @property
+    def training(self) -> bool:
+        return self.state.stage == RunningStage.TRAINING
+
+    @training.setter
+    def training(self, value: bool) -> None:
+        if value:
+            self.state.stage = RunningStage.TRAINING
+
+    @property
+    def validating(self) -> bool:
+        return self.state.stage == RunningStage.VALIDATING
+
+    @validating.setter
+    def validating(self, value: bool) -> None:
+        if value:
+            self.state.stage = RunningStage.VALIDATING
+
+    # ----- processes -----
+
+    @property
+    def world_size(self) -> int:
+        return self.strategy.world_size
+
+    @property
+    def global_rank(self) -> int:
+        return self.strategy.global_rank
+
+    @property
+    def local_rank(self) -> int:
+        return self.strategy.local_rank
+
+    @property
+    def is_global_zero(self) -> bool:
+        return self.strategy.is_global_zero
+
+    # ----- objects -----
+
+    @property
+    def lightning_module(self) -> Any:
+        return self._adapter.lightning_module
+
+    @property
+    def model(self) -> Any:
+        return self._adapter.lightning_module
+
+    @property
+    def datamodule(self) -> Any:
+        return self._adapter.datamodule
+
+    @property
+    def callback_metrics(self) -> dict[str, torch.Tensor]:
+        """What the module logged (step and epoch values, synced where `sync_dist=True`)."""
+        return self._adapter._log.callback_metrics
+
+    @property
+    def default_root_dir(self) -> str:
+        return os.getcwd()
+
+    @property
+    def log_dir(self) -> str:
+        return os.getcwd()
+
+    @property
+    def should_stop(self) -> bool:
+        return bool(self._adapter.context.get_stop_requested())
+
+    @should_stop.setter
+    def should_stop(self, value: bool) -> None:
+        # Determined's way to end training early: the trainer stops at the next boundary.
+        self._adapter.context.set_stop_requested(bool(value))
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise AttributeError(
+            f"The LightningModule read `self.trainer.{name}`, which a module running as a "
+            "Determined trial (LightningAdapter) does not have: the trial has no "
+            "lightning.Trainer. Pass the value through the trial's hparams instead; "
+            "docs/lightning.md lists what `self.trainer` provides."
+        )

@@ -1,0 +1,164 @@
+"""Checkpoints in Determined's directory layout, written whole or not at all.
+
+A checkpoint is a directory `<checkpoint dir>/<uuid>` holding `state_dict.pth` (the payload:
+models, optimizers, LR schedulers, callbacks, RNG states), `trial_state.pkl` (progress
+counters), `load_data.json` (how to rebuild the trial) and `metadata.json`. It is written to a
+temporary sibling directory, flushed to disk and renamed into place; only then does the
+`latest` pointer name it, so a reader never sees a partial checkpoint. What goes into the
+payload is the translation layer's business; this module writes and finds directories.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import pathlib
+import pickle
+import shutil
+import uuid as uuid_lib
+from typing import Any
+
+import torch
+
+from lightning_bridge._errors import InvalidArgumentError
+from lightning_bridge._version import __version__
+
+logger = logging.getLogger("lightning_bridge")
+
+STATE_FILE = "state_dict.pth"
+EXTRAS_KEY = "lightning_bridge"  # the bridge's own entry in state_dict.pth
+LATEST_FILE = "latest"  # names the newest complete checkpoint in a checkpoint directory
+FORMAT_VERSION = 1  # metadata.json "lightning_bridge_format"; bumped on incompatible changes
+LEGACY_STATE_FILES = (
+    ("state_dict.pth",),
+    ("determined", "state_dict.pth"),
+    ("pedl", "state_dict.pth"),
+    ("checkpoint.pt",),
+)
+
+
+def _fsync_tree(root: pathlib.Path) -> None:
+    for path in sorted(root.rglob("*")):
+        if path.is_file():
+            with open(path, "rb") as f:
+                os.fsync(f.fileno())
+    _fsync_dir(root)
+
+
+def _fsync_dir(path: pathlib.Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_latest(base_dir: pathlib.Path, storage_id: str) -> None:
+    """Point `latest` at a complete checkpoint (written beside, then renamed over)."""
+    tmp = base_dir / f".{LATEST_FILE}.{storage_id}"
+    with open(tmp, "w") as f:
+        f.write(storage_id + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, base_dir / LATEST_FILE)
+    _fsync_dir(base_dir)
+
+
+def resolve_checkpoint(
+    value: str | os.PathLike[str], ckpt_dir: pathlib.Path, option: str = "latest_checkpoint"
+) -> pathlib.Path:
+    """A checkpoint given as a directory path, a checkpoint id under the checkpoint dir, or
+    "latest" (the newest complete checkpoint there). `option` names the argument in the
+    message when there is no checkpoint yet."""
+    path = pathlib.Path(value)
+    if str(value) == LATEST_FILE and not path.is_dir():
+        latest = latest_checkpoint_in(ckpt_dir)
+        if latest is None:
+            raise InvalidArgumentError(
+                f"{option}='latest' but {ckpt_dir} holds no checkpoint yet; train without "
+                f"{option} first."
+            )
+        return latest
+    if not path.is_dir() and (ckpt_dir / path).is_dir():
+        return ckpt_dir / path
+    return path
+
+
+def latest_checkpoint_in(base_dir: pathlib.Path) -> pathlib.Path | None:
+    """The checkpoint to continue from in a checkpoint directory, if any.
+
+    `latest` names the last checkpoint written. If a save was interrupted after its directory
+    was renamed into place but before `latest` existed, the complete checkpoint with the most
+    batches trained is used instead.
+    """
+    pointer = base_dir / LATEST_FILE
+    if pointer.is_file():
+        named = base_dir / pointer.read_text().strip()
+        if (named / "metadata.json").is_file():
+            return named
+
+    def steps(path: pathlib.Path) -> int:
+        try:
+            return int(json.loads((path / "metadata.json").read_text())["steps_completed"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return -1
+
+    complete = [
+        p
+        for p in (base_dir.iterdir() if base_dir.is_dir() else [])
+        if p.is_dir() and not p.name.startswith(".") and steps(p) >= 0
+    ]
+    return max(complete, key=steps) if complete else None
+
+
+def remove_partial_checkpoints(base_dir: pathlib.Path) -> None:
+    """Delete what an interrupted save left behind (never a complete checkpoint)."""
+    if base_dir.is_dir():
+        for leftover in base_dir.glob(".*.partial"):
+            shutil.rmtree(leftover, ignore_errors=True)
+
+
+def write_checkpoint(
+    base_dir: pathlib.Path,
+    payload: dict[str, Any],
+    trial_state: dict[str, int],
+    load_data: dict[str, Any],
+) -> tuple[pathlib.Path, str]:
+    """Write one checkpoint under `base_dir/<new uuid>` atomically; returns its path and id.
+
+    The files go to `.<uuid>.partial`, are fsynced, and the directory is renamed into place
+    before `latest` is moved to it; an interrupted save leaves only the `.partial` directory.
+    """
+    storage_id = str(uuid_lib.uuid4())
+    base_dir.mkdir(parents=True, exist_ok=True)
+    final = base_dir / storage_id
+    tmp = base_dir / f".{storage_id}.partial"
+    tmp.mkdir()
+    try:
+        torch.save(payload, tmp / STATE_FILE)
+        with open(tmp / "trial_state.pkl", "wb") as f:
+            pickle.dump(trial_state, f)
+        with open(tmp / "load_data.json", "w") as f:
+            json.dump(load_data, f)
+        with open(tmp / "metadata.json", "w") as f:
+            json.dump(
+                {
+                    "lightning_bridge_version": __version__,
+                    "steps_completed": trial_state["batches_trained"],
+                    "framework": f"torch-{torch.__version__}",
+                    "format": "pickle",
+                    "lightning_bridge_format": FORMAT_VERSION,
+                },
+                f,
+                indent=2,
+            )
+        _fsync_tree(tmp)
+        os.replace(tmp, final)
+        _fsync_dir(base_dir)
+        _write_latest(base_dir, storage_id)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    logger.info("Checkpoint %s written to %s", storage_id, final)
+    return final, storage_id

@@ -1,0 +1,139 @@
+"""What `lightning-bridge run` tells a script entrypoint, the way a cluster tells a trial.
+
+The runner writes the resolved run (experiment config, hyperparameters, trial seed, the
+checkpoint to continue from, and its command-line engine settings) to a JSON file and names it
+in `LIGHTNING_BRIDGE_EXPERIMENT`. `determined.get_cluster_info()` (mapped onto
+`get_cluster_info` here) answers from it, `init()` takes its values as defaults for the
+arguments a script leaves out, and `Trainer.fit` writes the last validation metrics and the
+checkpoints it wrote to the results file the runner prints at the end.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import pathlib
+from typing import Any
+
+ENV_VAR = "LIGHTNING_BRIDGE_EXPERIMENT"
+
+
+class TrialInfo:
+    """The trial part of `ClusterInfo`: hyperparameters, seed and the `data` section."""
+
+    def __init__(self, run: dict[str, Any]) -> None:
+        self.hparams: dict[str, Any] = dict(run.get("hparams") or {})
+        self.trial_seed: int = int(run.get("trial_seed") or 0)
+        self.user_data: dict[str, Any] = dict((run.get("config") or {}).get("data") or {})
+        self.trial_id = 1
+        self.experiment_id = 1
+        self._config: dict[str, Any] = dict(run.get("config") or {})
+
+    @property
+    def config(self) -> dict[str, Any]:
+        return self._config
+
+
+class ClusterInfo:
+    """The subset of Determined's `ClusterInfo` a training script reads."""
+
+    task_type = "TRIAL"
+
+    def __init__(self, run: dict[str, Any]) -> None:
+        self.trial = TrialInfo(run)
+        self.latest_checkpoint: str | None = run.get("latest_checkpoint")
+
+    @property
+    def container_rank(self) -> int:
+        """This process's node rank (one node here, so 0 unless a launcher says otherwise)."""
+        return int(os.environ.get("GROUP_RANK", os.environ.get("NODE_RANK", "0")) or 0)
+
+
+@functools.lru_cache(maxsize=1)
+def _load(path: str) -> dict[str, Any]:
+    data = json.loads(pathlib.Path(path).read_text())
+    return data if isinstance(data, dict) else {}
+
+
+def runner_run() -> dict[str, Any] | None:
+    """The run the runner described, or None when this process was not started by it."""
+    path = os.environ.get(ENV_VAR)
+    if not path:
+        return None
+    return _load(path)
+
+
+def get_cluster_info() -> ClusterInfo | None:
+    """`determined.get_cluster_info()` for a script run by `lightning-bridge run`."""
+    run = runner_run()
+    return None if run is None else ClusterInfo(run)
+
+
+def init_defaults(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """`init()`'s arguments with the runner's values filled in where the script left the
+    default: hparams, exp_conf, aggregation_frequency, accelerator, devices, strategy and
+    precision."""
+    run = runner_run()
+    if run is None:
+        return kwargs
+    out = dict(kwargs)
+    if out.get("hparams") is None:
+        out["hparams"] = dict(run.get("hparams") or {})
+    if out.get("exp_conf") is None:
+        out["exp_conf"] = dict(run.get("config") or {})
+    engine = run.get("engine") or {}
+    for name, default in (
+        ("aggregation_frequency", 1),
+        ("accelerator", "auto"),
+        ("devices", None),
+        ("strategy", "auto"),
+        ("precision", None),
+    ):
+        if out.get(name, default) == default and engine.get(name) is not None:
+            out[name] = engine[name]
+    return out
+
+
+def fit_defaults(max_length: Any, test_mode: bool) -> tuple[Any, bool]:
+    """`fit()`'s `max_length` (the config's searcher length when the script gives none) and
+    `test_mode` (on when the runner was given `--test`)."""
+    run = runner_run()
+    if run is None:
+        return max_length, test_mode
+    if max_length is None and run.get("max_length"):
+        from lightning_bridge.contract._units import Batch, Epoch
+
+        unit, value = run["max_length"]
+        max_length = Epoch(int(value)) if unit == "epochs" else Batch(int(value))
+    return max_length, (True if run.get("test_mode") else test_mode)
+
+
+def record_fit(metrics: dict[str, Any] | None, checkpoints: list[pathlib.Path]) -> None:
+    """Add a finished fit's last validation metrics and checkpoints to the runner's results
+    file (chief process only)."""
+    run = runner_run()
+    if run is None or not run.get("results"):
+        return
+    if int(os.environ.get("RANK", "0") or 0) != 0 or int(os.environ.get("LOCAL_RANK", "0")) != 0:
+        return
+    path = pathlib.Path(run["results"])
+    previous: dict[str, Any] = {}
+    if path.is_file():
+        previous = json.loads(path.read_text())
+    result = {
+        "metrics": _plain(metrics) if metrics else previous.get("metrics"),
+        "checkpoints": [*previous.get("checkpoints", []), *(str(p) for p in checkpoints)],
+    }
+    path.write_text(json.dumps(result))
+
+
+def _plain(metrics: dict[str, Any]) -> dict[str, Any]:
+    """Metrics as JSON values (tensors and numpy scalars become numbers)."""
+    out: dict[str, Any] = {}
+    for key, value in metrics.items():
+        try:
+            out[str(key)] = float(value)
+        except (TypeError, ValueError):
+            out[str(key)] = str(value)
+    return out

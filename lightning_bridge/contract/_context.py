@@ -1,0 +1,418 @@
+"""`PyTorchTrialContext`: what a trial uses to wrap its objects and talk to the training loop.
+
+The context records the models, optimizers, schedulers and reducers a trial wraps. During a fit
+it forwards `backward` and `step_optimizer` to the `StepDriver` running the trial, so the
+backward pass and optimizer steps go through Lightning's strategy and precision plugin.
+"""
+
+from __future__ import annotations
+
+import logging
+import pathlib
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from lightning_bridge._errors import InvalidArgumentError, InvalidTrialError
+from lightning_bridge.contract._amp import AutocastForward, warn_once
+from lightning_bridge.contract._data import to_device
+from lightning_bridge.contract._distributed import DistributedContext
+from lightning_bridge.contract._experimental import PyTorchExperimentalContext
+from lightning_bridge.contract._lr_scheduler import LRScheduler
+from lightning_bridge.contract._reducer import MetricReducer, ReducerRegistry
+from lightning_bridge.contract._step import prepare_step
+
+if TYPE_CHECKING:
+    from lightning_bridge.contract._step import StepDriver
+
+logger = logging.getLogger("lightning_bridge")
+
+
+class PyTorchTrialContext:
+    """The trial's view of the run: hyperparameters, config, distributed info and wrappers."""
+
+    def __init__(
+        self,
+        hparams: dict[str, Any] | None,
+        exp_conf: dict[str, Any] | None,
+        distributed: DistributedContext,
+        aggregation_frequency: int = 1,
+        enable_tensorboard_logging: bool = True,
+        trial_seed: int | None = None,
+        device: torch.device | None = None,
+        run_dir: pathlib.Path | None = None,
+        slots: int | None = None,
+    ) -> None:
+        if (
+            isinstance(aggregation_frequency, bool)
+            or not isinstance(aggregation_frequency, int)
+            or aggregation_frequency < 1
+        ):
+            raise InvalidArgumentError(
+                f"aggregation_frequency must be an int >= 1; got {aggregation_frequency!r}."
+            )
+        if hparams is not None and not isinstance(hparams, dict):
+            raise InvalidArgumentError(f"hparams must be a dict; got {type(hparams).__name__}.")
+        if exp_conf is not None and not isinstance(exp_conf, dict):
+            raise InvalidArgumentError(f"exp_conf must be a dict; got {type(exp_conf).__name__}.")
+        self.distributed = distributed
+        self._hparams = hparams
+        self._exp_conf = exp_conf
+        self._aggregation_frequency = aggregation_frequency
+        self._enable_tensorboard_logging = enable_tensorboard_logging
+        self._trial_seed = trial_seed
+        self.device = device if device is not None else torch.device("cpu")
+        self._run_dir = run_dir if run_dir is not None else pathlib.Path.cwd()
+        self._slots = slots
+        self._per_slot_batch_size, self._global_batch_size = self._batch_sizes()
+
+        self.models: list[torch.nn.Module] = []
+        self.optimizers: list[torch.optim.Optimizer] = []
+        self.lr_schedulers: list[LRScheduler] = []
+        self._average_aggregated: dict[int, bool] = {}
+        self._reducers = ReducerRegistry(self.distributed.allgather)
+        self.experimental = PyTorchExperimentalContext(self)
+        self._warned_types: set[type] = set()
+        self._stop_requested = False
+        self._profiler_kwargs: dict[str, Any] | None = None
+        self._tb_writer: Any = None
+        self._scaler: Any = None
+
+        # Set while a fit runs.
+        self._driver: StepDriver | None = None
+        self._epoch_len: int | None = None
+        self._current_batch_idx: int | None = None
+        self._in_train_batch = False
+        self._steps_completed = 0
+
+    # ----- configuration accessors -----
+
+    def _batch_sizes(self) -> tuple[int | None, int | None]:
+        if not self._hparams or self._hparams.get("global_batch_size") is None:
+            return None, None
+        global_bs = self._hparams["global_batch_size"]
+        if isinstance(global_bs, bool) or not isinstance(global_bs, int) or global_bs < 1:
+            raise InvalidArgumentError(
+                f"The global_batch_size hyperparameter must be a positive int; got {global_bs!r}."
+            )
+        slots = max(self._slots or self.distributed.size, 1)
+        if global_bs % slots != 0:
+            raise InvalidArgumentError(
+                f"global_batch_size={global_bs} does not divide evenly across {slots} processes; "
+                f"set it to a multiple of {slots}, e.g. {max(slots, global_bs - global_bs % slots)}"
+            )
+        return global_bs // slots, global_bs
+
+    def get_hparams(self) -> dict[str, Any]:
+        if self._hparams is None:
+            raise InvalidArgumentError(
+                "No hyperparameters were given: pass them with "
+                "lightning_bridge.init(hparams={...})."
+            )
+        return self._hparams
+
+    def get_hparam(self, name: str) -> Any:
+        hparams = self.get_hparams()
+        if name not in hparams:
+            raise InvalidArgumentError(
+                f"Hyperparameter {name!r} is not set; the hyperparameters are "
+                f"{sorted(hparams)}. Add {name!r} to the hparams passed to init() (or the "
+                "experiment config's hyperparameters section)."
+            )
+        return hparams[name]
+
+    def get_experiment_config(self) -> dict[str, Any]:
+        if self._exp_conf is None:
+            raise InvalidArgumentError(
+                "No experiment config was given: pass it with "
+                "lightning_bridge.init(exp_conf={...})."
+            )
+        return self._exp_conf
+
+    def get_data_config(self) -> dict[str, Any]:
+        return dict(self.get_experiment_config().get("data", {}) or {})
+
+    def get_global_batch_size(self) -> int:
+        if self._global_batch_size is None:
+            raise InvalidArgumentError(
+                "global_batch_size is not set: add it to the hparams given to init()."
+            )
+        return self._global_batch_size
+
+    def get_per_slot_batch_size(self) -> int:
+        if self._per_slot_batch_size is None:
+            raise InvalidArgumentError(
+                "global_batch_size is not set: add it to the hparams given to init()."
+            )
+        return self._per_slot_batch_size
+
+    def get_trial_seed(self) -> int:
+        if self._trial_seed is None:
+            raise InvalidArgumentError(
+                "No trial seed is set; set reproducibility.experiment_seed in the experiment "
+                "config."
+            )
+        return self._trial_seed
+
+    def get_experiment_id(self) -> int:
+        return 0
+
+    def get_trial_id(self) -> int:
+        return 0
+
+    def get_initial_batch(self) -> int:
+        return self._steps_completed
+
+    def get_stop_requested(self) -> bool:
+        return self._stop_requested
+
+    def set_stop_requested(self, stop_requested: bool) -> None:
+        """Ask the run to stop at the next boundary; the bridge checkpoints, then exits."""
+        if not isinstance(stop_requested, bool):
+            raise InvalidArgumentError(
+                f"set_stop_requested() takes True or False; got {stop_requested!r}."
+            )
+        if stop_requested:
+            logger.info("Stop requested: training stops at the next reporting boundary.")
+        self._stop_requested = stop_requested
+
+    def get_enable_tensorboard_logging(self) -> bool:
+        return self._enable_tensorboard_logging
+
+    def set_enable_tensorboard_logging(self, enable_tensorboard_logging: bool) -> None:
+        if not isinstance(enable_tensorboard_logging, bool):
+            raise InvalidArgumentError("set_enable_tensorboard_logging() takes True or False.")
+        self._enable_tensorboard_logging = enable_tensorboard_logging
+
+    # ----- training progress -----
+
+    def _require_started(self) -> int:
+        if self._current_batch_idx is None:
+            raise InvalidTrialError("Training has not started yet: call this from train_batch().")
+        return self._current_batch_idx
+
+    def _require_epoch_len(self) -> int:
+        if self._epoch_len is None:
+            raise InvalidTrialError("The training data loader is not built yet.")
+        return self._epoch_len
+
+    def current_train_batch(self) -> int:
+        return self._require_started()
+
+    def current_train_epoch(self) -> int:
+        return self._require_started() // self._require_epoch_len()
+
+    def is_epoch_start(self) -> bool:
+        return self._require_started() % self._require_epoch_len() == 0
+
+    def is_epoch_end(self) -> bool:
+        epoch_len = self._require_epoch_len()
+        return self._require_started() % epoch_len == epoch_len - 1
+
+    def _should_communicate_and_update(self) -> bool:
+        return (self._require_started() + 1) % self._aggregation_frequency == 0
+
+    # ----- wrapping -----
+
+    def wrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        """Register a model; it is moved to the device and checkpointed with the trial."""
+        if not isinstance(model, torch.nn.Module):
+            raise InvalidTrialError(
+                f"wrap_model() takes a torch.nn.Module; got {type(model).__name__}."
+            )
+        model = model.to(self.device)
+        self.models.append(model)
+        return model
+
+    def wrap_optimizer(
+        self,
+        optimizer: torch.optim.Optimizer,
+        backward_passes_per_step: int = 1,
+        fp16_compression: bool | None = None,
+        average_aggregated_gradients: bool | None = None,
+    ) -> torch.optim.Optimizer:
+        """Register an optimizer; step it with `step_optimizer` in `train_batch`."""
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise InvalidTrialError(
+                f"wrap_optimizer() takes a torch.optim.Optimizer; got {type(optimizer).__name__}."
+            )
+        if backward_passes_per_step < 1:
+            raise InvalidTrialError(
+                f"backward_passes_per_step must be >= 1; got {backward_passes_per_step}."
+            )
+        self._average_aggregated[id(optimizer)] = (
+            True if average_aggregated_gradients is None else bool(average_aggregated_gradients)
+        )
+        self.optimizers.append(optimizer)
+        return optimizer
+
+    def wrap_lr_scheduler(
+        self,
+        lr_scheduler: Any,
+        step_mode: LRScheduler.StepMode,
+        frequency: int = 1,
+    ) -> Any:
+        """Register an LR scheduler stepped by the bridge according to `step_mode`."""
+        if isinstance(lr_scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau) and (
+            step_mode is not LRScheduler.StepMode.MANUAL_STEP
+        ):
+            raise InvalidTrialError(
+                "ReduceLROnPlateau needs a metric to step, so wrap it with "
+                "step_mode=LRScheduler.StepMode.MANUAL_STEP and step it yourself, e.g. from a "
+                "PyTorchCallback's on_validation_end(metrics)."
+            )
+        opt = getattr(lr_scheduler, "optimizer", None)
+        if opt is not None and not any(opt is o for o in self.optimizers):
+            raise InvalidTrialError(
+                "The LR scheduler's optimizer was not wrapped: call "
+                "context.wrap_optimizer(optimizer) first and build the scheduler on the "
+                "optimizer it returns."
+            )
+        self.lr_schedulers.append(LRScheduler(lr_scheduler, step_mode, frequency))
+        return lr_scheduler
+
+    def wrap_reducer(
+        self,
+        reducer: Callable | MetricReducer,
+        name: str | None = None,
+        for_training: bool = True,
+        for_validation: bool = True,
+    ) -> Any:
+        """Register a custom metric reducer (a function of all values, or a MetricReducer)."""
+        return self._reducers.wrap_reducer(reducer, name, for_training, for_validation)
+
+    def reset_reducers(self) -> None:
+        self._reducers.reset()
+
+    def reduce_metrics(self, for_training: bool) -> dict[str, Any]:
+        return self._reducers.reduce(for_training)
+
+    def wrap_scaler(self, scaler: Any) -> Any:
+        """Use the trial's own gradient scaler: it scales losses, the bridge steps through it."""
+        if self._scaler is not None or self.experimental._auto_amp:
+            raise InvalidTrialError("Call wrap_scaler() or use_amp() once, not both or twice.")
+        if self.models:
+            raise InvalidTrialError("Call wrap_scaler() before wrap_model().")
+        for method in ("scale", "step", "update", "unscale_", "state_dict", "load_state_dict"):
+            if not callable(getattr(scaler, method, None)):
+                raise InvalidTrialError(
+                    f"wrap_scaler() takes a gradient scaler such as torch.amp.GradScaler(); "
+                    f"{type(scaler).__name__} has no {method}()."
+                )
+        self._scaler = scaler
+        return scaler
+
+    def configure_apex_amp(
+        self,
+        models: Any,
+        optimizers: Any = None,
+        enabled: bool = True,
+        opt_level: str = "O1",
+        **kwargs: Any,
+    ) -> Any:
+        """apex.amp is unmaintained: this runs native AMP (as `use_amp()`) instead."""
+        warn_once(
+            "apex",
+            "configure_apex_amp(): apex is unmaintained; lightning_bridge uses native AMP "
+            f"(Lightning's 16-mixed precision) instead of apex opt_level={opt_level!r}.",
+        )
+        if enabled:
+            self.experimental.use_amp()
+        return models if optimizers is None else (models, optimizers)
+
+    def autocast_forward_pass(self, to_wrap: torch.nn.Module) -> torch.nn.Module:
+        """`to_wrap` with its forward under autocast (GPU only, as in Determined)."""
+        if self.device.type != "cuda":
+            warn_once(
+                "autocast-cpu",
+                "autocast_forward_pass() has no effect without a GPU (as in Determined).",
+            )
+            return to_wrap
+        return AutocastForward(to_wrap, self.device.type)
+
+    def set_profiler(self, *args: Any, **kwargs: Any) -> None:
+        """Profile training with Lightning's PyTorch profiler (arguments of torch.profiler)."""
+        if args:
+            raise InvalidArgumentError(
+                "set_profiler() takes keyword arguments of torch.profiler.profile, e.g. "
+                "set_profiler(schedule=torch.profiler.schedule(wait=1, warmup=1, active=2))."
+            )
+        self._profiler_kwargs = dict(kwargs)
+
+    # ----- data and devices -----
+
+    def to_device(self, data: Any) -> Any:
+        return to_device(data, self.device, self._warned_types)
+
+    def get_tensorboard_path(self) -> pathlib.Path:
+        return self._run_dir / "tensorboard"
+
+    def get_tensorboard_writer(self) -> Any:
+        """A `SummaryWriter` writing beside the run's TensorBoard logs."""
+        if self._tb_writer is None:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError as exc:
+                raise InvalidArgumentError(
+                    "get_tensorboard_writer() needs the tensorboard package: "
+                    "pip install tensorboard"
+                ) from exc
+            self._tb_writer = SummaryWriter(str(self.get_tensorboard_path()))
+        return self._tb_writer
+
+    # ----- backward and optimizer steps -----
+
+    def backward(
+        self,
+        loss: torch.Tensor,
+        gradient: torch.Tensor | None = None,
+        retain_graph: bool = False,
+        create_graph: bool = False,
+    ) -> None:
+        """Backward pass through the strategy and precision plugin (as `Tensor.backward`)."""
+        if not self._in_train_batch:
+            raise InvalidTrialError(
+                "context.backward() was called outside train_batch(); compute gradients only "
+                "inside train_batch()."
+            )
+        kwargs = {"gradient": gradient, "retain_graph": retain_graph, "create_graph": create_graph}
+        if self._driver is not None:
+            self._driver.run_backward(loss, self._should_communicate_and_update(), **kwargs)
+        else:
+            loss.backward(**kwargs)
+
+    def step_optimizer(
+        self,
+        optimizer: torch.optim.Optimizer,
+        clip_grads: Callable[[Iterator], None] | None = None,
+        auto_zero_grads: bool = True,
+        scaler: Any = None,
+    ) -> None:
+        """Step a wrapped optimizer (every `aggregation_frequency` batches), clipping first."""
+        if not any(optimizer is o for o in self.optimizers):
+            raise InvalidTrialError(
+                f"step_optimizer() got {type(optimizer).__name__} that was not returned by "
+                "context.wrap_optimizer(); wrap the optimizer in __init__ "
+                "(self.opt = context.wrap_optimizer(opt)) and step that object."
+            )
+        scaler = scaler if scaler is not None else self._scaler
+        if self._aggregation_frequency > 1 and not auto_zero_grads:
+            raise InvalidTrialError(
+                "With aggregation_frequency > 1 gradients must be zeroed by the bridge: "
+                "call step_optimizer(..., auto_zero_grads=True)."
+            )
+        if not self._should_communicate_and_update():
+            return
+        divisor = self._aggregation_frequency if self._average_aggregated[id(optimizer)] else 1
+        if scaler is not None:
+            # The trial's own scaler (wrap_scaler): step through it, skipping inf/NaN steps.
+            prepare_step(optimizer, clip_grads, divisor)
+            scaler.step(optimizer)
+        elif self._driver is not None:
+            self._driver.run_step(optimizer, clip_grads, divisor)
+        else:
+            prepare_step(optimizer, clip_grads, divisor)
+            optimizer.step()
+        if auto_zero_grads:
+            optimizer.zero_grad()

@@ -1,0 +1,315 @@
+"""Determined experiment configs: load the YAML, apply `--set` overrides, validate, resolve.
+
+The YAML is parsed with PyYAML and checked with pydantic models of the keys the runner uses.
+Every problem becomes one `InvalidArgumentError` whose lines name the key's path and what was
+expected (`searcher.max_length.epochs: expected a positive integer, got -3`). Determined keys
+the runner does not use are collected so the command can warn about them once; keys Determined
+itself does not know are refused, as Determined refuses them.
+
+The keys and their models are declared in `_config_schema`; this module reads, overrides,
+validates and resolves.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import pathlib
+import sys
+from typing import Any
+
+import pydantic
+import yaml
+from pydantic import BaseModel
+
+from lightning_bridge._errors import InvalidArgumentError
+from lightning_bridge.contract._units import Batch, Epoch, TrainUnit
+from lightning_bridge.experiment._config_schema import (
+    _HP_FORM,
+    HP_TYPES,
+    IGNORED_KEYS,
+    KNOWN_KEYS,
+    USED_KEYS,
+    ExperimentConfig,
+    _ConstHP,
+)
+
+
+class ResolvedConfig:
+    """A validated experiment config and the values a run takes from it."""
+
+    def __init__(
+        self, raw: dict[str, Any], model: ExperimentConfig, hparams: dict[str, Any]
+    ) -> None:
+        self.raw = raw
+        self.model = model
+        self.hparams = hparams
+
+    @property
+    def unused_keys(self) -> list[str]:
+        """Dotted paths of Determined keys given in the config that the runner ignores."""
+        found = [k for k in self.raw if k in IGNORED_KEYS]
+        sections: list[tuple[str, BaseModel | None]] = [
+            ("searcher", self.model.searcher),
+            ("resources", self.model.resources),
+            ("optimizations", self.model.optimizations),
+            ("reproducibility", self.model.reproducibility),
+            ("profiling", self.model.profiling),
+            ("checkpoint_storage", self.model.checkpoint_storage),
+        ]
+        for name, section in sections:
+            if section is not None and section.model_extra:
+                found.extend(f"{name}.{key}" for key in section.model_extra)
+        storage = self.model.checkpoint_storage
+        if storage is not None and storage.type != "shared_fs":
+            found.append(f"checkpoint_storage.type ({storage.type}: written to a local folder)")
+        return sorted(found)
+
+    def experiment_config(self, base: pathlib.Path | None = None) -> dict[str, Any]:
+        """The config handed to the trial (`context.get_experiment_config()`): the searcher's
+        defaults filled in; `checkpoint_storage` as a local folder, a relative `host_path`
+        taken relative to `base` (the context directory)."""
+        conf = copy.deepcopy(self.raw)
+        storage = self.model.checkpoint_storage
+        if storage is not None:
+            section = dict(conf["checkpoint_storage"])
+            if storage.type != "shared_fs" or storage.host_path is None:
+                # Cloud storage is not reachable from here: checkpoints go to ./checkpoints.
+                section = {k: v for k, v in section.items() if k.startswith("save_")}
+                section["type"] = "shared_fs"
+                section["host_path"] = "checkpoints"
+            host = pathlib.Path(os.path.expanduser(section["host_path"]))
+            if base is not None and not host.is_absolute():
+                host = base / host
+            section["host_path"] = str(host)
+            conf["checkpoint_storage"] = section
+        searcher = dict(conf.get("searcher") or {})
+        searcher.setdefault("name", "single")
+        searcher.setdefault("smaller_is_better", self.model.searcher.smaller_is_better)
+        conf["searcher"] = searcher
+        conf.setdefault("checkpoint_policy", self.model.checkpoint_policy)
+        return conf
+
+    def length(self, field: str) -> TrainUnit | None:
+        """`max_length`, `min_validation_period` or `min_checkpoint_period` as a TrainUnit
+        (None when not configured; a period of 0 means never, as in Determined)."""
+        if field == "max_length":
+            searcher = self.model.searcher
+            if searcher.max_time is not None and searcher.time_metric is not None:
+                return self._unit(searcher.time_metric, searcher.max_time, "searcher.max_time")
+            spec: BaseModel | None = searcher.max_length
+            path = "searcher.max_length"
+        else:
+            spec = getattr(self.model, field)
+            path = field
+        if spec is None:
+            return None
+        for unit in ("batches", "records", "epochs"):
+            value = getattr(spec, unit)
+            if value is not None:
+                if value == 0:
+                    return Batch(sys.maxsize)
+                return self._unit(unit, value, f"{path}.{unit}")
+        return None
+
+    def _unit(self, unit: str, value: int, path: str) -> TrainUnit:
+        if unit == "epochs":
+            return Epoch(value)
+        if unit == "batches":
+            return Batch(value)
+        gbs = self.hparams.get("global_batch_size")
+        if isinstance(gbs, bool) or not isinstance(gbs, int) or gbs < 1:
+            raise InvalidArgumentError(
+                f"{path}: a length in records needs the hyperparameter global_batch_size (a "
+                "positive integer) to convert records into batches; add it or give the length "
+                "in batches or epochs."
+            )
+        return Batch(max(value // gbs, 1))
+
+
+def _describe(value: Any) -> str:
+    """A value as the user wrote it in YAML (flow style), strings quoted."""
+    if isinstance(value, str):
+        return repr(value)
+    try:
+        text = yaml.safe_dump(value, default_flow_style=True, width=1000)
+    except yaml.YAMLError:
+        return repr(value)
+    return text.strip().removesuffix("...").strip()
+
+
+def _expected(err: Any) -> str:
+    kind = err["type"]
+    ctx = err.get("ctx") or {}
+    if kind == "greater_than" and ctx.get("gt") == 0:
+        return "expected a positive integer"
+    if kind == "greater_than_equal" and ctx.get("ge") == 0:
+        return "expected a non-negative integer"
+    if kind == "greater_than_equal":
+        return f"expected an integer of at least {ctx.get('ge')}"
+    if kind in ("int_type", "int_parsing", "int_from_float"):
+        return "expected an integer"
+    if kind in ("float_type", "float_parsing"):
+        return "expected a number"
+    if kind in ("bool_type", "bool_parsing"):
+        return "expected true or false"
+    if kind in ("string_type",):
+        return "expected a string"
+    if kind in ("dict_type", "model_type", "model_attributes_type"):
+        return "expected a mapping"
+    if kind == "list_type":
+        return "expected a list"
+    if kind == "literal_error":
+        return f"expected {ctx.get('expected')}"
+    if kind == "extra_forbidden":
+        return "unknown key"
+    if kind == "missing":
+        return "required"
+    if kind == "union_tag_invalid":
+        return f"expected one of {', '.join(HP_TYPES)} (or a nested group without 'type')"
+    if kind == "union_tag_not_found":
+        return "needs a type"
+    if kind == "value_error":
+        return str(ctx.get("error", err["msg"]))
+    return str(err["msg"])
+
+
+def _format_errors(
+    exc: pydantic.ValidationError, prefix: tuple[str, ...] = (), hparam: bool = False
+) -> list[str]:
+    lines = []
+    for err in exc.errors():
+        loc = [str(p) for p in err["loc"]]
+        # Union branches appear as extra path parts ("str", "list[str]"; a hyperparameter's
+        # form name): they are not keys of the config.
+        loc = [p for p in loc if not (p.endswith("]") or p in ("str", "int", "list", "dict"))]
+        if hparam and loc and loc[0] in HP_TYPES:
+            loc = loc[1:]
+        value = err.get("input")
+        if err["type"] == "union_tag_invalid":
+            loc.append("type")
+            value = (err.get("ctx") or {}).get("tag")
+        path = ".".join([*prefix, *loc]) or "(config)"
+        message = f"{path}: {_expected(err)}"
+        if err["type"] not in ("missing", "extra_forbidden"):
+            message += f", got {_describe(value)}"
+        lines.append(message)
+    # Union alternatives may repeat a path; keep the first message per path.
+    seen: dict[str, str] = {}
+    for line in lines:
+        seen.setdefault(line.split(":", 1)[0], line)
+    return list(seen.values())
+
+
+def _resolve_hparams(values: dict[str, Any], path: str, errors: list[str]) -> dict[str, Any]:
+    """Plain values stay; `const` forms give their value; nested groups recurse; search forms
+    (int / double / log / categorical) are errors: one trial needs one value."""
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        where = f"{path}.{key}"
+        if isinstance(value, dict) and "type" in value:
+            try:
+                form = _HP_FORM.validate_python(value)
+            except pydantic.ValidationError as exc:
+                errors.extend(_format_errors(exc, tuple(where.split(".")), hparam=True))
+                continue
+            if isinstance(form, _ConstHP):
+                out[key] = form.val
+            else:
+                errors.append(
+                    f"{where}: a {form.type} search range needs a hyperparameter search, and "
+                    f"the single searcher runs one trial; give it one value, e.g. "
+                    f"--set {where}=VALUE"
+                )
+        elif isinstance(value, dict):
+            out[key] = _resolve_hparams(value, where, errors)
+        else:
+            out[key] = value
+    return out
+
+
+def apply_overrides(config: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply `key.path=value` overrides (values parsed as YAML) to a copy of the config."""
+    conf = copy.deepcopy(config)
+    for item in overrides:
+        key, sep, text = item.partition("=")
+        if not sep or not key.strip():
+            raise InvalidArgumentError(
+                f"--set {item!r}: expected KEY.PATH=VALUE, e.g. --set hyperparameters.lr=0.01"
+            )
+        try:
+            value = yaml.safe_load(text) if text.strip() else None
+        except yaml.YAMLError as exc:
+            raise InvalidArgumentError(
+                f"--set {item!r}: the value is not valid YAML: {exc}"
+            ) from None
+        parts = key.strip().split(".")
+        node: Any = conf
+        for depth, part in enumerate(parts[:-1]):
+            child = node.get(part)
+            if child is None:
+                child = node[part] = {}
+            if not isinstance(child, dict):
+                where = ".".join(parts[: depth + 1])
+                raise InvalidArgumentError(
+                    f"--set {item!r}: {where} is {_describe(child)}, not a mapping, so it has "
+                    f"no key {parts[depth + 1]!r}"
+                )
+            node = child
+        node[parts[-1]] = value
+    return conf
+
+
+def parse_config(config: Any, overrides: list[str] | None = None) -> ResolvedConfig:
+    """Validate an experiment config (a dict, after `overrides`) and resolve its values."""
+    if config is None:
+        config = {}
+    if not isinstance(config, dict):
+        raise InvalidArgumentError(
+            f"the experiment config must be a mapping of keys to values; got {_describe(config)}"
+        )
+    raw = apply_overrides(config, overrides or [])
+    errors: list[str] = []
+    unknown = sorted(str(k) for k in raw if k not in KNOWN_KEYS)
+    errors.extend(
+        f"{key}: unknown key (Determined's experiment config has no such key; check its spelling)"
+        for key in unknown
+    )
+    # Empty sections (`searcher:` with nothing under it) read as absent, as in Determined.
+    known = {k: v for k, v in raw.items() if k in USED_KEYS and v is not None}
+    searcher = known.get("searcher")
+    if isinstance(searcher, dict) and searcher.get("name", "single") != "single":
+        errors.append(
+            f"searcher.name: lightning-bridge runs one trial, so only the single searcher is "
+            f"supported, got {_describe(searcher.get('name'))}; use --set searcher.name=single "
+            "(and give each searched hyperparameter one value with --set)"
+        )
+        known["searcher"] = {k: v for k, v in searcher.items() if k != "name"}
+    model: ExperimentConfig | None = None
+    try:
+        model = ExperimentConfig.model_validate(known)
+    except pydantic.ValidationError as exc:
+        errors.extend(_format_errors(exc))
+    hparams: dict[str, Any] = {}
+    if isinstance(known.get("hyperparameters"), dict):
+        hparams = _resolve_hparams(known["hyperparameters"], "hyperparameters", errors)
+    if errors or model is None:
+        raise InvalidArgumentError(
+            "invalid experiment config:\n" + "\n".join(f"  {line}" for line in errors)
+        )
+    return ResolvedConfig(raw, model, hparams)
+
+
+def load_config(path: str | os.PathLike[str], overrides: list[str] | None = None) -> ResolvedConfig:
+    """Read an experiment config YAML file and validate it (see `parse_config`)."""
+    file = pathlib.Path(path)
+    if not file.is_file():
+        raise InvalidArgumentError(
+            f"experiment config {str(file)!r} not found; pass the path of the const.yaml "
+            "you give to `det e create`."
+        )
+    try:
+        data = yaml.safe_load(file.read_text())
+    except yaml.YAMLError as exc:
+        raise InvalidArgumentError(f"{file} is not valid YAML: {exc}") from None
+    return parse_config(data, overrides)

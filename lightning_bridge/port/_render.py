@@ -1,0 +1,157 @@
+"""Port: the text of the files the tool writes, `model_def.py`, `const.yaml`, `startup-hook.sh`.
+
+Pure rendering from what `_inspect` found (the classes, their hyperparameters, the first
+validation metric) and what `_sources` found (the packages to install): nothing here
+imports or runs user code.
+"""
+
+from __future__ import annotations
+
+import re
+
+import yaml
+
+from lightning_bridge.port._folder import DEFAULT_EPOCHS, EXPERIMENT_SEED, Hyperparameters, Loaded
+
+# Words in a metric name that mean larger values are better (accuracy, F1, AUC, ...).
+_LARGER_IS_BETTER = {
+    "acc",
+    "accuracy",
+    "ap",
+    "auc",
+    "auroc",
+    "bleu",
+    "dice",
+    "f1",
+    "iou",
+    "map",
+    "precision",
+    "r2",
+    "recall",
+    "rouge",
+    "score",
+    "top1",
+    "top5",
+}
+
+
+def _smaller_is_better(metric: str) -> bool:
+    words = {w for w in re.split(r"[^a-z0-9]+", metric.lower()) if w}
+    return not (words & _LARGER_IS_BETTER)
+
+
+def _command(target: str, datamodule: str | None) -> str:
+    return f"lightning-bridge port {target}" + (f" --datamodule {datamodule}" if datamodule else "")
+
+
+def _trial_name(module: Loaded) -> str:
+    return module.qualname.split(".")[-1] + "Trial"
+
+
+def _model_def(module: Loaded, data: Loaded | None) -> str:
+    imports: dict[str, set[str]] = {}
+    for loaded in (module, data):
+        if loaded is not None:
+            imports.setdefault(loaded.module_name, set()).add(loaded.qualname.split(".")[0])
+    import_lines = [
+        f"from {name} import {', '.join(sorted(imports[name]))}" for name in sorted(imports)
+    ]
+    arguments = [f"    {module.qualname},"]
+    if data is not None:
+        arguments.append(f"    datamodule={data.qualname},")
+    arguments.append("    base=PyTorchTrial,")
+    trained_on = f" on {data.qualname.split('.')[-1]}" if data is not None else ""
+    module_name = module.qualname.split(".")[-1]
+    return "\n".join(
+        [
+            f'"""{module_name}{trained_on} as a Determined trial, written by `lightning-bridge '
+            "port`.",
+            "",
+            "Regenerate this folder, from the folder the classes are imported from, with",
+            "`lightning-bridge port TARGET"
+            + (" --datamodule DATAMODULE" if data is not None else "")
+            + " --out <this folder> --force`,",
+            f"TARGET being {module.spec}"
+            + (f",\nDATAMODULE being {data.spec}." if data is not None else "."),
+            '"""',
+            "",
+            "from lightning_bridge import lightning_trial",
+            "",
+            "try:",
+            "    # Determined's base class where Determined is installed (on a cluster, or when",
+            "    # `lightning-bridge run` maps `determined` onto the bridge).",
+            "    from determined.pytorch import PyTorchTrial",
+            "except ImportError:",
+            "    from lightning_bridge import PyTorchTrial",
+            "",
+            *import_lines,
+            "",
+            "_PortedTrial = lightning_trial(",
+            *arguments,
+            ")",
+            "",
+            "",
+            f"class {_trial_name(module)}(_PortedTrial):",
+            f'    """{module_name}{trained_on}, built from the hyperparameters in const.yaml."""',
+            "",
+        ]
+    )
+
+
+def _const_yaml(
+    module: Loaded,
+    data: Loaded | None,
+    hparams: Hyperparameters,
+    metric: str,
+    command: str,
+) -> str:
+    classes = module.qualname.split(".")[-1]
+    if data is not None:
+        classes += " and " + data.qualname.split(".")[-1]
+    header = [
+        f"# Written by `{command}`.",
+        f"# hyperparameters: the constructor arguments of {classes} with their",
+        "# default values; the trial passes each one to the argument of the same name, and",
+        "# global_batch_size, split across processes, to `batch_size`.",
+        "# searcher.metric: the first metric validation_step logs; check smaller_is_better and",
+        "# max_length.",
+    ]
+    if hparams.skipped:
+        header.append(
+            "# Not written (not plain data; the constructor's default applies): "
+            + ", ".join(hparams.skipped)
+            + "."
+        )
+    config = {
+        "name": module.qualname.split(".")[-1],
+        "hyperparameters": {"global_batch_size": hparams.batch_size, **hparams.values},
+        "searcher": {
+            "name": "single",
+            "metric": metric,
+            "smaller_is_better": _smaller_is_better(metric),
+            "max_length": {"epochs": DEFAULT_EPOCHS},
+        },
+        "min_validation_period": {"epochs": 1},
+        "reproducibility": {"experiment_seed": EXPERIMENT_SEED},
+        "resources": {"slots_per_trial": 1},
+        "entrypoint": f"model_def:{_trial_name(module)}",
+    }
+    body = yaml.safe_dump(config, sort_keys=False, default_flow_style=False)
+    return "\n".join(header) + "\n" + body
+
+
+def _startup_hook(requirements: list[str]) -> str:
+    from lightning_bridge._version import __version__
+
+    packages = " ".join([f'"lightning-bridge=={__version__}"', *requirements])
+    return "\n".join(
+        [
+            "#!/bin/sh",
+            "# Determined runs this in the task container before the entrypoint: it installs",
+            "# the bridge, which trains the LightningModule as a trial, and the packages the",
+            "# copied sources import.",
+            "set -e",
+            f"pip install {packages}",
+            "",
+        ]
+    )

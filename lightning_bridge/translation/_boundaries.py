@@ -1,0 +1,248 @@
+"""`TrialBoundaries`: Determined's training schedule as a Lightning callback.
+
+After every batch it checks the four boundaries in Determined's order (training length,
+validation period, checkpoint period, reporting period). When any is reached the reporting
+window closes, then validation, checkpoint and the stop request are handled in that order;
+when the training length is reached, a final validation and checkpoint run (unless current)
+and Lightning is told to stop.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import pathlib
+import signal
+import threading
+from typing import Any
+
+import lightning.pytorch as pl
+
+from lightning_bridge.checkpoint._layout import remove_partial_checkpoints
+from lightning_bridge.checkpoint._retention import CheckpointRetention
+from lightning_bridge.contract._units import Batch, Epoch, TrainUnit
+from lightning_bridge.translation._lightning_compat import (
+    disable_scheduled_validation,
+    run_validation,
+)
+from lightning_bridge.translation._module import TrialModule
+from lightning_bridge.translation._payload import save_checkpoint
+
+logger = logging.getLogger("lightning_bridge")
+
+
+class _Kind(enum.Enum):
+    TRAIN = "train"
+    VALIDATE = "validate"
+    CHECKPOINT = "checkpoint"
+    REPORT = "report"
+
+
+class TrialBoundaries(pl.Callback):
+    """Validation, checkpoints, reporting and stopping at Determined's batch boundaries."""
+
+    def __init__(
+        self,
+        *,
+        max_length: TrainUnit,
+        validation_period: TrainUnit,
+        checkpoint_period: TrainUnit,
+        reporting_period: TrainUnit,
+        checkpoint_policy: str,
+        checkpoint_dir: pathlib.Path,
+        step_zero_validation: bool = False,
+        test_mode: bool = False,
+        searcher_metric: str | None = None,
+        smaller_is_better: bool = True,
+        retention: CheckpointRetention | None = None,
+    ) -> None:
+        self._length: TrainUnit = Batch(1) if test_mode else max_length
+        self._boundaries = [
+            (_Kind.TRAIN, max_length),
+            (_Kind.VALIDATE, validation_period),
+            (_Kind.CHECKPOINT, checkpoint_period),
+            (_Kind.REPORT, reporting_period),
+        ]
+        self._policy = checkpoint_policy
+        self._checkpoint_dir = checkpoint_dir
+        self._step_zero_validation = step_zero_validation
+        self._test_mode = test_mode
+        self._searcher_metric = searcher_metric
+        self._smaller_is_better = smaller_is_better
+        self._best: float | None = None
+        self._retention = retention
+        self.checkpoints: list[pathlib.Path] = []
+        self.stopped_early = False
+        self.preempted_by: str | None = None
+        self._previous_handlers: dict[int, Any] = {}
+
+    # ----- Lightning hooks -----
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        module = self._module(pl_module)
+        module._on_trial_schedule = True
+        disable_scheduled_validation(trainer)
+        remove_partial_checkpoints(self._checkpoint_dir)
+        self._install_signal_handlers()
+        module.begin_training()
+        if self._step_zero_validation and module.state.batches_trained == 0:
+            self._validate(trainer, module)
+        if self._remaining(module) <= 0:
+            self._finish(trainer, module)
+
+    def on_train_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+    ) -> None:
+        module = self._module(pl_module)
+        if self.preempted_by is not None:
+            self._preempt(trainer, module)
+            return
+        reached = self._reached(module)
+        if not reached:
+            return
+        module.close_training_window()
+        state = module.state
+        for kind in reached:
+            if kind is _Kind.VALIDATE and not state.validation_is_current:
+                self._validate(trainer, module)
+            elif kind is _Kind.CHECKPOINT and not state.checkpoint_is_current:
+                self._checkpoint(module)
+            elif kind in (_Kind.TRAIN, _Kind.REPORT):
+                logger.debug("Trained %d batches", state.batches_trained)
+            if module.context.get_stop_requested():
+                if not state.checkpoint_is_current:
+                    self._checkpoint(module)
+                self.stopped_early = True
+                trainer.should_stop = True
+                return
+        if self._remaining(module) <= 0:
+            self._finish(trainer, module)
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._restore_signal_handlers()
+
+    def on_exception(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
+    ) -> None:
+        self._restore_signal_handlers()
+
+    # ----- preemption -----
+
+    def _install_signal_handlers(self) -> None:
+        """SIGTERM / SIGINT finish the current batch, checkpoint and end the fit cleanly."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            self._previous_handlers[sig] = signal.signal(sig, self._on_signal)
+
+    def _restore_signal_handlers(self) -> None:
+        for sig, handler in self._previous_handlers.items():
+            signal.signal(sig, handler)
+        self._previous_handlers = {}
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        self.preempted_by = signal.Signals(signum).name
+
+    def _preempt(self, trainer: pl.Trainer, module: TrialModule) -> None:
+        module.close_training_window()
+        if not module.state.checkpoint_is_current:
+            self._checkpoint(module)
+        self.stopped_early = True
+        trainer.should_stop = True
+
+    # ----- boundary arithmetic -----
+
+    @staticmethod
+    def _module(pl_module: pl.LightningModule) -> TrialModule:
+        assert isinstance(pl_module, TrialModule), "TrialBoundaries drives a TrialModule"
+        return pl_module
+
+    def _remaining(self, module: TrialModule) -> int:
+        assert isinstance(self._length.value, int)
+        done = (
+            module.state.batches_trained
+            if isinstance(self._length, Batch)
+            else module.state.epochs_trained
+        )
+        return self._length.value - done
+
+    def _reached(self, module: TrialModule) -> list[_Kind]:
+        """The boundaries the batch just trained reaches, in Determined's order."""
+        batch_idx = module.state.batches_trained - 1
+        epoch_idx, in_epoch = divmod(batch_idx, module.epoch_len)
+        epoch_end = in_epoch == module.epoch_len - 1
+        reached = []
+        for kind, unit in self._boundaries:
+            if (
+                (isinstance(unit, Batch) and unit.should_stop(batch_idx + 1))
+                or (isinstance(unit, Epoch) and epoch_end and unit.should_stop(epoch_idx + 1))
+                or (kind is _Kind.TRAIN and self._test_mode)
+            ):
+                reached.append(kind)
+        return reached
+
+    # ----- actions -----
+
+    def _finish(self, trainer: pl.Trainer, module: TrialModule) -> None:
+        if not module.state.validation_is_current:
+            self._validate(trainer, module)
+        if not module.state.checkpoint_is_current:
+            self._checkpoint(module)
+        trainer.should_stop = True
+
+    def _validate(self, trainer: pl.Trainer, module: TrialModule) -> None:
+        run_validation(trainer)
+        metrics = module.last_validation_metrics or {}
+        wanted = False
+        if module.is_chief and not module.state.checkpoint_is_current:
+            wanted = self._policy == "all" or (self._policy == "best" and self._is_best(metrics))
+        if module.context.distributed.broadcast(wanted):
+            self._checkpoint(module, metrics)
+
+    def _is_best(self, metrics: dict[str, Any]) -> bool:
+        assert self._searcher_metric is not None
+        if self._searcher_metric not in metrics:
+            from lightning_bridge._errors import InvalidTrialError
+
+            raise InvalidTrialError(
+                f"checkpoint_policy='best' compares the searcher metric "
+                f"{self._searcher_metric!r}, but validation returned {sorted(metrics)}; return "
+                "that metric or change searcher.metric."
+            )
+        value = float(metrics[self._searcher_metric])
+        better = self._best is None or (
+            value < self._best if self._smaller_is_better else value > self._best
+        )
+        if better:
+            self._best = value
+        return better
+
+    def _checkpoint(self, module: TrialModule, metrics: dict[str, Any] | None = None) -> None:
+        """The chief writes the checkpoint; every process learns its id."""
+        storage_id = ""
+        if module.is_chief:
+            path, storage_id = save_checkpoint(module, self._checkpoint_dir)
+            self._record(module, path, metrics)
+        else:
+            module.state.last_ckpt = module.state.batches_trained
+        storage_id = module.context.distributed.broadcast(storage_id)
+        for cb in module.trial_callbacks.values():
+            cb.on_checkpoint_upload_end(uuid=storage_id)
+
+    def _record(
+        self, module: TrialModule, path: pathlib.Path, metrics: dict[str, Any] | None
+    ) -> None:
+        self.checkpoints.append(path)
+        if self._retention is not None:
+            if metrics is None and module.state.validation_is_current:
+                metrics = module.last_validation_metrics
+            value = None
+            if metrics and self._searcher_metric in metrics:
+                value = float(metrics[self._searcher_metric])
+            for removed in self._retention.record(path, value):
+                self.checkpoints.remove(removed)

@@ -1,0 +1,167 @@
+"""`init()`: the trial context for a Trainer-API run, with its engine settings.
+
+Builds the `PyTorchTrialContext` from Determined's arguments (hyperparameters, config,
+distributed info, gradient aggregation) and records the Lightning-facing settings
+(`accelerator`, `devices`, `strategy`, `precision`, ...) the `Trainer` later builds the
+`lightning.Trainer` from. Under torchrun each launched process trains one device.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pathlib
+import random
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import torch
+
+from lightning_bridge.contract import _cluster_info
+from lightning_bridge.contract._context import PyTorchTrialContext
+from lightning_bridge.contract._distributed import DistributedContext
+
+
+class Engine:
+    """The Lightning-facing settings given to `init()`, used to build the `lightning.Trainer`."""
+
+    def __init__(
+        self,
+        accelerator: str,
+        devices: Any,
+        num_nodes: int,
+        strategy: Any,
+        precision: Any,
+        checkpoint_dir: str | os.PathLike[str] | None,
+        trainer_kwargs: dict[str, Any],
+    ) -> None:
+        self.accelerator = accelerator
+        self.devices = devices
+        self.num_nodes = num_nodes
+        self.strategy = strategy
+        self.precision = precision
+        self.checkpoint_dir = checkpoint_dir
+        self.trainer_kwargs = trainer_kwargs
+
+
+def _seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.random.manual_seed(seed)
+
+
+def _device(accelerator: str, distributed: DistributedContext) -> torch.device:
+    if accelerator in ("auto", "gpu", "cuda") and torch.cuda.is_available():
+        return torch.device("cuda", distributed.local_rank)
+    return torch.device("cpu")
+
+
+def _launch_settings(
+    distributed: DistributedContext | None, devices: Any, num_nodes: int, strategy: Any
+) -> tuple[Any, int, Any]:
+    """Under torchrun (or an existing process group) run one device per launched process."""
+    world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    if distributed is not None:
+        world = max(world, distributed.size)
+    if devices is None and world > 1:
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", "0") or 0) or world
+        devices, num_nodes = local, max(1, world // local)
+        if strategy == "auto":
+            strategy = "ddp"
+    return devices, num_nodes, strategy
+
+
+def _slots(distributed: DistributedContext, devices: Any, num_nodes: int) -> int:
+    """How many processes will train: the launcher's world, or devices x nodes for Lightning's."""
+    if distributed.size > 1:
+        return distributed.size
+    if isinstance(devices, int) and devices > 0:
+        return devices * max(num_nodes, 1)
+    if isinstance(devices, (list, tuple)):
+        return len(devices) * max(num_nodes, 1)
+    return 1
+
+
+@contextlib.contextmanager
+def init(
+    *,
+    hparams: dict[str, Any] | None = None,
+    exp_conf: dict[str, Any] | None = None,
+    distributed: DistributedContext | None = None,
+    aggregation_frequency: int = 1,
+    enable_tensorboard_logging: bool = True,
+    accelerator: str = "auto",
+    devices: Any = None,
+    num_nodes: int = 1,
+    strategy: Any = "auto",
+    precision: Any = None,
+    checkpoint_dir: str | os.PathLike[str] | None = None,
+    run_dir: str | os.PathLike[str] | None = None,
+    trainer_kwargs: dict[str, Any] | None = None,
+) -> Iterator[PyTorchTrialContext]:
+    """Build the `PyTorchTrialContext` a trial is constructed with; use it as a context manager.
+
+    The first five arguments are Determined's. The rest configure the Lightning engine:
+    `accelerator`, `devices`, `num_nodes`, `strategy` and `precision` go to `lightning.Trainer`,
+    as does anything in `trainer_kwargs`; `checkpoint_dir` is where checkpoints are written
+    (default: `checkpoint_storage` from `exp_conf`, else `./checkpoints`); `run_dir` holds
+    TensorBoard / CSV logs (default: the working directory).
+    """
+    # Run by `lightning-bridge run`: the runner's config and settings fill the defaults.
+    given = _cluster_info.init_defaults(
+        {
+            "hparams": hparams,
+            "exp_conf": exp_conf,
+            "aggregation_frequency": aggregation_frequency,
+            "accelerator": accelerator,
+            "devices": devices,
+            "strategy": strategy,
+            "precision": precision,
+        }
+    )
+    hparams, exp_conf = given["hparams"], given["exp_conf"]
+    aggregation_frequency, accelerator = given["aggregation_frequency"], given["accelerator"]
+    devices, strategy, precision = given["devices"], given["strategy"], given["precision"]
+    dist = distributed if distributed is not None else DistributedContext()
+    devices, num_nodes, strategy = _launch_settings(distributed, devices, num_nodes, strategy)
+    seed = None
+    if exp_conf is not None:
+        seed = (exp_conf.get("reproducibility") or {}).get("experiment_seed")
+        if seed is not None:
+            _seed_everything(int(seed))
+    context = PyTorchTrialContext(
+        hparams=hparams,
+        exp_conf=exp_conf,
+        distributed=dist,
+        aggregation_frequency=aggregation_frequency,
+        enable_tensorboard_logging=enable_tensorboard_logging,
+        trial_seed=None if seed is None else int(seed),
+        device=_device(accelerator, dist),
+        run_dir=pathlib.Path(run_dir) if run_dir is not None else None,
+        slots=_slots(dist, devices, num_nodes),
+    )
+    context._engine = Engine(  # type: ignore[attr-defined]
+        accelerator=accelerator,
+        devices=devices,
+        num_nodes=num_nodes,
+        strategy=strategy,
+        precision=precision,
+        checkpoint_dir=checkpoint_dir,
+        trainer_kwargs=dict(trainer_kwargs or {}),
+    )
+    owned_group = not (torch.distributed.is_available() and torch.distributed.is_initialized())
+    try:
+        yield context
+    finally:
+        if context._tb_writer is not None:
+            context._tb_writer.close()
+        # A process group Lightning created for this run is torn down here: left to the
+        # interpreter's exit, its communication threads can abort the process.
+        if (
+            owned_group
+            and distributed is None
+            and torch.distributed.is_available()
+            and torch.distributed.is_initialized()
+        ):
+            torch.distributed.destroy_process_group()

@@ -1,0 +1,195 @@
+"""The trial's checkpoint payload: what `state_dict.pth` holds, built and applied.
+
+`trial_payload` gathers the trial's models, optimizers, LR schedulers, callbacks, gradient
+scaler and RNG states (plus the bridge's own entry: the data position and gradients
+accumulated towards a step not yet taken); `apply_payload` puts them back. `save` writes a
+checkpoint through the storage layer and fires the trial callbacks' save hooks in
+Determined's order.
+"""
+
+from __future__ import annotations
+
+import logging
+import pathlib
+import random
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+
+from lightning_bridge.checkpoint._layout import EXTRAS_KEY, write_checkpoint
+from lightning_bridge.checkpoint._models import check_count, entries, load_models
+from lightning_bridge.checkpoint._state import TrialState
+from lightning_bridge.contract._context import PyTorchTrialContext
+
+logger = logging.getLogger("lightning_bridge")
+
+
+class PayloadSource(Protocol):
+    """What the payload functions need of the module driving a trial (`TrialModule`)."""
+
+    state: TrialState
+    trial_callbacks: dict[str, Any]
+    _trainer: Any
+
+    @property
+    def context(self) -> PyTorchTrialContext: ...
+
+    @property
+    def trial(self) -> Any: ...
+
+    def data_state(self) -> dict[str, Any]: ...
+
+
+def plugin_scaler(trainer: Any) -> Any:
+    """The gradient scaler of Lightning's precision plugin, if it has one."""
+    plugin = getattr(trainer, "precision_plugin", None) if trainer is not None else None
+    return getattr(plugin, "scaler", None)
+
+
+# ----- RNG state in a form `torch.load(weights_only=True)` accepts -----
+
+
+def capture_rng_state() -> dict[str, Any]:
+    """Every RNG the training loop draws from; numpy's key is stored as a tensor."""
+    np_state: Any = np.random.get_state()
+    state: dict[str, Any] = {
+        "cpu_rng_state": torch.random.get_rng_state(),
+        "np_rng_state": (
+            str(np_state[0]),
+            torch.from_numpy(np.asarray(np_state[1], dtype=np.int64)),
+            int(np_state[2]),
+            int(np_state[3]),
+            float(np_state[4]),
+        ),
+        "random_rng_state": random.getstate(),
+    }
+    if torch.cuda.is_available() and torch.cuda.device_count():
+        state["gpu_rng_state"] = torch.cuda.get_rng_state()
+    return state
+
+
+def restore_rng_state(state: dict[str, Any]) -> None:
+    np_state = state["np_rng_state"]
+    if isinstance(np_state, tuple) and len(np_state) == 5:
+        key = np_state[1]
+        if isinstance(key, torch.Tensor):
+            key = key.numpy()
+        np.random.set_state((np_state[0], np.asarray(key, dtype=np.uint32), *np_state[2:]))
+    else:
+        np.random.set_state(np_state)
+    random.setstate(state["random_rng_state"])
+    torch.random.set_rng_state(state["cpu_rng_state"])
+    if "gpu_rng_state" in state and torch.cuda.is_available() and torch.cuda.device_count():
+        torch.cuda.set_rng_state(state["gpu_rng_state"])
+
+
+def _scaler(module: PayloadSource) -> Any:
+    return module.context._scaler or plugin_scaler(module._trainer)
+
+
+def trial_payload(module: PayloadSource) -> dict[str, Any]:
+    """The contents of `state_dict.pth` for the module's trial."""
+    ctx = module.context
+    scaler = _scaler(module)
+    extra = {} if scaler is None else {"scaler_state_dict": scaler.state_dict()}
+    return {
+        **extra,
+        "models_state_dict": [m.state_dict() for m in ctx.models],
+        "optimizers_state_dict": [o.state_dict() for o in ctx.optimizers],
+        "lr_schedulers_state_dict": [s.state_dict() for s in ctx.lr_schedulers],
+        "callbacks": {name: cb.state_dict() for name, cb in module.trial_callbacks.items()},
+        "rng_state": capture_rng_state(),
+        "trial_state": module.state.to_dict(),
+        EXTRAS_KEY: {**module.data_state(), "gradients": _pending_gradients(module)},
+    }
+
+
+def _pending_gradients(module: PayloadSource) -> list[list[torch.Tensor | None]] | None:
+    """Gradients accumulated towards an optimizer step that has not happened yet."""
+    ctx = module.context
+    if module.state.batches_trained % ctx._aggregation_frequency == 0:
+        return None
+    return [
+        [None if p.grad is None else p.grad.detach().clone() for p in model.parameters()]
+        for model in ctx.models
+    ]
+
+
+def _restore_gradients(module: PayloadSource, grads: list[list[torch.Tensor | None]]) -> None:
+    for model, model_grads in zip(module.context.models, grads, strict=True):
+        for param, grad in zip(model.parameters(), model_grads, strict=True):
+            param.grad = None if grad is None else grad.to(param.device)
+
+
+def apply_payload(module: PayloadSource, payload: dict[str, Any]) -> None:
+    """Load a `state_dict.pth` payload into the module's trial."""
+    ctx = module.context
+    extras = payload.get(EXTRAS_KEY) or {}
+    visible = {k: v for k, v in payload.items() if k not in (EXTRAS_KEY, "trial_state")}
+    for cb in module.trial_callbacks.values():
+        cb.on_checkpoint_load_start(visible)
+    load_models(ctx.models, payload)
+    optimizers = entries(payload, "optimizer_state_dict", "optimizers_state_dict")
+    check_count("optimizer", optimizers, ctx.optimizers)
+    for opt, state in zip(ctx.optimizers, optimizers, strict=True):
+        opt.load_state_dict(state)
+    schedulers = entries(payload, "lr_scheduler", "lr_schedulers_state_dict")
+    for sched, state in zip(ctx.lr_schedulers, schedulers, strict=False):
+        sched.load_state_dict(state)
+    scaler = _scaler(module)
+    if "scaler_state_dict" in payload and scaler is not None:
+        scaler.load_state_dict(payload["scaler_state_dict"])
+    elif "scaler_state_dict" in payload or scaler is not None:
+        logger.warning(
+            "The checkpoint %s a gradient scaler state but the trial %s one; the scaler starts "
+            "fresh.",
+            "has" if scaler is None else "has no",
+            "uses no" if scaler is None else "uses",
+        )
+    if "rng_state" in payload:
+        restore_rng_state(payload["rng_state"])
+    saved_callbacks = payload.get("callbacks", {}) or {}
+    for name, cb in module.trial_callbacks.items():
+        if name in saved_callbacks:
+            cb.load_state_dict(saved_callbacks[name])
+    if "trial_state" in payload:
+        module.state = TrialState.from_dict(payload["trial_state"])
+    grads = extras.get("gradients")
+    if grads is not None:
+        _restore_gradients(module, grads)
+
+
+def save_checkpoint(module: PayloadSource, base_dir: pathlib.Path) -> tuple[pathlib.Path, str]:
+    """Write the trial's checkpoint under `base_dir/<uuid>`; returns its path and id.
+
+    Fires the trial callbacks' save and write hooks in Determined's order (the caller fires
+    `on_checkpoint_upload_end` on every process once the id is shared).
+    """
+    state = module.state
+    state.last_ckpt = state.batches_trained
+    payload = trial_payload(module)
+    payload.pop("trial_state")
+    # Callbacks see (and may extend) exactly the entries Determined writes; the bridge's own
+    # entry is added after them.
+    extras = payload.pop(EXTRAS_KEY)
+    for cb in module.trial_callbacks.values():
+        cb.on_checkpoint_save_start(payload)
+    payload[EXTRAS_KEY] = extras
+    final, storage_id = write_checkpoint(base_dir, payload, state.to_dict(), _load_data(module))
+    for cb in module.trial_callbacks.values():
+        cb.on_checkpoint_end(str(final))
+        cb.on_checkpoint_write_end(str(final))
+    return final, storage_id
+
+
+def _load_data(module: PayloadSource) -> dict[str, Any]:
+    ctx = module.context
+    cls = type(module.trial)
+    return {
+        "trial_type": "PyTorchTrial",
+        "experiment_config": ctx._exp_conf if ctx._hparams is not None else None,
+        "hparams": ctx._hparams if ctx._exp_conf is not None else None,
+        "trial_cls_spec": f"{cls.__module__}:{cls.__qualname__}",
+        "is_trainer": True,
+    }

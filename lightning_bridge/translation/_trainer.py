@@ -1,0 +1,190 @@
+"""`Trainer`: the Trainer API's fit, running on a `lightning.Trainer`.
+
+`Trainer(trial, context).fit(...)` (the context from `init()`) checks the arguments, wraps the
+trial in a `TrialModule`, adds the `TrialBoundaries` callback for Determined's schedule and
+runs Lightning's fit loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import pathlib
+import sys
+import warnings
+from typing import Any
+
+import lightning.pytorch as pl
+
+from lightning_bridge._errors import BridgeError, InvalidArgumentError, InvalidTrialError
+from lightning_bridge.checkpoint._layout import resolve_checkpoint
+from lightning_bridge.checkpoint._retention import CheckpointRetention
+from lightning_bridge.checkpoint._safe_load import read_checkpoint
+from lightning_bridge.contract import _cluster_info
+from lightning_bridge.contract._context import PyTorchTrialContext
+from lightning_bridge.contract._units import Batch, TrainUnit, check_length, check_period
+from lightning_bridge.translation._boundaries import TrialBoundaries
+from lightning_bridge.translation._module import TrialModule
+from lightning_bridge.translation._settings import checkpoint_dir, lightning_settings
+
+logger = logging.getLogger("lightning_bridge")
+
+CHECKPOINT_POLICIES = ("best", "all", "none")
+
+# Lightning warnings about choices the bridge makes on the user's behalf (the trial fetches its
+# own batches; metrics are reported at Determined's boundaries, not Lightning's logging
+# interval). They say nothing actionable to a trial's author, so fits run without them.
+_ENGINE_WARNINGS = (
+    r".*`dataloader_iter` step flavor.*",
+    r".*Found `dataloader_iter` argument.*",
+    r".*smaller than the logging interval.*",
+    r".*It is recommended to use `self.log\(.*sync_dist=True.*",
+    # Lightning 2.6 on recent torch: its own use of a deprecated torch pytree API.
+    r".*isinstance\(treespec, LeafSpec\).*",
+)
+
+
+class Trainer:
+    """Trains a `PyTorchTrial` with Determined's schedule on a `lightning.Trainer`."""
+
+    def __init__(self, trial: Any, context: PyTorchTrialContext) -> None:
+        if not isinstance(context, PyTorchTrialContext):
+            raise InvalidArgumentError(
+                "Trainer(trial, context) needs the context from lightning_bridge.init(); got "
+                f"{type(context).__name__}."
+            )
+        self._trial = trial
+        self._context = context
+        self.lightning_trainer: pl.Trainer | None = None
+        self.checkpoints: list[pathlib.Path] = []
+        # The metrics of the last validation of the latest fit (None before one ran).
+        self.last_validation_metrics: dict[str, Any] | None = None
+
+    def configure_profiler(self, *args: Any, **kwargs: Any) -> None:
+        """Deprecated in Determined; use `fit(profiling_enabled=True)` or `set_profiler`."""
+        logger.warning("configure_profiler() is deprecated: use fit(profiling_enabled=True).")
+
+    def fit(
+        self,
+        checkpoint_period: TrainUnit | None = None,
+        validation_period: TrainUnit | None = None,
+        max_length: TrainUnit | None = None,
+        reporting_period: TrainUnit = Batch(100),
+        checkpoint_policy: str = "best",
+        latest_checkpoint: str | None = None,
+        step_zero_validation: bool = False,
+        test_mode: bool = False,
+        profiling_enabled: bool = False,
+    ) -> None:
+        """Train until `max_length`, validating, checkpointing and reporting at their periods."""
+        max_length, test_mode = _cluster_info.fit_defaults(max_length, test_mode)
+        try:
+            self._fit(
+                checkpoint_period=checkpoint_period,
+                validation_period=validation_period,
+                max_length=max_length,
+                reporting_period=reporting_period,
+                checkpoint_policy=checkpoint_policy,
+                latest_checkpoint=latest_checkpoint,
+                step_zero_validation=step_zero_validation,
+                test_mode=test_mode,
+                profiling_enabled=profiling_enabled,
+            )
+        except BridgeError as exc:
+            raise exc.with_traceback(None) from None
+
+    def _fit(
+        self,
+        *,
+        checkpoint_period: TrainUnit | None,
+        validation_period: TrainUnit | None,
+        max_length: TrainUnit | None,
+        reporting_period: TrainUnit,
+        checkpoint_policy: str,
+        latest_checkpoint: str | None,
+        step_zero_validation: bool,
+        test_mode: bool,
+        profiling_enabled: bool,
+    ) -> None:
+        ctx = self._context
+        length = check_length(max_length)
+        validation = check_period("validation_period", validation_period or Batch(sys.maxsize))
+        checkpoint = check_period("checkpoint_period", checkpoint_period or Batch(sys.maxsize))
+        reporting = check_period("reporting_period", reporting_period)
+        if checkpoint_policy not in CHECKPOINT_POLICIES:
+            raise InvalidArgumentError(
+                f"checkpoint_policy must be one of {', '.join(CHECKPOINT_POLICIES)}; got "
+                f"{checkpoint_policy!r}."
+            )
+        searcher = (ctx._exp_conf or {}).get("searcher") or {}
+        metric = searcher.get("metric")
+        if checkpoint_policy == "best" and not metric:
+            logger.warning(
+                "checkpoint_policy='best' needs searcher.metric in the experiment config to "
+                "compare validations; checkpointing after every validation ('all') instead."
+            )
+            checkpoint_policy = "all"
+        for name, flag in (
+            ("step_zero_validation", step_zero_validation),
+            ("test_mode", test_mode),
+            ("profiling_enabled", profiling_enabled),
+        ):
+            if not isinstance(flag, bool):
+                raise InvalidArgumentError(f"{name} must be True or False; got {flag!r}.")
+        if not hasattr(self._trial, "train_batch"):
+            raise InvalidTrialError(
+                f"{type(self._trial).__name__} is not a PyTorchTrial: it has no train_batch()."
+            )
+
+        engine: Any = getattr(ctx, "_engine", None)
+        ckpt_dir = checkpoint_dir(ctx, engine.checkpoint_dir if engine else None)
+        if latest_checkpoint is not None:
+            latest_checkpoint = str(resolve_checkpoint(latest_checkpoint, ckpt_dir))
+        module = TrialModule(
+            self._trial, ctx, test_mode=test_mode, latest_checkpoint=latest_checkpoint
+        )
+        if latest_checkpoint is not None:
+            module.resume_from(*read_checkpoint(latest_checkpoint))
+        boundaries = TrialBoundaries(
+            max_length=length,
+            validation_period=validation,
+            checkpoint_period=checkpoint,
+            reporting_period=reporting,
+            checkpoint_policy=checkpoint_policy,
+            checkpoint_dir=ckpt_dir,
+            step_zero_validation=step_zero_validation,
+            test_mode=test_mode,
+            searcher_metric=metric,
+            smaller_is_better=bool(searcher.get("smaller_is_better", True)),
+            retention=CheckpointRetention.from_config(ctx._exp_conf),
+        )
+        trainer = pl.Trainer(
+            **lightning_settings(
+                ctx,
+                boundaries,
+                test_mode=test_mode,
+                resuming=latest_checkpoint is not None,
+                profiling_enabled=profiling_enabled,
+            )
+        )
+        self.lightning_trainer = trainer
+        try:
+            with warnings.catch_warnings():
+                for pattern in _ENGINE_WARNINGS:
+                    warnings.filterwarnings("ignore", message=pattern)
+                trainer.fit(module)
+        finally:
+            module.shutdown()
+            self.checkpoints = list(boundaries.checkpoints)
+            self.last_validation_metrics = module.last_validation_metrics
+            _cluster_info.record_fit(module.last_validation_metrics, self.checkpoints)
+        if boundaries.checkpoints:
+            logger.info("Checkpoints are in %s", ckpt_dir)
+        if boundaries.preempted_by is not None:
+            where = boundaries.checkpoints[-1] if boundaries.checkpoints else ckpt_dir
+            print(
+                f"Stopped by {boundaries.preempted_by} after batch "
+                f"{module.state.batches_trained}; checkpoint {where}. Continue with "
+                f"fit(latest_checkpoint={str(where)!r}).",
+                flush=True,
+            )
+            raise SystemExit(0)
