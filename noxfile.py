@@ -1,19 +1,23 @@
 """Test sessions for lightning_bridge.
 
-``nox`` runs every session below (it is the project's test command and what CI runs);
-``nox -s NAME`` runs one, ``nox -l`` lists them. Arguments after ``--`` go to pytest.
+``./test`` runs every session below (it is the project's test command and what CI runs);
+``./test -s NAME`` runs one, ``./test -l`` lists them. Arguments after ``--`` go to pytest.
 
-Every session that needs torch installs ``torch==2.13.0`` first and then installs everything
-else under a constraints file that pins torch (and lightning where the session fixes its
-version), so no later install can swap either of them out. Tool versions (pytest, ruff, mypy,
-determined, the examples' extras) come from the optional-dependency groups in pyproject.toml,
-so ``pip install -e .[dev]`` gives a developer the same tools.
+torch is installed once, into ``.nox/_shared/``, and every session's virtual environment reads
+it through a ``.pth`` file, so seven sessions cost one torch install (about 750 MB) instead of
+seven. Everything else is installed under a constraints file that pins torch (and lightning
+where the session fixes its version), so no later install can swap either of them out. Virtual
+environments are reused between runs (``nox -R`` skips the installs entirely). Tool versions
+(pytest, ruff, mypy, import-linter, determined, the examples' extras) come from the
+optional-dependency groups in pyproject.toml, so ``pip install -e .[dev]`` gives a developer
+the same tools.
 
 Sessions:
 
 - ``tests``: the unit and integration tests against each supported lightning minor version
   (markers ``interop`` and ``examples`` are left to their own sessions).
-- ``lint``: ruff check and ruff format --check.
+- ``lint``: ruff check, ruff format --check, and lint-imports (the layers of the package and
+  no import cycle between its modules, as configured in pyproject.toml).
 - ``typecheck``: mypy on the package (configured in pyproject.toml).
 - ``interop``: the tests marked ``interop``, with determined==0.38.1 in the same venv.
 - ``examples``: every example end to end in test mode.
@@ -22,22 +26,20 @@ Sessions:
 from __future__ import annotations
 
 import os
-import sys
+import shutil
+import tomllib
 from collections.abc import Iterable
 from pathlib import Path
 
 import nox
 import nox.command
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - nox itself may run on an older interpreter
-    import tomli as tomllib
-
 nox.needs_version = ">=2024.4.15"
 nox.options.error_on_missing_interpreters = True
+nox.options.reuse_venv = "yes"
 
 ROOT = Path(__file__).resolve().parent
+SHARED = ROOT / ".nox" / "_shared"
 PYTHON = "3.11"
 TORCH = "2.13.0"
 LIGHTNING_MINORS = ["2.4", "2.5", "2.6"]
@@ -55,8 +57,27 @@ def _extra(name: str) -> list[str]:
 
 
 def _install_torch(session: nox.Session, lightning: str | None = None) -> str:
-    """Install torch first; return a constraints file that keeps it (and lightning) pinned."""
-    session.install(f"torch=={TORCH}")
+    """Make the shared torch install importable in the session; return a constraints file
+    that keeps it (and lightning) pinned.
+
+    torch goes into one folder under ``.nox/_shared`` (installed the first time, marked complete
+    only when pip succeeded) and a ``.pth`` file puts that folder on the session's ``sys.path``,
+    after the session's own site-packages. pip sees it as installed, so the constraints keep
+    every later install from fetching another build; torch's own dependencies are installed
+    into each session as usual.
+    """
+    target = SHARED / f"torch-{TORCH}-py{PYTHON}"
+    if not (target / ".complete").is_file():
+        shutil.rmtree(target, ignore_errors=True)
+        session.run(
+            "python", "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(target),
+            f"torch=={TORCH}",
+        )  # fmt: skip
+        (target / ".complete").write_text(TORCH + "\n")
+    purelib = session.run(
+        "python", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])", silent=True
+    )
+    (Path(str(purelib).strip()) / "_lightning_bridge_shared_torch.pth").write_text(f"{target}\n")
     constraints = Path(session.create_tmp()) / "constraints.txt"
     lines = [f"torch=={TORCH}"]
     if lightning is not None:
@@ -132,11 +153,14 @@ def tests(session: nox.Session, lightning: str) -> None:
 
 @nox.session(python=PYTHON)
 def lint(session: nox.Session) -> None:
-    """ruff check and ruff format --check."""
+    """ruff check, ruff format --check and lint-imports."""
     session.install(*_extra("lint"))
+    # lint-imports reads the package's source; it needs it importable, not its dependencies.
+    session.install("--no-deps", "-e", ".")
     paths = [p for p in LINT_PATHS if (ROOT / p).exists()]
     session.run("ruff", "check", *paths)
     session.run("ruff", "format", "--check", "--diff", *paths)
+    session.run("lint-imports")
 
 
 @nox.session(python=PYTHON)

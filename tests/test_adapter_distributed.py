@@ -40,7 +40,7 @@ def _run(out: pathlib.Path, mode: str, shuffle: bool) -> list[dict[str, Any]]:
         env.pop(var, None)
     args = [str(SCRIPT), str(out), mode, "shuffle" if shuffle else "sequential"]
     if mode == "torchrun":
-        args = ["-m", "torch.distributed.run", "--nproc_per_node=2", *args]
+        args = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", *args]
     result = subprocess.run(
         [sys.executable, *args],
         cwd=out.parent,
