@@ -50,6 +50,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import _harness as h
+import _instructions as instructions
 
 SEED = 1234
 LR = 0.01
@@ -57,7 +58,7 @@ REPORT_EVERY = 100
 TRAIN_EPOCH_BATCHES = 250  # batches per pass over the training set
 VAL_BATCHES = 4
 
-VARIANTS = ("raw", "lightning", "bridge", "reference")
+VARIANTS = ("raw", "lightning", "fabric", "bridge", "reference")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,19 +102,27 @@ INFO_RATIOS: tuple[tuple[str, str, str, str, str], ...] = (
 
 
 class Marks:
-    """Wall-clock readings taken inside the training step (identical code in every variant)."""
+    """Wall-clock readings taken inside the training step (identical code in every variant),
+    and the phase boundaries of a counted run (start-up ends as the first step begins, the
+    steady part as the last one ends)."""
 
     first: float | None = None
     last: float | None = None
+    steps = 0
+    batches = 0
 
     @classmethod
     def step_begins(cls, batch_idx: int = 0) -> None:
         if cls.first is None:
             cls.first = time.perf_counter()
+            instructions.phase("start-up")
 
     @classmethod
     def step_ends(cls, batch_idx: int = 0) -> None:
         cls.last = time.perf_counter()
+        cls.steps += 1
+        if cls.steps == cls.batches:
+            instructions.phase("steady")
 
 
 def _datasets(spec: ModelSpec) -> tuple[Any, Any]:
@@ -187,6 +196,43 @@ def _run_raw(recipe: h.Recipe, batches: int, workdir: pathlib.Path) -> None:
         torch.stack([loss_fn(model(x), y) for x, y in val_loader]).mean().item()
 
 
+def _run_fabric(recipe: h.Recipe, batches: int, workdir: pathlib.Path) -> None:
+    import lightning as L
+    import torch
+
+    fabric = L.Fabric(accelerator="cpu", devices=1)
+    model = recipe.model()
+    model, opt = fabric.setup(model, recipe.optimizer(model.parameters()))
+    loss_fn = recipe.loss
+    loader = fabric.setup_dataloaders(
+        torch.utils.data.DataLoader(recipe.train_data(), batch_size=recipe.batch_size, shuffle=True)
+    )
+    done = 0
+    window: list[torch.Tensor] = []
+    model.train()
+    while done < batches:
+        for x, y in loader:
+            Marks.step_begins()
+            loss = loss_fn(model(x), y)
+            fabric.backward(loss)
+            opt.step()
+            opt.zero_grad()
+            window.append(loss.detach())
+            done += 1
+            if done % REPORT_EVERY == 0 or done == batches:
+                torch.stack(window).mean().item()
+                window.clear()
+            Marks.step_ends()
+            if done == batches:
+                break
+    model.eval()
+    val_loader = fabric.setup_dataloaders(
+        torch.utils.data.DataLoader(recipe.val_data(), batch_size=recipe.batch_size)
+    )
+    with torch.no_grad():
+        torch.stack([loss_fn(model(x), y) for x, y in val_loader]).mean().item()
+
+
 def _run_lightning(recipe: h.Recipe, batches: int, workdir: pathlib.Path) -> None:
     h.fit_plain(
         recipe,
@@ -216,6 +262,7 @@ def _run_reference(recipe: h.Recipe, batches: int, workdir: pathlib.Path) -> Non
 RUNNERS: dict[str, Callable[[h.Recipe, int, pathlib.Path], None]] = {
     "raw": _run_raw,
     "lightning": _run_lightning,
+    "fabric": _run_fabric,
     "bridge": _run_bridge,
     "reference": _run_reference,
 }
@@ -226,6 +273,7 @@ RUNNERS: dict[str, Callable[[h.Recipe, int, pathlib.Path], None]] = {
 VARIANT_IMPORTS: dict[str, tuple[str, ...]] = {
     "raw": ("torch", "torch._dynamo"),
     "lightning": ("torch", "torch._dynamo", "lightning.pytorch"),
+    "fabric": ("torch", "torch._dynamo", "lightning"),
     "bridge": ("torch", "torch._dynamo", "lightning.pytorch", "lightning_bridge"),
     "reference": ("torch", "torch._dynamo", "determined.pytorch"),
 }
@@ -255,9 +303,12 @@ def worker(
 
             profiler = cProfile.Profile()
             profiler.enable()
+        Marks.batches = batches
+        instructions.begin()
         t0, c0 = time.perf_counter(), time.process_time()
         RUNNERS[variant](recipe, batches, pathlib.Path(tmp))
         t_end, c_end = time.perf_counter(), time.process_time()
+        instructions.end("wind-down")
         if profiler is not None and profile:
             profiler.disable()
             profiler.dump_stats(profile)

@@ -23,6 +23,7 @@ import torch
 
 from lightning_bridge._errors import InvalidArgumentError
 from lightning_bridge._version import __version__
+from lightning_bridge.checkpoint._torch_save import save_state
 
 logger = logging.getLogger("lightning_bridge")
 
@@ -124,19 +125,21 @@ def write_checkpoint(
     payload: dict[str, Any],
     trial_state: dict[str, int],
     load_data: dict[str, Any],
+    storage_id: str | None = None,
 ) -> tuple[pathlib.Path, str]:
-    """Write one checkpoint under `base_dir/<new uuid>` atomically; returns its path and id.
+    """Write one checkpoint under `base_dir/<storage_id>` (a new uuid by default) atomically;
+    returns its path and id.
 
     The files go to `.<uuid>.partial`, are fsynced, and the directory is renamed into place
     before `latest` is moved to it; an interrupted save leaves only the `.partial` directory.
     """
-    storage_id = str(uuid_lib.uuid4())
+    storage_id = storage_id or str(uuid_lib.uuid4())
     base_dir.mkdir(parents=True, exist_ok=True)
     final = base_dir / storage_id
     tmp = base_dir / f".{storage_id}.partial"
     tmp.mkdir()
     try:
-        torch.save(payload, tmp / STATE_FILE)
+        save_state(payload, tmp / STATE_FILE)
         with open(tmp / "trial_state.pkl", "wb") as f:
             pickle.dump(trial_state, f)
         with open(tmp / "load_data.json", "w") as f:

@@ -1,10 +1,13 @@
-"""`TrialBoundaries`: Determined's training schedule as a Lightning callback.
+"""`TrialBoundaries`: Determined's training schedule, checked by the fit loop after each batch.
 
 After every batch it checks the four boundaries in Determined's order (training length,
 validation period, checkpoint period, reporting period). When any is reached the reporting
 window closes, then validation, checkpoint and the stop request are handled in that order;
 when the training length is reached, a final validation and checkpoint run (unless current)
-and Lightning is told to stop.
+and the loop is told to stop. The loop calls it at the moments of Lightning's callback hooks
+of the same names (`trainer` is the loop, `pl_module` the trial's `TrialCore`). Checkpoints
+go through the loop's `CheckpointWriter`; one counts (in `checkpoints`, and for retention)
+once it is durable.
 """
 
 from __future__ import annotations
@@ -14,18 +17,13 @@ import logging
 import pathlib
 import signal
 import threading
-from typing import Any
+from typing import Any, Protocol
 
-import lightning.pytorch as pl
-
+from lightning_bridge.checkpoint._async import CheckpointWriter
 from lightning_bridge.checkpoint._layout import remove_partial_checkpoints
 from lightning_bridge.checkpoint._retention import CheckpointRetention
 from lightning_bridge.contract._units import Batch, Epoch, TrainUnit
-from lightning_bridge.translation._lightning_compat import (
-    disable_scheduled_validation,
-    run_validation,
-)
-from lightning_bridge.translation._module import TrialModule
+from lightning_bridge.translation._core import TrialCore
 from lightning_bridge.translation._payload import save_checkpoint
 
 logger = logging.getLogger("lightning_bridge")
@@ -38,7 +36,15 @@ class _Kind(enum.Enum):
     REPORT = "report"
 
 
-class TrialBoundaries(pl.Callback):
+class Loop(Protocol):
+    """What the boundaries need of the loop running the fit."""
+
+    should_stop: bool
+
+    def run_validation(self) -> None: ...
+
+
+class TrialBoundaries:
     """Validation, checkpoints, reporting and stopping at Determined's batch boundaries."""
 
     def __init__(
@@ -55,6 +61,7 @@ class TrialBoundaries(pl.Callback):
         searcher_metric: str | None = None,
         smaller_is_better: bool = True,
         retention: CheckpointRetention | None = None,
+        writer: CheckpointWriter | None = None,
     ) -> None:
         self._length: TrainUnit = Batch(1) if test_mode else max_length
         self._boundaries = [
@@ -71,6 +78,7 @@ class TrialBoundaries(pl.Callback):
         self._smaller_is_better = smaller_is_better
         self._best: float | None = None
         self._retention = retention
+        self._writer = writer
         self.checkpoints: list[pathlib.Path] = []
         self.stopped_early = False
         self.preempted_by: str | None = None
@@ -78,10 +86,8 @@ class TrialBoundaries(pl.Callback):
 
     # ----- Lightning hooks -----
 
-    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+    def on_train_start(self, trainer: Loop, pl_module: TrialCore) -> None:
         module = self._module(pl_module)
-        module._on_trial_schedule = True
-        disable_scheduled_validation(trainer)
         remove_partial_checkpoints(self._checkpoint_dir)
         self._install_signal_handlers()
         module.begin_training()
@@ -92,8 +98,8 @@ class TrialBoundaries(pl.Callback):
 
     def on_train_batch_end(
         self,
-        trainer: pl.Trainer,
-        pl_module: pl.LightningModule,
+        trainer: Loop,
+        pl_module: TrialCore,
         outputs: Any,
         batch: Any,
         batch_idx: int,
@@ -123,12 +129,10 @@ class TrialBoundaries(pl.Callback):
         if self._remaining(module) <= 0:
             self._finish(trainer, module)
 
-    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+    def on_train_end(self, trainer: Loop, pl_module: TrialCore) -> None:
         self._restore_signal_handlers()
 
-    def on_exception(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
-    ) -> None:
+    def on_exception(self, trainer: Loop, pl_module: TrialCore, exception: BaseException) -> None:
         self._restore_signal_handlers()
 
     # ----- preemption -----
@@ -148,7 +152,7 @@ class TrialBoundaries(pl.Callback):
     def _on_signal(self, signum: int, frame: Any) -> None:
         self.preempted_by = signal.Signals(signum).name
 
-    def _preempt(self, trainer: pl.Trainer, module: TrialModule) -> None:
+    def _preempt(self, trainer: Loop, module: TrialCore) -> None:
         module.close_training_window()
         if not module.state.checkpoint_is_current:
             self._checkpoint(module)
@@ -158,11 +162,11 @@ class TrialBoundaries(pl.Callback):
     # ----- boundary arithmetic -----
 
     @staticmethod
-    def _module(pl_module: pl.LightningModule) -> TrialModule:
-        assert isinstance(pl_module, TrialModule), "TrialBoundaries drives a TrialModule"
+    def _module(pl_module: TrialCore) -> TrialCore:
+        assert isinstance(pl_module, TrialCore), "TrialBoundaries drives a TrialCore"
         return pl_module
 
-    def _remaining(self, module: TrialModule) -> int:
+    def _remaining(self, module: TrialCore) -> int:
         assert isinstance(self._length.value, int)
         done = (
             module.state.batches_trained
@@ -171,7 +175,7 @@ class TrialBoundaries(pl.Callback):
         )
         return self._length.value - done
 
-    def _reached(self, module: TrialModule) -> list[_Kind]:
+    def _reached(self, module: TrialCore) -> list[_Kind]:
         """The boundaries the batch just trained reaches, in Determined's order."""
         batch_idx = module.state.batches_trained - 1
         epoch_idx, in_epoch = divmod(batch_idx, module.epoch_len)
@@ -188,15 +192,15 @@ class TrialBoundaries(pl.Callback):
 
     # ----- actions -----
 
-    def _finish(self, trainer: pl.Trainer, module: TrialModule) -> None:
+    def _finish(self, trainer: Loop, module: TrialCore) -> None:
         if not module.state.validation_is_current:
             self._validate(trainer, module)
         if not module.state.checkpoint_is_current:
             self._checkpoint(module)
         trainer.should_stop = True
 
-    def _validate(self, trainer: pl.Trainer, module: TrialModule) -> None:
-        run_validation(trainer)
+    def _validate(self, trainer: Loop, module: TrialCore) -> None:
+        trainer.run_validation()
         metrics = module.last_validation_metrics or {}
         wanted = False
         if module.is_chief and not module.state.checkpoint_is_current:
@@ -222,27 +226,35 @@ class TrialBoundaries(pl.Callback):
             self._best = value
         return better
 
-    def _checkpoint(self, module: TrialModule, metrics: dict[str, Any] | None = None) -> None:
+    def _checkpoint(self, module: TrialCore, metrics: dict[str, Any] | None = None) -> None:
         """The chief writes the checkpoint; every process learns its id."""
         storage_id = ""
         if module.is_chief:
-            path, storage_id = save_checkpoint(module, self._checkpoint_dir)
-            self._record(module, path, metrics)
+            value = self._searcher_value(module, metrics)
+            _, storage_id = save_checkpoint(
+                module,
+                self._checkpoint_dir,
+                self._writer,
+                on_durable=lambda path: self._record(path, value),
+            )
         else:
             module.state.last_ckpt = module.state.batches_trained
         storage_id = module.context.distributed.broadcast(storage_id)
         for cb in module.trial_callbacks.values():
             cb.on_checkpoint_upload_end(uuid=storage_id)
 
-    def _record(
-        self, module: TrialModule, path: pathlib.Path, metrics: dict[str, Any] | None
-    ) -> None:
+    def _searcher_value(self, module: TrialCore, metrics: dict[str, Any] | None) -> float | None:
+        """The searcher metric of the validation a checkpoint belongs to (for retention)."""
+        if metrics is None and module.state.validation_is_current:
+            metrics = module.last_validation_metrics
+        if metrics and self._searcher_metric in metrics:
+            return float(metrics[self._searcher_metric])
+        return None
+
+    def _record(self, path: pathlib.Path, value: float | None) -> None:
+        """A checkpoint is complete: list it, and apply retention (which may delete older
+        ones only now that a newer one is durable)."""
         self.checkpoints.append(path)
         if self._retention is not None:
-            if metrics is None and module.state.validation_is_current:
-                metrics = module.last_validation_metrics
-            value = None
-            if metrics and self._searcher_metric in metrics:
-                value = float(metrics[self._searcher_metric])
             for removed in self._retention.record(path, value):
                 self.checkpoints.remove(removed)

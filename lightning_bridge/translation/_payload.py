@@ -2,9 +2,9 @@
 
 `trial_payload` gathers the trial's models, optimizers, LR schedulers, callbacks, gradient
 scaler and RNG states (plus the bridge's own entry: the data position and gradients
-accumulated towards a step not yet taken); `apply_payload` puts them back. `save` writes a
-checkpoint through the storage layer and fires the trial callbacks' save hooks in
-Determined's order.
+accumulated towards a step not yet taken); `apply_payload` puts them back. `save_checkpoint`
+writes a checkpoint through the storage layer (in the background when given a
+`CheckpointWriter`) and fires the trial callbacks' save hooks in Determined's order.
 """
 
 from __future__ import annotations
@@ -12,25 +12,27 @@ from __future__ import annotations
 import logging
 import pathlib
 import random
+from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 import numpy as np
 import torch
 
+from lightning_bridge.checkpoint._async import CheckpointWriter
 from lightning_bridge.checkpoint._layout import EXTRAS_KEY, write_checkpoint
 from lightning_bridge.checkpoint._models import check_count, entries, load_models
 from lightning_bridge.checkpoint._state import TrialState
+from lightning_bridge.contract._callback import overrides
 from lightning_bridge.contract._context import PyTorchTrialContext
 
 logger = logging.getLogger("lightning_bridge")
 
 
 class PayloadSource(Protocol):
-    """What the payload functions need of the module driving a trial (`TrialModule`)."""
+    """What the payload functions need of the object driving a trial (`TrialCore`)."""
 
     state: TrialState
     trial_callbacks: dict[str, Any]
-    _trainer: Any
 
     @property
     def context(self) -> PyTorchTrialContext: ...
@@ -40,11 +42,8 @@ class PayloadSource(Protocol):
 
     def data_state(self) -> dict[str, Any]: ...
 
-
-def plugin_scaler(trainer: Any) -> Any:
-    """The gradient scaler of Lightning's precision plugin, if it has one."""
-    plugin = getattr(trainer, "precision_plugin", None) if trainer is not None else None
-    return getattr(plugin, "scaler", None)
+    def gradient_scaler(self) -> Any:
+        """The engine's precision-plugin gradient scaler, if it has one."""
 
 
 # ----- RNG state in a form `torch.load(weights_only=True)` accepts -----
@@ -85,7 +84,7 @@ def restore_rng_state(state: dict[str, Any]) -> None:
 
 
 def _scaler(module: PayloadSource) -> Any:
-    return module.context._scaler or plugin_scaler(module._trainer)
+    return module.context._scaler or module.gradient_scaler()
 
 
 def trial_payload(module: PayloadSource) -> dict[str, Any]:
@@ -160,11 +159,28 @@ def apply_payload(module: PayloadSource, payload: dict[str, Any]) -> None:
         _restore_gradients(module, grads)
 
 
-def save_checkpoint(module: PayloadSource, base_dir: pathlib.Path) -> tuple[pathlib.Path, str]:
-    """Write the trial's checkpoint under `base_dir/<uuid>`; returns its path and id.
+# Hooks promised a complete checkpoint: a trial implementing one waits for its saves.
+WRITTEN_HOOKS = ("on_checkpoint_end", "on_checkpoint_write_end", "on_checkpoint_upload_end")
+
+
+def observes_written_checkpoints(callbacks: Iterable[Any]) -> bool:
+    """Whether a trial callback implements a hook that may read the written checkpoint."""
+    return any(overrides(cb, hook) for cb in callbacks for hook in WRITTEN_HOOKS)
+
+
+def save_checkpoint(
+    module: PayloadSource,
+    base_dir: pathlib.Path,
+    writer: CheckpointWriter | None = None,
+    on_durable: Callable[[pathlib.Path], None] | None = None,
+) -> tuple[pathlib.Path, str]:
+    """Checkpoint the trial under `base_dir/<uuid>`; returns its path and id.
 
     Fires the trial callbacks' save and write hooks in Determined's order (the caller fires
-    `on_checkpoint_upload_end` on every process once the id is shared).
+    `on_checkpoint_upload_end` on every process once the id is shared) and `on_durable(path)`
+    once the checkpoint is complete. With a `writer`, the files are written in the background
+    (the caller `start`s it) unless a trial callback implements one of `WRITTEN_HOOKS`: those
+    are promised a complete checkpoint, so the save then completes here, as without a writer.
     """
     state = module.state
     state.last_ckpt = state.batches_trained
@@ -173,13 +189,22 @@ def save_checkpoint(module: PayloadSource, base_dir: pathlib.Path) -> tuple[path
     # Callbacks see (and may extend) exactly the entries Determined writes; the bridge's own
     # entry is added after them.
     extras = payload.pop(EXTRAS_KEY)
-    for cb in module.trial_callbacks.values():
+    callbacks = list(module.trial_callbacks.values())
+    for cb in callbacks:
         cb.on_checkpoint_save_start(payload)
     payload[EXTRAS_KEY] = extras
+    if writer is not None and not observes_written_checkpoints(callbacks):
+        return writer.submit(
+            base_dir, payload, state.to_dict(), _load_data(module), on_durable=on_durable
+        )
+    if writer is not None:
+        writer.wait()  # one save at a time, so `latest` only ever moves forward
     final, storage_id = write_checkpoint(base_dir, payload, state.to_dict(), _load_data(module))
-    for cb in module.trial_callbacks.values():
+    for cb in callbacks:
         cb.on_checkpoint_end(str(final))
         cb.on_checkpoint_write_end(str(final))
+    if on_durable is not None:
+        on_durable(final)
     return final, storage_id
 
 

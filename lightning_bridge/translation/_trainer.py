@@ -1,8 +1,9 @@
-"""`Trainer`: the Trainer API's fit, running on a `lightning.Trainer`.
+"""`Trainer`: the Trainer API's fit, running the trial's loop on `lightning.Fabric`.
 
-`Trainer(trial, context).fit(...)` (the context from `init()`) checks the arguments, wraps the
-trial in a `TrialModule`, adds the `TrialBoundaries` callback for Determined's schedule and
-runs Lightning's fit loop.
+`Trainer(trial, context).fit(...)` (the context from `init()`) checks the arguments, builds
+the trial's `TrialCore`, `TrialBoundaries` for Determined's schedule and a `lightning.Fabric`
+(launching the processes of a multi-device run), and runs `FitLoop`. A trial that should run
+under a `lightning.Trainer` instead is handed to one as a `TrialModule`.
 """
 
 from __future__ import annotations
@@ -13,9 +14,10 @@ import sys
 import warnings
 from typing import Any
 
-import lightning.pytorch as pl
+import lightning as L
 
 from lightning_bridge._errors import BridgeError, InvalidArgumentError, InvalidTrialError
+from lightning_bridge.checkpoint._async import CheckpointWriter
 from lightning_bridge.checkpoint._layout import resolve_checkpoint
 from lightning_bridge.checkpoint._retention import CheckpointRetention
 from lightning_bridge.checkpoint._safe_load import read_checkpoint
@@ -23,21 +25,18 @@ from lightning_bridge.contract import _cluster_info
 from lightning_bridge.contract._context import PyTorchTrialContext
 from lightning_bridge.contract._units import Batch, TrainUnit, check_length, check_period
 from lightning_bridge.translation._boundaries import TrialBoundaries
-from lightning_bridge.translation._module import TrialModule
-from lightning_bridge.translation._settings import checkpoint_dir, lightning_settings
+from lightning_bridge.translation._core import TrialCore
+from lightning_bridge.translation._fabric_engine import FabricEngine
+from lightning_bridge.translation._fit_loop import FitLoop, model_summary
+from lightning_bridge.translation._settings import checkpoint_dir, fit_settings
 
 logger = logging.getLogger("lightning_bridge")
 
 CHECKPOINT_POLICIES = ("best", "all", "none")
 
-# Lightning warnings about choices the bridge makes on the user's behalf (the trial fetches its
-# own batches; metrics are reported at Determined's boundaries, not Lightning's logging
-# interval). They say nothing actionable to a trial's author, so fits run without them.
+# Lightning warnings about choices the bridge makes on the user's behalf. They say nothing
+# actionable to a trial's author, so fits run without them.
 _ENGINE_WARNINGS = (
-    r".*`dataloader_iter` step flavor.*",
-    r".*Found `dataloader_iter` argument.*",
-    r".*smaller than the logging interval.*",
-    r".*It is recommended to use `self.log\(.*sync_dist=True.*",
     # Lightning 2.6 on recent torch: its own use of a deprecated torch pytree API.
     r".*isinstance\(treespec, LeafSpec\).*",
 )
@@ -54,7 +53,8 @@ class Trainer:
             )
         self._trial = trial
         self._context = context
-        self.lightning_trainer: pl.Trainer | None = None
+        # The `lightning.Fabric` of the latest fit (its strategy and precision plugin).
+        self.fabric: L.Fabric | None = None
         self.checkpoints: list[pathlib.Path] = []
         # The metrics of the last validation of the latest fit (None before one ran).
         self.last_validation_metrics: dict[str, Any] | None = None
@@ -139,11 +139,12 @@ class Trainer:
         ckpt_dir = checkpoint_dir(ctx, engine.checkpoint_dir if engine else None)
         if latest_checkpoint is not None:
             latest_checkpoint = str(resolve_checkpoint(latest_checkpoint, ckpt_dir))
-        module = TrialModule(
+        core = TrialCore(
             self._trial, ctx, test_mode=test_mode, latest_checkpoint=latest_checkpoint
         )
         if latest_checkpoint is not None:
-            module.resume_from(*read_checkpoint(latest_checkpoint))
+            core.resume_from(*read_checkpoint(latest_checkpoint))
+        writer = CheckpointWriter()
         boundaries = TrialBoundaries(
             max_length=length,
             validation_period=validation,
@@ -156,35 +157,54 @@ class Trainer:
             searcher_metric=metric,
             smaller_is_better=bool(searcher.get("smaller_is_better", True)),
             retention=CheckpointRetention.from_config(ctx._exp_conf),
+            writer=writer,
         )
-        trainer = pl.Trainer(
-            **lightning_settings(
-                ctx,
-                boundaries,
-                test_mode=test_mode,
-                resuming=latest_checkpoint is not None,
-                profiling_enabled=profiling_enabled,
-            )
-        )
-        self.lightning_trainer = trainer
+        settings = fit_settings(ctx, test_mode=test_mode, profiling_enabled=profiling_enabled)
+        fabric = L.Fabric(**settings.fabric)
+        self.fabric = fabric
+        status = "failed"
         try:
             with warnings.catch_warnings():
                 for pattern in _ENGINE_WARNINGS:
                     warnings.filterwarnings("ignore", message=pattern)
-                trainer.fit(module)
+                fabric.launch()
+                fit_engine = FabricEngine(fabric, ctx, settings.loggers)
+                core.attach(fit_engine)
+                if settings.model_summary and core.is_chief:
+                    print(model_summary(ctx.models), flush=True)
+                loop = FitLoop(
+                    core,
+                    fit_engine,
+                    boundaries,
+                    writer=writer,
+                    progress_bar=settings.progress_bar,
+                    profiler=settings.profiler,
+                    length=Batch(1) if test_mode else length,
+                )
+                loop.run()
+            status = "success"
         finally:
-            module.shutdown()
+            core.shutdown()
+            _close(settings, status)
             self.checkpoints = list(boundaries.checkpoints)
-            self.last_validation_metrics = module.last_validation_metrics
-            _cluster_info.record_fit(module.last_validation_metrics, self.checkpoints)
+            self.last_validation_metrics = core.last_validation_metrics
+            _cluster_info.record_fit(core.last_validation_metrics, self.checkpoints)
         if boundaries.checkpoints:
             logger.info("Checkpoints are in %s", ckpt_dir)
         if boundaries.preempted_by is not None:
             where = boundaries.checkpoints[-1] if boundaries.checkpoints else ckpt_dir
             print(
                 f"Stopped by {boundaries.preempted_by} after batch "
-                f"{module.state.batches_trained}; checkpoint {where}. Continue with "
+                f"{core.state.batches_trained}; checkpoint {where}. Continue with "
                 f"fit(latest_checkpoint={str(where)!r}).",
                 flush=True,
             )
             raise SystemExit(0)
+
+
+def _close(settings: Any, status: str) -> None:
+    """Flush and close the fit's loggers, and write the profiler's report."""
+    for fit_logger in settings.loggers:
+        fit_logger.finalize(status)
+    if settings.profiler is not None:
+        settings.profiler.describe()

@@ -1,0 +1,192 @@
+"""`CheckpointWriter`: checkpoints written in a background thread, one at a time.
+
+Saving has a fast part that must happen while training is paused (collecting the state dicts
+and, when training goes on, copying their tensors off the live model) and a slow part that
+need not (serializing, writing, fsync, the atomic rename, moving `latest`). The writer takes
+the slow part off the training path, as Lightning's `AsyncCheckpointIO` and torch's
+asynchronous distributed checkpointing do, and keeps the layout's promise: `write_checkpoint`
+still makes the directory durable before it is renamed into place and `latest` names it, so a
+kill at any moment leaves at most a `.partial` directory.
+
+A save is `submit`ted, then `start`ed: with `copy=True` when training continues (the thread
+writes a snapshot), with `copy=False` when nothing will change the tensors before the write is
+done (the end of a fit, a preemption). At most one save is in flight: `submit` waits for the
+previous one. `wait()` blocks until the write is durable and runs the save's `on_durable`
+callbacks on the calling thread; an error in the thread is raised there (or by `poll()`, which
+finishes a save that is already done without blocking). The thread is not a daemon, so even
+an interpreter that exits early lets a started write finish.
+"""
+
+from __future__ import annotations
+
+import copy as copying
+import logging
+import pathlib
+import threading
+import uuid as uuid_lib
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+from lightning_bridge.checkpoint._layout import write_checkpoint
+
+logger = logging.getLogger("lightning_bridge")
+
+_IMMUTABLE = (str, bytes, int, float, complex, bool, type(None), np.generic)
+
+
+def snapshot(obj: Any) -> Any:
+    """A copy of a checkpoint payload that later training cannot change: tensors are copied
+    onto the CPU (tensors sharing a storage still share one, so the file does not grow),
+    containers are rebuilt, other mutable leaves deep-copied."""
+    return _snapshot(obj, {})
+
+
+def _snapshot(obj: Any, storages: dict[Any, Any]) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return _copy_tensor(obj.detach(), storages)
+    if isinstance(obj, dict):
+        # A shallow copy keeps the mapping's type and attributes (a state dict's `_metadata`).
+        out = copying.copy(obj)
+        for key in list(out):
+            out[key] = _snapshot(out[key], storages)
+        return out
+    if isinstance(obj, list):
+        return [_snapshot(v, storages) for v in obj]
+    if isinstance(obj, tuple):
+        items = [_snapshot(v, storages) for v in obj]
+        return type(obj)(*items) if hasattr(obj, "_fields") else tuple(items)
+    if isinstance(obj, _IMMUTABLE):
+        return obj
+    if isinstance(obj, np.ndarray):
+        return obj.copy()
+    return copying.deepcopy(obj)
+
+
+def _copy_tensor(tensor: torch.Tensor, storages: dict[Any, Any]) -> torch.Tensor:
+    try:
+        storage = tensor.untyped_storage()
+        key = (storage.device, storage.data_ptr())
+    except (RuntimeError, NotImplementedError):  # sparse and other storage-less layouts
+        return tensor.to("cpu", copy=True)
+    copied = storages.get(key)
+    if copied is None:
+        copied = storages[key] = storage.cpu() if storage.device.type != "cpu" else (
+            storage.clone()
+        )
+    out = torch.empty(0, dtype=tensor.dtype)
+    out.set_(copied, tensor.storage_offset(), tensor.size(), tensor.stride())
+    return out
+
+
+class _Save:
+    """One submitted save: what to write, and how it ended."""
+
+    def __init__(
+        self,
+        base_dir: pathlib.Path,
+        payload: dict[str, Any],
+        trial_state: dict[str, int],
+        load_data: dict[str, Any],
+        storage_id: str,
+        on_durable: list[Callable[[pathlib.Path], None]],
+    ) -> None:
+        self.base_dir = base_dir
+        self.payload: dict[str, Any] | None = payload
+        self.trial_state = trial_state
+        self.load_data = load_data
+        self.storage_id = storage_id
+        self.path = base_dir / storage_id
+        self.on_durable = on_durable
+        self.error: BaseException | None = None
+        self.done = threading.Event()
+        self.thread: threading.Thread | None = None
+
+    def run(self) -> None:
+        try:
+            payload, self.payload = self.payload, None
+            assert payload is not None
+            write_checkpoint(
+                self.base_dir, payload, self.trial_state, self.load_data, self.storage_id
+            )
+        except BaseException as exc:  # re-raised on the training thread
+            self.error = exc
+        finally:
+            self.done.set()
+
+
+class CheckpointWriter:
+    """Writes submitted checkpoints in a background thread, one at a time (see module doc)."""
+
+    def __init__(self) -> None:
+        self._save: _Save | None = None
+
+    @property
+    def busy(self) -> bool:
+        """Whether a save is submitted and not yet finished by `wait` / `poll`."""
+        return self._save is not None
+
+    @property
+    def queued(self) -> bool:
+        """Whether a submitted save waits for `start`."""
+        return self._save is not None and self._save.thread is None
+
+    def submit(
+        self,
+        base_dir: pathlib.Path,
+        payload: dict[str, Any],
+        trial_state: dict[str, int],
+        load_data: dict[str, Any],
+        on_durable: Callable[[pathlib.Path], None] | None = None,
+    ) -> tuple[pathlib.Path, str]:
+        """Queue a checkpoint (after the previous one is durable); returns its future path and
+        id. `start` begins the write; `on_durable(path)` runs once it is complete."""
+        self.wait()
+        storage_id = str(uuid_lib.uuid4())
+        callbacks = [] if on_durable is None else [on_durable]
+        self._save = _Save(base_dir, payload, trial_state, load_data, storage_id, callbacks)
+        return self._save.path, storage_id
+
+    def on_durable(self, callback: Callable[[pathlib.Path], None]) -> None:
+        """Also run `callback(path)` when the save in flight is durable."""
+        assert self._save is not None, "no save in flight"
+        self._save.on_durable.append(callback)
+
+    def start(self, copy: bool) -> None:
+        """Begin writing the queued save; `copy` snapshots its tensors first (see module doc)."""
+        save = self._save
+        if save is None or save.thread is not None:
+            return
+        if copy:
+            save.payload = snapshot(save.payload)
+        save.thread = threading.Thread(
+            target=save.run, name=f"checkpoint-{save.storage_id[:8]}", daemon=False
+        )
+        save.thread.start()
+
+    def poll(self) -> None:
+        """Finish the save in flight if its write is done (runs callbacks, raises its error)."""
+        save = self._save
+        if save is not None and save.done.is_set():
+            self._finish(save)
+
+    def wait(self) -> None:
+        """Write the save in flight (uncopied, if it was not started) and block until it is
+        durable; runs its callbacks, raises its error."""
+        save = self._save
+        if save is None:
+            return
+        self.start(copy=False)
+        assert save.thread is not None
+        save.thread.join()
+        self._finish(save)
+
+    def _finish(self, save: _Save) -> None:
+        self._save = None
+        if save.error is not None:
+            save.error.add_note(f"(while writing checkpoint {save.path} in the background)")
+            raise save.error
+        for callback in save.on_durable:
+            callback(save.path)
