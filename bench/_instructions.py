@@ -110,7 +110,10 @@ class _Callgrind:
     _CODE = bytes.fromhex(
         "4889f8"  # mov rax, rdi     (the request block)
         "4889f2"  # mov rdx, rsi     (the default result)
-        "48c1c703" "48c1c70d" "48c1c73d" "48c1c733"  # rol rdi, 3 / 13 / 61 / 51
+        "48c1c703"
+        "48c1c70d"
+        "48c1c73d"
+        "48c1c733"  # rol rdi, 3 / 13 / 61 / 51
         "4887db"  # xchg rbx, rbx    (the request)
         "4889d0"  # mov rax, rdx
         "c3"  # ret

@@ -73,8 +73,8 @@ def _copy_tensor(tensor: torch.Tensor, storages: dict[Any, Any]) -> torch.Tensor
         return tensor.to("cpu", copy=True)
     copied = storages.get(key)
     if copied is None:
-        copied = storages[key] = storage.cpu() if storage.device.type != "cpu" else (
-            storage.clone()
+        copied = storages[key] = (
+            storage.cpu() if storage.device.type != "cpu" else (storage.clone())
         )
     out = torch.empty(0, dtype=tensor.dtype)
     out.set_(copied, tensor.storage_offset(), tensor.size(), tensor.stride())

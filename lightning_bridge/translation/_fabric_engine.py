@@ -26,6 +26,7 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.fabric.plugins import Precision
+from lightning.fabric.strategies import DeepSpeedStrategy
 from torch.nn.parallel import DistributedDataParallel
 
 from lightning_bridge._errors import InvalidTrialError
@@ -77,12 +78,16 @@ class FabricEngine:
         wrapped = fabric.setup(self.root, *context.optimizers)
         self.module, *optimizers = wrapped if context.optimizers else (wrapped,)
         forward = _forward_module(self.module)
+        self._forward = forward
         # One device, plain module: steps are called directly.
         self._redirect: torch.nn.Module | None = None if forward is self.root else forward
         self._ddp = forward if isinstance(forward, DistributedDataParallel) else None
         self._optimizers = {
             id(raw): wrapper for raw, wrapper in zip(context.optimizers, optimizers, strict=True)
         }
+        self._strategy = fabric.strategy
+        # DeepSpeed's engine does backward and step itself; Fabric's own calls keep track of it.
+        self._through_fabric = isinstance(self._strategy, DeepSpeedStrategy)
         precision = fabric.strategy.precision
         self._precision = precision
         self._autocast = None if type(precision) is Precision else precision.forward_context
@@ -158,7 +163,10 @@ class FabricEngine:
             from lightning.pytorch.overrides.distributed import prepare_for_backward
 
             prepare_for_backward(self._ddp, loss)
-        self.fabric.backward(loss, model=self.module, **kwargs)
+        if self._through_fabric:
+            self.fabric.backward(loss, model=self.module, **kwargs)
+        else:
+            self._strategy.backward(loss, self._forward, **kwargs)
 
     def run_step(self, optimizer: Any, clip_grads: Callable | None, divisor: int) -> None:
         """`step_optimizer`: unscale if needed, average and clip, then step (strategy)."""
@@ -172,7 +180,10 @@ class FabricEngine:
             if self._scaler is not None:
                 self._precision.unscale_gradients(optimizer)
             prepare_step(optimizer, clip_grads, divisor)
-        wrapper.step()
+        if self._through_fabric:
+            wrapper.step()
+        else:
+            self._strategy.optimizer_step(optimizer)
 
     # ----- the rest of the core's Engine protocol -----
 

@@ -41,8 +41,8 @@ def _strategy(ctx: PyTorchTrialContext, strategy: Any) -> Any:
     Determined wraps each model in its own DistributedDataParallel; the bridge wraps the
     trial's models under one root module, so a trial that steps its models separately (a GAN:
     the discriminator's loss leaves the generator's parameters without gradients) would stop
-    DDP with "parameters that were not used". With several models, DDP is told to find them, so every backward
-    all-reduces the gradients it produced, as the per-model wrappers did.
+    DDP with "parameters that were not used". With several models, DDP is told to find them,
+    so every backward all-reduces the gradients it produced, as the per-model wrappers did.
     """
     processes = max(ctx._slots or ctx.distributed.size, 1)
     if len(ctx.models) > 1 and processes > 1 and strategy in ("auto", "ddp"):

@@ -139,9 +139,7 @@ class Trainer:
         ckpt_dir = checkpoint_dir(ctx, engine.checkpoint_dir if engine else None)
         if latest_checkpoint is not None:
             latest_checkpoint = str(resolve_checkpoint(latest_checkpoint, ckpt_dir))
-        core = TrialCore(
-            self._trial, ctx, test_mode=test_mode, latest_checkpoint=latest_checkpoint
-        )
+        core = TrialCore(self._trial, ctx, test_mode=test_mode, latest_checkpoint=latest_checkpoint)
         if latest_checkpoint is not None:
             core.resume_from(*read_checkpoint(latest_checkpoint))
         writer = CheckpointWriter()
