@@ -11,7 +11,7 @@ run executes does not (callgrind's count repeats within about 0.1%). Two counter
   dumps the count at each phase boundary (``start-up``, ``steady``, ``wind-down``). Runs are
   about 50-100x slower than native, so counted runs are fewer and shorter than timed ones.
 
-The driver wraps the worker's command (:func:`wrap`) and reads the counts back
+The driver runs the worker behind :func:`prefix` and reads the counts back
 (:func:`read_counts`); the worker calls :func:`begin`, :func:`phase` and :func:`end` around its
 measured part (no-ops when it is not being counted). Only the standard library is used.
 """
@@ -26,7 +26,6 @@ import platform
 import re
 import shutil
 import subprocess
-from collections.abc import Sequence
 
 ENV = "BENCH_INSTRUCTIONS"  # set in a counted worker's environment: "perf:CTL:ACK" / "callgrind"
 PERF_EVENT = "instructions"
@@ -56,9 +55,9 @@ def available() -> tuple[str | None, str]:
     return None, "; ".join(why)
 
 
-def wrap(kind: str, cmd: Sequence[str], out_dir: pathlib.Path) -> tuple[list[str], dict[str, str]]:
-    """The command running ``cmd`` under the counter, and the environment entries it needs.
-    Counts land in ``out_dir`` (empty, one per run)."""
+def prefix(kind: str, out_dir: pathlib.Path) -> tuple[list[str], dict[str, str]]:
+    """The command prefix that runs a worker under the counter, and the environment entries
+    the worker needs. Counts land in ``out_dir`` (a new directory per run)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     if kind == "perf":
         ctl, ack = out_dir / "ctl.fifo", out_dir / "ack.fifo"
@@ -66,12 +65,12 @@ def wrap(kind: str, cmd: Sequence[str], out_dir: pathlib.Path) -> tuple[list[str
         os.mkfifo(ack)
         perf = ["perf", "stat", "-x,", "-e", PERF_EVENT, "--delay=-1"]
         perf += [f"--control=fifo:{ctl},{ack}", "-o", str(out_dir / "perf.csv"), "--"]
-        return perf + list(cmd), {ENV: f"perf:{ctl}:{ack}"}
+        return perf, {ENV: f"perf:{ctl}:{ack}"}
     if kind == "callgrind":
         grind = ["valgrind", "--tool=callgrind", "--instr-atstart=no", "--trace-children=no"]
         grind += [f"--callgrind-out-file={out_dir / 'callgrind.%p'}", "--"]
         # One OpenMP thread: valgrind runs threads one at a time, and spinning ones stall it.
-        return grind + list(cmd), {ENV: "callgrind", "OMP_NUM_THREADS": "1"}
+        return grind, {ENV: "callgrind", "OMP_NUM_THREADS": "1"}
     raise ValueError(f"unknown instruction counter {kind!r}")
 
 

@@ -20,6 +20,7 @@ import lightning_bridge as pytorch
 from lightning_bridge.checkpoint._async import CheckpointWriter
 from lightning_bridge.checkpoint._layout import latest_checkpoint_in
 from lightning_bridge.checkpoint._safe_load import read_checkpoint
+from lightning_bridge.checkpoint._snapshot import Snapshotter
 from tests._trials import LinearTrial, quiet_init
 from tests.test_resume import NoisyTrial
 
@@ -227,3 +228,19 @@ def test_continuing_from_a_checkpoint_written_while_training_went_on_is_exact() 
     resumed, _ = run(str(trainer.checkpoints[0]))
     for a, b in zip(resumed.model.parameters(), straight.model.parameters(), strict=True):
         assert torch.equal(a, b)
+
+
+def test_a_snapshot_is_independent_of_later_training_and_keeps_shared_storage() -> None:
+    snapshots = Snapshotter()
+    weight = torch.arange(6.0)
+    live = {"model": collections.OrderedDict(a=weight[:3], b=weight[3:]), "step": 1}
+    live["model"]._metadata = {"": {"version": 1}}  # type: ignore[attr-defined]
+    first = snapshots.copy(live)
+    weight.add_(100)  # training goes on
+    assert first["model"]["b"].tolist() == [3.0, 4.0, 5.0]
+    assert first["model"]._metadata == {"": {"version": 1}}
+    a, b = first["model"]["a"], first["model"]["b"]
+    assert a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()  # one storage
+    assert a.untyped_storage().data_ptr() != weight.untyped_storage().data_ptr()
+    second = snapshots.copy(live)  # the next save's copy (the first one is written by now)
+    assert second["model"]["a"].tolist() == [100.0, 101.0, 102.0]

@@ -9,8 +9,8 @@ still makes the directory durable before it is renamed into place and `latest` n
 kill at any moment leaves at most a `.partial` directory.
 
 A save is `submit`ted, then `start`ed: with `copy=True` when training continues (the thread
-writes a snapshot), with `copy=False` when nothing will change the tensors before the write is
-done (the end of a fit, a preemption). At most one save is in flight: `submit` waits for the
+writes a snapshot, see `_snapshot`), with `copy=False` when nothing will change the tensors
+before the write is done (the end of a fit, a preemption). At most one save is in flight: `submit` waits for the
 previous one. `wait()` blocks until the write is durable and runs the save's `on_durable`
 callbacks on the calling thread; an error in the thread is raised there (or by `poll()`, which
 finishes a save that is already done without blocking). The thread is not a daemon, so even
@@ -19,7 +19,6 @@ an interpreter that exits early lets a started write finish.
 
 from __future__ import annotations
 
-import copy as copying
 import logging
 import pathlib
 import threading
@@ -27,58 +26,10 @@ import uuid as uuid_lib
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
-import torch
-
 from lightning_bridge.checkpoint._layout import write_checkpoint
+from lightning_bridge.checkpoint._snapshot import Snapshotter
 
 logger = logging.getLogger("lightning_bridge")
-
-_IMMUTABLE = (str, bytes, int, float, complex, bool, type(None), np.generic)
-
-
-def snapshot(obj: Any) -> Any:
-    """A copy of a checkpoint payload that later training cannot change: tensors are copied
-    onto the CPU (tensors sharing a storage still share one, so the file does not grow),
-    containers are rebuilt, other mutable leaves deep-copied."""
-    return _snapshot(obj, {})
-
-
-def _snapshot(obj: Any, storages: dict[Any, Any]) -> Any:
-    if isinstance(obj, torch.Tensor):
-        return _copy_tensor(obj.detach(), storages)
-    if isinstance(obj, dict):
-        # A shallow copy keeps the mapping's type and attributes (a state dict's `_metadata`).
-        out = copying.copy(obj)
-        for key in list(out):
-            out[key] = _snapshot(out[key], storages)
-        return out
-    if isinstance(obj, list):
-        return [_snapshot(v, storages) for v in obj]
-    if isinstance(obj, tuple):
-        items = [_snapshot(v, storages) for v in obj]
-        return type(obj)(*items) if hasattr(obj, "_fields") else tuple(items)
-    if isinstance(obj, _IMMUTABLE):
-        return obj
-    if isinstance(obj, np.ndarray):
-        return obj.copy()
-    return copying.deepcopy(obj)
-
-
-def _copy_tensor(tensor: torch.Tensor, storages: dict[Any, Any]) -> torch.Tensor:
-    try:
-        storage = tensor.untyped_storage()
-        key = (storage.device, storage.data_ptr())
-    except (RuntimeError, NotImplementedError):  # sparse and other storage-less layouts
-        return tensor.to("cpu", copy=True)
-    copied = storages.get(key)
-    if copied is None:
-        copied = storages[key] = (
-            storage.cpu() if storage.device.type != "cpu" else (storage.clone())
-        )
-    out = torch.empty(0, dtype=tensor.dtype)
-    out.set_(copied, tensor.storage_offset(), tensor.size(), tensor.stride())
-    return out
 
 
 class _Save:
@@ -122,6 +73,7 @@ class CheckpointWriter:
 
     def __init__(self) -> None:
         self._save: _Save | None = None
+        self._snapshots = Snapshotter()
 
     @property
     def busy(self) -> bool:
@@ -160,7 +112,7 @@ class CheckpointWriter:
         if save is None or save.thread is not None:
             return
         if copy:
-            save.payload = snapshot(save.payload)
+            save.payload = self._snapshots.copy(save.payload)
         save.thread = threading.Thread(
             target=save.run, name=f"checkpoint-{save.storage_id[:8]}", daemon=False
         )
@@ -182,6 +134,13 @@ class CheckpointWriter:
         assert save.thread is not None
         save.thread.join()
         self._finish(save)
+
+    def close(self) -> None:
+        """Wait for the save in flight, then free the snapshots' memory (the end of a fit)."""
+        try:
+            self.wait()
+        finally:
+            self._snapshots.release()
 
     def _finish(self, save: _Save) -> None:
         self._save = None

@@ -91,7 +91,7 @@ class FitLoop:
     def _finish_writes(self, failed: bool) -> None:
         """Wait for the checkpoint in flight; after a failure, report (not raise) its error."""
         try:
-            self.writer.wait()
+            self.writer.close()
         except Exception:
             if not failed:
                 raise

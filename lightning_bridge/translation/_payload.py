@@ -50,13 +50,14 @@ class PayloadSource(Protocol):
 
 
 def capture_rng_state() -> dict[str, Any]:
-    """Every RNG the training loop draws from; numpy's key is stored as a tensor."""
+    """Every RNG the training loop draws from; numpy's key is stored as a uint32 tensor (its
+    own type, which `np.random.set_state` accepts as is)."""
     np_state: Any = np.random.get_state()
     state: dict[str, Any] = {
         "cpu_rng_state": torch.random.get_rng_state(),
         "np_rng_state": (
             str(np_state[0]),
-            torch.from_numpy(np.asarray(np_state[1], dtype=np.int64)),
+            torch.from_numpy(np.array(np_state[1], dtype=np.uint32)),
             int(np_state[2]),
             int(np_state[3]),
             float(np_state[4]),
