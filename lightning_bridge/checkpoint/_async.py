@@ -10,10 +10,10 @@ kill at any moment leaves at most a `.partial` directory.
 
 A save is `submit`ted, then `start`ed: with `copy=True` when training continues (the thread
 writes a snapshot, see `_snapshot`), with `copy=False` when nothing will change the tensors
-before the write is done (the end of a fit, a preemption). At most one save is in flight: `submit` waits for the
-previous one. `wait()` blocks until the write is durable and runs the save's `on_durable`
-callbacks on the calling thread; an error in the thread is raised there (or by `poll()`, which
-finishes a save that is already done without blocking). The thread is not a daemon, so even
+before the write is done (the end of a fit, a preemption). At most one save is in flight:
+`submit` waits for the previous one. `wait()` blocks until the write is durable and runs the
+save's `on_durable` callbacks on the calling thread; an error in the thread is raised there
+(or by `poll()`, which finishes a save that is already done without blocking). The thread is not a daemon, so even
 an interpreter that exits early lets a started write finish.
 """
 
