@@ -13,8 +13,8 @@ writes a snapshot, see `_snapshot`), with `copy=False` when nothing will change 
 before the write is done (the end of a fit, a preemption). At most one save is in flight:
 `submit` waits for the previous one. `wait()` blocks until the write is durable and runs the
 save's `on_durable` callbacks on the calling thread; an error in the thread is raised there
-(or by `poll()`, which finishes a save that is already done without blocking). The thread is not a daemon, so even
-an interpreter that exits early lets a started write finish.
+(or by `poll()`, which finishes a save that is already done without blocking). The thread is
+not a daemon, so even an interpreter that exits early lets a started write finish.
 """
 
 from __future__ import annotations
