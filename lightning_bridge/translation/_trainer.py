@@ -43,7 +43,7 @@ _ENGINE_WARNINGS = (
 
 
 class Trainer:
-    """Trains a `PyTorchTrial` with Determined's schedule on a `lightning.Trainer`."""
+    """Trains a `PyTorchTrial` with Determined's schedule, its loop on `lightning.Fabric`."""
 
     def __init__(self, trial: Any, context: PyTorchTrialContext) -> None:
         if not isinstance(context, PyTorchTrialContext):
@@ -159,6 +159,7 @@ class Trainer:
         )
         settings = fit_settings(ctx, test_mode=test_mode, profiling_enabled=profiling_enabled)
         fabric = L.Fabric(**settings.fabric)
+        _check_launcher(fabric)
         self.fabric = fabric
         status = "failed"
         try:
@@ -198,6 +199,19 @@ class Trainer:
                 flush=True,
             )
             raise SystemExit(0)
+
+
+def _check_launcher(fabric: L.Fabric) -> None:
+    """Processes started by multiprocessing (`ddp_spawn`, `ddp_fork`, `ddp_notebook`) would
+    each train a copy of the trial, leaving the caller's untrained: refuse them."""
+    launcher = getattr(fabric.strategy, "launcher", None)
+    if launcher is not None and type(launcher).__name__ == "_MultiProcessingLauncher":
+        raise InvalidArgumentError(
+            f"strategy {type(fabric.strategy).__name__} with start method "
+            f"{getattr(launcher, '_start_method', '?')!r} starts processes that would each train "
+            "a copy of the trial; use strategy='ddp' (each process runs the script, as "
+            "Determined's launcher does) or launch the script with torchrun."
+        )
 
 
 def _close(settings: Any, status: str) -> None:
