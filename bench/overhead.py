@@ -25,8 +25,11 @@ and peak RSS; the timed part starts after the imports and the data generation an
 training (and any final validation and checkpoint) is done. Counted runs measure the
 instructions executed in the same part (``_instructions``: the CPU's counter through ``perf``
 where readable, else valgrind's callgrind), split into start-up, steady batches and
-wind-down; a machine's load does not move them, so they decide the per-batch targets. Rounds
-are interleaved: each round runs every variant once, in a rotated order.
+wind-down; a machine's load does not move them, so they decide the speed targets. A counted
+run may train fewer batches than a timed one (callgrind runs a wide batch in seconds): its
+instructions for the timed run's length are then start-up + wind-down + that many batches at
+its steady rate, each part counted. Rounds are interleaved: each round runs every variant
+once, in a rotated order.
 
 Usage::
 
@@ -61,7 +64,7 @@ from _overhead_worker import MODELS, VARIANT_IMPORTS, VARIANTS, worker
 TARGETS: tuple[tuple[str, str, str, str, str, float], ...] = (
     ("tiny  bridge / reference", "tiny", "bridge", "reference", "speed", 0.95),
     ("tiny  bridge / fabric", "tiny", "bridge", "fabric", "speed", 1.05),
-    ("wide  bridge / raw", "wide", "bridge", "raw", "time", 1.02),
+    ("wide  bridge / raw", "wide", "bridge", "raw", "speed", 1.02),
     ("tiny  RSS bridge / lightning", "tiny", "bridge", "lightning", "rss", 1.05),
     ("wide  RSS bridge / lightning", "wide", "bridge", "lightning", "rss", 1.05),
 )
@@ -84,27 +87,40 @@ def available_variants() -> dict[str, str | None]:
     return out
 
 
+def _at_length(counts: dict[str, int], batches: int, length: int) -> float:
+    """Instructions for `length` batches from a counted run of `batches`: start-up, wind-down
+    and `length` batches at the counted steady rate (the count itself when equal; perf gives
+    only a total)."""
+    if length == batches or "steady" not in counts:
+        return float(counts["total"])
+    steady = counts["steady"] / batches * length
+    return float(counts.get("start-up", 0) + counts.get("wind-down", 0) + steady)
+
+
 def run_rounds(
     rounds: int,
     models: Sequence[str],
     variants: Sequence[str],
-    batches: int,
+    batches: int | dict[str, int],
     threads: int,
     logs: pathlib.Path,
     counter: str | None = None,
+    length: int = 0,
 ) -> Results:
-    """Interleaved rounds of fresh worker processes (counted when `counter` is given)."""
+    """Interleaved rounds of fresh worker processes (counted when `counter` is given; then
+    `batches` may differ per model, and `instructions` is for `length` batches)."""
     results: Results = {}
     what = f"counted ({counter})" if counter else "timed"
     for rnd in range(rounds):
         for model in models:
+            n = batches[model] if isinstance(batches, dict) else batches
             for variant in h.rotated(variants, rnd):
                 prefix: list[str] = []
                 env: dict[str, str] = {}
                 out = logs / f"count-{model}-{variant}-{rnd}"
                 if counter:
                     prefix, env = instructions.prefix(counter, out)
-                args = ["--worker", variant, "--model", model, "--batches", str(batches)]
+                args = ["--worker", variant, "--model", model, "--batches", str(n)]
                 args += ["--threads", str(threads)]
                 label = f"{model}/{variant}"
                 run = h.launch(__file__, args, label=label, work_dir=logs, prefix=prefix, env=env)
@@ -112,11 +128,11 @@ def run_rounds(
                     counts = instructions.read_counts(counter, out)
                     if "total" not in counts:
                         raise RuntimeError(f"{label}: the counter recorded nothing in {out}")
-                    run["instructions"] = counts["total"]
                     run["phases"] = counts
+                    run["instructions"] = _at_length(counts, n, length or n)
                 results.setdefault((model, variant), []).append(run)
                 detail = (
-                    f"{run['instructions'] / 1e9:8.3f} G instructions"
+                    f"{run['phases']['total'] / 1e9:8.3f} G instructions in {n} batches"
                     if counter
                     else f"{run['total_s']:8.3f} s (CPU {run['cpu_total_s']:8.3f} s) "
                     f"{run['peak_rss_mib']:7.1f} MiB"
@@ -168,7 +184,10 @@ def print_count_table(
         f"{'model':<6}{'variant':<11}{'runs':>5}{'total G':>10}{'spread %':>10}"
         f"{'start-up M':>12}{'k / batch':>11}{'wind-down M':>13}"
     )
-    print(f"instructions ({counter}), medians per variant; spread: (max - min) / median")
+    print(
+        f"instructions ({counter}) for the timed runs' length, medians per variant; spread: "
+        "(max - min) / median"
+    )
     print(header)
     print("-" * len(header))
     for model in models:
@@ -270,11 +289,15 @@ def main(argv: list[str] | None = None) -> int:
         "--count-rounds", type=int, default=2, help="interleaved counted rounds (0: none)"
     )
     parser.add_argument(
-        "--count-batches", type=int, help="batches per counted run (default: --batches)"
+        "--count-batches", type=int, help="batches per counted tiny run (default: --batches)"
     )
     parser.add_argument(
-        "--count-models", nargs="+", choices=sorted(MODELS), default=["tiny"],
-        help="models whose runs are counted (a counted wide run takes hours)",
+        "--count-batches-wide", type=int, default=20,
+        help="batches per counted wide run (callgrind runs a wide batch in seconds)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--count-models", nargs="+", choices=sorted(MODELS), default=list(MODELS),
+        help="models whose runs are counted",
     )  # fmt: skip
     parser.add_argument(
         "--counter", choices=("auto", "perf", "callgrind", "none"), default="auto",
@@ -309,10 +332,13 @@ def main(argv: list[str] | None = None) -> int:
 
     batches, rounds, count_rounds = args.batches, args.rounds, args.count_rounds
     count_batches = args.count_batches or batches
+    count_wide = args.count_batches_wide
     if args.quick:
         batches, rounds, count_rounds, count_batches = 300, 1, min(count_rounds, 1), 300
-    if batches < 1 or rounds < 1 or count_batches < 1:
-        parser.error("--batches, --rounds and --count-batches must be at least 1")
+        count_wide = min(count_wide, 5)
+    if batches < 1 or rounds < 1 or count_batches < 1 or count_wide < 1:
+        parser.error("--batches, --rounds and --count-batches(-wide) must be at least 1")
+    count_lengths = {"tiny": count_batches, "wide": count_wide}
     counter, why = instructions.available()
     if args.counter == "none":
         counter, why = None, "switched off (--counter none)"
@@ -334,8 +360,9 @@ def main(argv: list[str] | None = None) -> int:
     count_models = [m for m in args.count_models if m in args.models]
     if counter:
         print(
-            f"counted ({counter}: {why}): {count_batches} batches x {count_rounds} round(s), "
-            f"models {', '.join(count_models)}"
+            f"counted ({counter}: {why}): {count_rounds} round(s); batches "
+            + ", ".join(f"{m} {count_lengths[m]}" for m in count_models)
+            + f", counts scaled to {batches} batches where fewer"
         )
     else:
         print(f"instructions not counted ({why}): per-batch verdicts use wall time")
@@ -352,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
         load["after timed runs"] = os.getloadavg()[0]
         if counter and count_models:
             counted = run_rounds(
-                count_rounds, count_models, variants, count_batches, 1, logs, counter
+                count_rounds, count_models, variants, count_lengths, 1, logs, counter, batches
             )
             load["after counted runs"] = os.getloadavg()[0]
     print(
@@ -374,7 +401,7 @@ def main(argv: list[str] | None = None) -> int:
                 {
                     "batches": batches,
                     "rounds": rounds,
-                    "count_batches": count_batches,
+                    "count_batches": count_lengths,
                     "count_rounds": count_rounds,
                     "counter": counter,
                     "threads": args.threads,
