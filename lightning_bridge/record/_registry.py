@@ -181,8 +181,11 @@ class Registry:
             row.log_file = str(trial_dir / "trial.log")
             return int(row.id)
 
-    def trial_started(self, trial_id: int, pid: int | None = None) -> None:
-        """The trial's process is training it (again): ACTIVE, with its process id."""
+    def trial_started(
+        self, trial_id: int, pid: int | None = None, *, new_run: bool = True
+    ) -> None:
+        """The trial runs (again): ACTIVE, with the process id that runs it. `new_run=False`
+        when the process training it takes over from the one that started the run."""
         with self._session() as session:
             row = self._trial_row(session, trial_id)
             row.state = TrialState.ACTIVE.value
@@ -191,7 +194,8 @@ class Registry:
             row.message = ""
             row.pid = os.getpid() if pid is None else pid
             row.host = socket.gethostname()
-            row.runs += 1
+            if new_run:
+                row.runs += 1
 
     def trial_ended(
         self, trial_id: int, state: TrialState, message: str = "", *, if_active: bool = False
