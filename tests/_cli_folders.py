@@ -196,3 +196,23 @@ def isolated_imports() -> Iterator[None]:
     _import_map.uninstall()
     sys.path[:] = path
     sys.modules.pop("model_def", None)
+
+
+def kept_checkpoints(experiment_id: int | None = None) -> list[pathlib.Path]:
+    """The checkpoint directories the record keeps for an experiment (default: the newest of
+    the default workspace), oldest batch first; local storage only."""
+    from lightning_bridge.experiment._checkpoints import storage_of
+    from lightning_bridge.record._registry import Registry
+
+    with Registry() as registry:
+        if experiment_id is None:
+            experiment_id = registry.experiments()[-1].id
+        experiment = registry.experiment(experiment_id)
+        found = []
+        for checkpoint in registry.checkpoints(experiment_id=experiment_id):
+            path = storage_of(registry, experiment, checkpoint.trial_id).local_path(
+                checkpoint.uuid
+            )
+            assert path is not None and path.is_dir(), checkpoint
+            found.append(path)
+    return found

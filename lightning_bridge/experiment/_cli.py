@@ -129,7 +129,7 @@ def _add_record_commands(commands: Any, common: argparse.ArgumentParser) -> None
         help="continue each unfinished trial from its latest checkpoint",
     )
     cont.add_argument("id", type=int, metavar="ID")
-    cont.set_defaults(handler=_record_command("experiment_continue"))
+    cont.set_defaults(handler=_continue)
     plot = verbs.add_parser(
         "plot", parents=parents, help="write a PNG of each trial's training and validation curves"
     )
@@ -242,11 +242,9 @@ def _run(args: argparse.Namespace, from_command_line: bool) -> int:
         except BridgeError as exc:
             print(f"lightning-bridge: error: {exc}", file=sys.stderr)
             return EXIT_USAGE
-        if from_command_line:
-            # Lightning's launcher starts the other ranks with this process's command line:
-            # they run this trial from its run description, recording nothing new.
-            sys.argv[:] = [sys.argv[0], "_trial", str(trial.run_file)]
-        code = _guarded(lambda: _experiments.run_trial(registry, plan, trial))
+        code = _guarded(
+            lambda: _experiments.run_trial(registry, plan, trial, relaunch=from_command_line)
+        )
         if code == 0:
             print(run_summary(registry, experiment_id, [trial.trial_id]), flush=True)
     return code
@@ -278,6 +276,12 @@ def _trial(args: argparse.Namespace, from_command_line: bool) -> int:
     from lightning_bridge.experiment._experiments import run_from_file
 
     return _guarded(lambda: run_from_file(pathlib.Path(args.run_file)))
+
+
+def _continue(args: argparse.Namespace, from_command_line: bool) -> int:
+    from lightning_bridge.experiment._commands import experiment_continue
+
+    return _guarded(lambda: experiment_continue(args))
 
 
 def _record_command(name: str) -> Any:
@@ -316,5 +320,5 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of `lightning-bridge` and `python -m lightning_bridge`."""
     args = build_parser().parse_args(argv)
     _logging.configure()
-    handler = args.handler
-    return int(handler(args, from_command_line=argv is None))
+    args.from_command_line = argv is None
+    return int(args.handler(args, from_command_line=argv is None))

@@ -203,7 +203,7 @@ def experiment_continue(args: argparse.Namespace) -> int:
     from lightning_bridge.experiment._experiments import continue_experiment
 
     with open_registry(args) as registry:
-        code, trials = continue_experiment(registry, args.id)
+        code, trials = continue_experiment(registry, args.id, args.from_command_line)
         if not trials:
             print(f"Experiment {args.id} is complete: every trial completed; nothing to continue.")
             return 0

@@ -15,6 +15,7 @@ import logging
 import os
 import pathlib
 import shlex
+import sys
 from typing import Any
 
 from lightning_bridge import _logging
@@ -53,8 +54,16 @@ def check_storage(plan: _runner.Plan) -> None:
         storage_from_config(section, plan.context_dir).probe()
 
 
-def run_trial(registry: Registry, plan: _runner.Plan, trial: _runner.TrialRun) -> int:
-    """Run one trial; record how it ended unless its process did; return the exit code."""
+def run_trial(
+    registry: Registry, plan: _runner.Plan, trial: _runner.TrialRun, relaunch: bool = False
+) -> int:
+    """Run one trial; record how it ended unless its process did; return the exit code.
+
+    `relaunch`: this process runs the `lightning-bridge` command itself, whose command line
+    Lightning's launcher repeats for the other ranks; they get `_trial RUN_FILE` instead, so
+    they train this trial and record nothing new."""
+    if relaunch:
+        sys.argv[:] = [sys.argv[0], "_trial", str(trial.run_file)]
     _logging.configure(trial.log_file)
     logger.info(
         "Experiment %d, trial %d: %s in %s",
@@ -170,7 +179,9 @@ def recorded_plan(registry: Registry, experiment_id: int, hparams: dict[str, Any
     return _runner.prepare_config(config, folder, options)
 
 
-def continue_experiment(registry: Registry, experiment_id: int) -> tuple[int, list[int]]:
+def continue_experiment(
+    registry: Registry, experiment_id: int, relaunch: bool = False
+) -> tuple[int, list[int]]:
     """Run each unfinished trial of an experiment from its latest complete checkpoint (from
     the start if it has none). Returns the exit code and the trials run."""
     registry.reconcile()
@@ -200,7 +211,7 @@ def continue_experiment(registry: Registry, experiment_id: int) -> tuple[int, li
         elif recorded.source_checkpoint and pathlib.Path(recorded.source_checkpoint).is_dir():
             trial.latest_checkpoint = recorded.source_checkpoint
         registry.archive_metrics_after(recorded.id, latest.batches if latest else 0)
-        code = run_trial(registry, plan, trial)
+        code = run_trial(registry, plan, trial, relaunch)
         if code != 0:
             break
     return code, [t.id for t in unfinished]

@@ -263,4 +263,5 @@ class TrialBoundaries(pl.Callback):
             if metrics and self._searcher_metric in metrics:
                 value = float(metrics[self._searcher_metric])
             for removed in self._retention.record(path, value):
-                self.checkpoints.remove(removed)
+                if removed in self.checkpoints:  # not one an earlier run of the trial kept
+                    self.checkpoints.remove(removed)
