@@ -161,6 +161,7 @@ def start_experiment(
         continue_command=continue_command(workspace, experiment_id),
     )
     if source.checkpoint is not None:
+        _logging.configure(trial.log_file)
         local = fetch(registry, source.checkpoint, trial.trial_dir / "restore")
         trial.latest_checkpoint = str(local)
     elif source.directory is not None:
@@ -197,7 +198,6 @@ def continue_experiment(
     code = 0
     for recorded in unfinished:
         plan = recorded_plan(registry, experiment_id, recorded.hparams)
-        discard_incomplete(registry, recorded.id)
         trial = _runner.TrialRun(
             workspace=registry.workspace.root,
             experiment_id=experiment_id,
@@ -205,6 +205,8 @@ def continue_experiment(
             trial_dir=registry.workspace.trial_dir(experiment_id, recorded.id),
             continue_command=continue_command(registry.workspace, experiment_id),
         )
+        _logging.configure(trial.log_file)  # the clean-up and download are in the trial's log
+        discard_incomplete(registry, recorded.id)
         latest = registry.latest_checkpoint(recorded.id)
         if latest is not None:
             trial.latest_checkpoint = str(fetch(registry, latest, trial.trial_dir / "restore"))
