@@ -22,7 +22,7 @@ _LIGHTNING = ("lightning", "lightning.pytorch", "lightning.fabric", "pytorch_lig
 _RANK_ZERO = ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero")
 
 
-class _Stderr(logging.StreamHandler):  # type: ignore[type-arg]
+class _Stderr(logging.StreamHandler):
     """Writes to whatever `sys.stderr` is at the time of the record (tests capture it)."""
 
     def __init__(self) -> None:
@@ -45,9 +45,7 @@ class DropAdvertising(logging.Filter):
 
 
 def _handlers() -> list[logging.Handler]:
-    return [
-        h for h in logging.getLogger(BRIDGE).handlers if isinstance(h, (_Stderr, _TrialLog))
-    ]
+    return [h for h in logging.getLogger(BRIDGE).handlers if isinstance(h, (_Stderr, _TrialLog))]
 
 
 def configure(log_file: str | os.PathLike[str] | None = None) -> None:

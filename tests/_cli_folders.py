@@ -221,9 +221,7 @@ def kept_checkpoints(
         experiment = registry.experiment(experiment_id)
         found = []
         for checkpoint in registry.checkpoints(experiment_id=experiment_id):
-            path = storage_of(registry, experiment, checkpoint.trial_id).local_path(
-                checkpoint.uuid
-            )
+            path = storage_of(registry, experiment, checkpoint.trial_id).local_path(checkpoint.uuid)
             assert path is not None and path.is_dir(), checkpoint
             found.append(path)
     return found

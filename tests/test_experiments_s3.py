@@ -110,9 +110,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory, endpoint: str) -> Iterator[S3
 
 def test_checkpoints_live_in_the_bucket_with_retention(runs: S3Runs) -> None:
     recorded = runs.json("checkpoint", "list")
-    assert recorded and all(
-        c["location"] == f"s3://{BUCKET}/runs/{c['uuid']}" for c in recorded
-    )
+    assert recorded and all(c["location"] == f"s3://{BUCKET}/runs/{c['uuid']}" for c in recorded)
     # Retention (latest 1, best 1; 'all' wrote one per validation) applied in the bucket: it
     # holds exactly the checkpoints the record lists, at most two a trial.
     fs = filesystem(runs.endpoint)
@@ -182,7 +180,9 @@ def test_a_killed_upload_is_never_listed_or_resumed(runs: S3Runs) -> None:
     assert partial not in _complete(fs, "killed")
 
     (experiment,) = [e for e in runs.json("experiment", "list") if e["name"] == "linear"][-1:]
-    listed = {c["uuid"] for c in runs.json("checkpoint", "list", "--experiment", str(experiment["id"]))}
+    listed = {
+        c["uuid"] for c in runs.json("checkpoint", "list", "--experiment", str(experiment["id"]))
+    }
     assert partial not in listed and len(listed) == 1
     described = runs.json("experiment", "describe", str(experiment["id"]))
     assert described["trials"][0]["state"] == "ERROR"  # its process died mid-run

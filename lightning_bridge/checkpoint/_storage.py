@@ -85,7 +85,9 @@ class CheckpointStorage:
             key=lambda p: (p.name == COMPLETE_MARK, p.stat().st_size, str(p)),
         )
         if not files or files[-1].name != COMPLETE_MARK:
-            raise InvalidCheckpointError(f"{local} is not a complete checkpoint (no {COMPLETE_MARK})")
+            raise InvalidCheckpointError(
+                f"{local} is not a complete checkpoint (no {COMPLETE_MARK})"
+            )
         for file in files:
             self.fs.put_file(str(file), f"{remote}/{file.relative_to(local).as_posix()}")
 

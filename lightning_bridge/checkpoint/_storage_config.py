@@ -7,7 +7,7 @@
 | `directory` | `container_path` | local folder |
 | `s3` | `bucket`, `prefix`, `access_key`, `secret_key`, `endpoint_url` | s3fs (extra `s3`) |
 | `gcs` | `bucket`, `prefix` | gcsfs (extra `gcs`) |
-| `azure` | `container`, `connection_string` or `account_url` + `credential` | adlfs (extra `azure`) |
+| `azure` | `container`, `connection_string` or `account_url` + `credential` | adlfs (`azure`) |
 
 Missing credentials fall back to each back end's usual sources (environment variables, config
 files, instance metadata), as Determined's do.
@@ -84,12 +84,12 @@ def storage_from_config(
             client_kwargs=client,
             skip_instance_cache=True,
         )
-        root = _join(str(section["bucket"]), _prefix(section.get("prefix")))
-        return CheckpointStorage(kind, fs, root, scheme="s3://")
+        bucket = _join(str(section["bucket"]), _prefix(section.get("prefix")))
+        return CheckpointStorage(kind, fs, bucket, scheme="s3://")
     if kind == "gcs":
         fs = fsspec.filesystem("gcs", skip_instance_cache=True)
-        root = _join(str(section["bucket"]), _prefix(section.get("prefix")))
-        return CheckpointStorage(kind, fs, root, scheme="gs://")
+        bucket = _join(str(section["bucket"]), _prefix(section.get("prefix")))
+        return CheckpointStorage(kind, fs, bucket, scheme="gs://")
     return _azure(section)
 
 

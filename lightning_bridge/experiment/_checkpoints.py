@@ -74,12 +74,10 @@ def _reached(plan: Plan, checkpoint: Checkpoint) -> bool:
     if length is None or plan.options.test_mode:
         return False
     done = checkpoint.epochs if isinstance(length, Epoch) else checkpoint.batches
-    return done >= int(length.value)
+    return isinstance(length.value, int) and done >= length.value
 
 
-def resolve_resume(
-    registry: Registry, value: str, plan: Plan, config_path: pathlib.Path
-) -> Source:
+def resolve_resume(registry: Registry, value: str, plan: Plan, config_path: pathlib.Path) -> Source:
     """The checkpoint `run --resume VALUE` continues from (not fetched yet)."""
     where = registry.workspace.root
     if value == "latest":
@@ -140,7 +138,9 @@ def discard_incomplete(registry: Registry, trial_id: int) -> None:
         experiment = registry.experiment(checkpoint.experiment_id)
         storage_of(registry, experiment, trial_id).delete(checkpoint.uuid)
         registry.checkpoint_deleted(checkpoint.uuid)
-        logger.info("Removed the incomplete checkpoint %s (its upload did not finish)", checkpoint.uuid)
+        logger.info(
+            "Removed the incomplete checkpoint %s (its upload did not finish)", checkpoint.uuid
+        )
 
 
 def _policy(config: dict[str, Any]) -> tuple[int, int, int]:

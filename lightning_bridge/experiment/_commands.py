@@ -160,7 +160,16 @@ def experiment_describe(args: argparse.Namespace) -> int:
         )
     print(
         table(
-            ("ID", "State", "Batches", "Epochs", "Start", "End", f"Last {metric or 'metric'}", "Hparams"),
+            (
+                "ID",
+                "State",
+                "Batches",
+                "Epochs",
+                "Start",
+                "End",
+                f"Last {metric or 'metric'}",
+                "Hparams",
+            ),
             rows,
             indent="  ",
         )
@@ -180,9 +189,9 @@ def experiment_describe(args: argparse.Namespace) -> int:
 
 def _checkpoint_table(checkpoints: list[Checkpoint], metric: str | None, indent: str = "") -> str:
     names = sorted({k for c in checkpoints for k in c.metrics})
-    if metric in names:
+    if metric is not None and metric in names:
         names.remove(metric)
-        names.insert(0, metric)  # type: ignore[arg-type]
+        names.insert(0, metric)
     rows = [
         (
             c.uuid,

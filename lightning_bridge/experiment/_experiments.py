@@ -242,9 +242,10 @@ def run_from_file(run_file: pathlib.Path) -> int:
         latest_checkpoint=run.get("latest_checkpoint"),
         continue_command=str(run.get("continue_command") or ""),
     )
-    chief = int(os.environ.get("LOCAL_RANK", "0") or 0) == 0 and int(
-        os.environ.get("RANK", "0") or 0
-    ) == 0
+    chief = (
+        int(os.environ.get("LOCAL_RANK", "0") or 0) == 0
+        and int(os.environ.get("RANK", "0") or 0) == 0
+    )
     if not chief:
         return _runner.execute(plan, trial)
     with Registry(workspace) as registry:

@@ -181,9 +181,7 @@ class Registry:
             row.log_file = str(trial_dir / "trial.log")
             return int(row.id)
 
-    def trial_started(
-        self, trial_id: int, pid: int | None = None, *, new_run: bool = True
-    ) -> None:
+    def trial_started(self, trial_id: int, pid: int | None = None, *, new_run: bool = True) -> None:
         """The trial runs (again): ACTIVE, with the process id that runs it. `new_run=False`
         when the process training it takes over from the one that started the run."""
         with self._session() as session:
@@ -247,9 +245,7 @@ class Registry:
                 .values(archived=True)
             )
             session.execute(
-                update(TrialRow)
-                .where(TrialRow.id == trial_id)
-                .values(batches_trained=int(batches))
+                update(TrialRow).where(TrialRow.id == trial_id).values(batches_trained=int(batches))
             )
 
     # ----- checkpoints -----

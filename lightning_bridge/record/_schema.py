@@ -18,14 +18,14 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 SCHEMA_VERSION = 1
 
 
-class TrialState(str, enum.Enum):
+class TrialState(enum.StrEnum):
     ACTIVE = "ACTIVE"
     COMPLETED = "COMPLETED"
     STOPPED = "STOPPED"
     ERROR = "ERROR"
 
 
-class CheckpointState(str, enum.Enum):
+class CheckpointState(enum.StrEnum):
     UPLOADING = "UPLOADING"
     COMPLETED = "COMPLETED"
     DELETED = "DELETED"

@@ -193,10 +193,11 @@ class Trainer:
         if record is None and boundaries.checkpoints:
             logger.info("Checkpoints are in %s", ckpt_dir)
         if boundaries.preempted_by is not None:
-            where = boundaries.checkpoints[-1] if boundaries.checkpoints else ckpt_dir
+            where: Any = boundaries.checkpoints[-1] if boundaries.checkpoints else ckpt_dir
             how = f"fit(latest_checkpoint={str(where)!r})"
             if record is not None and record.continue_command:
-                where = record.storage.url(where.name) if boundaries.checkpoints else where
+                if boundaries.checkpoints:
+                    where = record.storage.url(boundaries.checkpoints[-1].name)
                 how = record.continue_command
             if module.is_chief:
                 print(
