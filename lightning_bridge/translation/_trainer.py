@@ -194,15 +194,16 @@ class Trainer:
             logger.info("Checkpoints are in %s", ckpt_dir)
         if boundaries.preempted_by is not None:
             where: Any = boundaries.checkpoints[-1] if boundaries.checkpoints else ckpt_dir
-            how = f"fit(latest_checkpoint={str(where)!r})"
+            how = f"Continue with fit(latest_checkpoint={str(where)!r})."
             if record is not None and record.continue_command:
+                # Under the command: its own continue command, the checkpoint where it is kept.
                 if boundaries.checkpoints:
                     where = record.storage.url(boundaries.checkpoints[-1].name)
-                how = record.continue_command
+                how = f"Continue with: {record.continue_command}"
             if module.is_chief:
                 print(
                     f"Stopped by {boundaries.preempted_by} after batch "
-                    f"{module.state.batches_trained}; checkpoint {where}. Continue with: {how}",
+                    f"{module.state.batches_trained}; checkpoint {where}. {how}",
                     flush=True,
                 )
             raise SystemExit(0)
