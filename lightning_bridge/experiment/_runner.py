@@ -20,7 +20,6 @@ import json
 import logging
 import os
 import pathlib
-import re
 import shlex
 import shutil
 import subprocess
@@ -34,16 +33,9 @@ from lightning_bridge.contract import _cluster_info
 from lightning_bridge.contract._units import Batch, Epoch, TrainUnit
 from lightning_bridge.experiment import _import_map
 from lightning_bridge.experiment._config import ResolvedConfig, load_config
+from lightning_bridge.experiment._entrypoint import Entrypoint, parse_entrypoint
 
 logger = logging.getLogger("lightning_bridge")
-
-_TRIAL_SPEC = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
-_PYTHON = re.compile(r"^(.*/)?python(\d+(\.\d+)?)?$")
-_LAUNCHERS = {
-    "determined.launch.torch_distributed": "torch_distributed",
-    "determined.launch.horovod": "horovod",
-    "determined.launch.deepspeed": "deepspeed",
-}
 
 
 @dataclasses.dataclass
@@ -57,16 +49,6 @@ class Options:
     precision: str | None = None
     strategy: str | None = None
     accelerator: str | None = None
-
-
-@dataclasses.dataclass
-class Entrypoint:
-    """A trial class (`trial="module:Class"`) or a command line (`command`, `python`: whether
-    it starts a Python interpreter, `module`: whether it is `python -m ...`)."""
-
-    trial: str | None = None
-    command: list[str] = dataclasses.field(default_factory=list)
-    python: bool = False
 
 
 @dataclasses.dataclass
@@ -113,69 +95,6 @@ class TrialRun:
     @property
     def run_file(self) -> pathlib.Path:
         return self.trial_dir / "run.json"
-
-
-def parse_entrypoint(value: str | list[str] | None) -> Entrypoint:
-    """Classify the config's `entrypoint` (see the module docstring)."""
-    if value is None:
-        raise InvalidArgumentError(
-            "entrypoint: required; set it to the trial class (entrypoint: model_def:MyTrial) "
-            "or the training command (entrypoint: python3 train.py)"
-        )
-    argv = shlex.split(value) if isinstance(value, str) else list(value)
-    if not argv:
-        raise InvalidArgumentError("entrypoint: expected a trial class or a command, got ''")
-    if len(argv) == 1 and _TRIAL_SPEC.match(argv[0]):
-        return Entrypoint(trial=argv[0])
-    if _PYTHON.match(argv[0]) and len(argv) > 2 and argv[1] == "-m" and argv[2] in _LAUNCHERS:
-        return _unwrap_launcher(_LAUNCHERS[argv[2]], argv[3:])
-    return Entrypoint(command=argv, python=bool(_PYTHON.match(argv[0])))
-
-
-def _unwrap_launcher(launcher: str, args: list[str]) -> Entrypoint:
-    """`python3 -m determined.launch.torch_distributed [launcher args] [--] CMD`: the bridge
-    launches CMD itself (torchrun with slots_per_trial processes); `--trial X` is a trial."""
-    if launcher != "torch_distributed":
-        raise InvalidArgumentError(
-            f"entrypoint: determined.launch.{launcher} is not supported (Lightning runs "
-            "PyTorch trials with DDP); use python3 -m determined.launch.torch_distributed, or "
-            "the training command alone."
-        )
-    if "--" in args:
-        cut = args.index("--")
-        launcher_args, command = args[:cut], args[cut + 1 :]
-    else:
-        launcher_args, command = [], list(args)
-        while command and command[0].startswith("-"):
-            flag = command.pop(0)
-            launcher_args.append(flag)
-            if flag == "--trial" and command:
-                launcher_args.append(command.pop(0))
-        if "--trial" in launcher_args and command:
-            launcher_args, command = launcher_args + command, []
-    if "--trial" in launcher_args:
-        index = launcher_args.index("--trial")
-        if index + 1 >= len(launcher_args):
-            raise InvalidArgumentError("entrypoint: --trial needs a module:TrialClass")
-        others = launcher_args[:index] + launcher_args[index + 2 :]
-        if others:
-            logger.warning(
-                "entrypoint: launcher arguments %s are not used (the bridge launches the "
-                "processes)",
-                " ".join(others),
-            )
-        return Entrypoint(trial=launcher_args[index + 1])
-    if launcher_args:
-        logger.warning(
-            "entrypoint: launcher arguments %s are not used (the bridge launches the processes)",
-            " ".join(launcher_args),
-        )
-    if not command:
-        raise InvalidArgumentError(
-            "entrypoint: determined.launch.torch_distributed needs the training command after "
-            "it, e.g. python3 -m determined.launch.torch_distributed python3 train.py"
-        )
-    return Entrypoint(command=command, python=bool(_PYTHON.match(command[0])))
 
 
 def prepare(config_path: str | os.PathLike[str], context_dir: Any, options: Options) -> Plan:
