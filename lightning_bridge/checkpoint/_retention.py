@@ -71,6 +71,6 @@ class CheckpointRetention:
         removed = [p for p, _ in self._written if p not in keep]
         for p in removed:
             self._remove(p)
-            logger.info("Removed checkpoint %s (checkpoint_storage retention)", p)
+            logger.info("Removed checkpoint %s (checkpoint_storage retention)", p.name)
         self._written = [(p, m) for p, m in self._written if p in keep]
         return removed
