@@ -15,6 +15,7 @@ import logging
 import os
 import pathlib
 import shlex
+import shutil
 import sys
 from typing import Any
 
@@ -99,6 +100,8 @@ def run_trial(
         _end(registry, trial, code)
     finally:
         _logging.close_log_file()
+        # A checkpoint downloaded to continue from is not kept: storage has it.
+        shutil.rmtree(trial.trial_dir / "restore", ignore_errors=True)
     return code
 
 
