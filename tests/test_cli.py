@@ -80,6 +80,7 @@ def test_runs_an_unchanged_trial_folder(
     # One warning lists the Determined keys the run does not use.
     assert err.count("not used by lightning-bridge") == 1
     assert "environment, max_restarts (a failed trial is not restarted" in err
+    assert "Tip:" not in out + err
 
 
 def test_matches_the_same_trial_trained_directly(tmp_path: pathlib.Path) -> None:
