@@ -27,6 +27,7 @@ from lightning_bridge.translation._lightning_compat import (
 )
 from lightning_bridge.translation._module import TrialModule
 from lightning_bridge.translation._payload import save_checkpoint
+from lightning_bridge.translation._run_record import RunRecord
 
 logger = logging.getLogger("lightning_bridge")
 
@@ -55,6 +56,7 @@ class TrialBoundaries(pl.Callback):
         searcher_metric: str | None = None,
         smaller_is_better: bool = True,
         retention: CheckpointRetention | None = None,
+        record: RunRecord | None = None,
     ) -> None:
         self._length: TrainUnit = Batch(1) if test_mode else max_length
         self._boundaries = [
@@ -71,6 +73,7 @@ class TrialBoundaries(pl.Callback):
         self._smaller_is_better = smaller_is_better
         self._best: float | None = None
         self._retention = retention
+        self._run_record = record
         self.checkpoints: list[pathlib.Path] = []
         self.stopped_early = False
         self.preempted_by: str | None = None
@@ -84,6 +87,8 @@ class TrialBoundaries(pl.Callback):
         disable_scheduled_validation(trainer)
         remove_partial_checkpoints(self._checkpoint_dir)
         self._install_signal_handlers()
+        if self._run_record is not None and module.is_chief:
+            self._run_record.started()
         module.begin_training()
         if self._step_zero_validation and module.state.batches_trained == 0:
             self._validate(trainer, module)
@@ -105,7 +110,7 @@ class TrialBoundaries(pl.Callback):
         reached = self._reached(module)
         if not reached:
             return
-        module.close_training_window()
+        self._report_training(module, module.close_training_window())
         state = module.state
         for kind in reached:
             if kind is _Kind.VALIDATE and not state.validation_is_current:
@@ -149,7 +154,7 @@ class TrialBoundaries(pl.Callback):
         self.preempted_by = signal.Signals(signum).name
 
     def _preempt(self, trainer: pl.Trainer, module: TrialModule) -> None:
-        module.close_training_window()
+        self._report_training(module, module.close_training_window())
         if not module.state.checkpoint_is_current:
             self._checkpoint(module)
         self.stopped_early = True
@@ -195,9 +200,17 @@ class TrialBoundaries(pl.Callback):
             self._checkpoint(module)
         trainer.should_stop = True
 
+    def _report_training(self, module: TrialModule, averages: dict[str, Any]) -> None:
+        if self._run_record is not None and module.is_chief:
+            state = module.state
+            self._run_record.training(state.batches_trained, state.epochs_trained, averages)
+
     def _validate(self, trainer: pl.Trainer, module: TrialModule) -> None:
         run_validation(trainer)
         metrics = module.last_validation_metrics or {}
+        if self._run_record is not None and module.is_chief:
+            state = module.state
+            self._run_record.validation(state.batches_trained, state.epochs_trained, metrics)
         wanted = False
         if module.is_chief and not module.state.checkpoint_is_current:
             wanted = self._policy == "all" or (self._policy == "best" and self._is_best(metrics))
@@ -238,11 +251,17 @@ class TrialBoundaries(pl.Callback):
         self, module: TrialModule, path: pathlib.Path, metrics: dict[str, Any] | None
     ) -> None:
         self.checkpoints.append(path)
+        if metrics is None and module.state.validation_is_current:
+            metrics = module.last_validation_metrics
+        if self._run_record is not None:
+            state = module.state
+            self._run_record.checkpoint(
+                path, path.name, state.batches_trained, state.epochs_trained, metrics
+            )
         if self._retention is not None:
-            if metrics is None and module.state.validation_is_current:
-                metrics = module.last_validation_metrics
             value = None
             if metrics and self._searcher_metric in metrics:
                 value = float(metrics[self._searcher_metric])
             for removed in self._retention.record(path, value):
-                self.checkpoints.remove(removed)
+                if removed in self.checkpoints:  # not one an earlier run of the trial kept
+                    self.checkpoints.remove(removed)

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from lightning_bridge import _logging
 from lightning_bridge.contract import _cluster_info
 from lightning_bridge.contract._context import PyTorchTrialContext
 from lightning_bridge.contract._distributed import DistributedContext
@@ -118,8 +119,16 @@ def init(
             "devices": devices,
             "strategy": strategy,
             "precision": precision,
+            "run_dir": run_dir,
+            "checkpoint_dir": checkpoint_dir,
         }
     )
+    run = _cluster_info.runner_run()
+    if run is not None and run.get("log_file"):
+        # A script run by `lightning-bridge run` logs like a trial class: one format, and
+        # the trial's log file.
+        _logging.configure(run["log_file"])
+    run_dir, checkpoint_dir = given["run_dir"], given["checkpoint_dir"]
     hparams, exp_conf = given["hparams"], given["exp_conf"]
     aggregation_frequency, accelerator = given["aggregation_frequency"], given["accelerator"]
     devices, strategy, precision = given["devices"], given["strategy"], given["precision"]

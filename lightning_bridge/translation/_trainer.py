@@ -15,6 +15,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 
+from lightning_bridge import _logging
 from lightning_bridge._errors import BridgeError, InvalidArgumentError, InvalidTrialError
 from lightning_bridge.checkpoint._layout import resolve_checkpoint
 from lightning_bridge.checkpoint._retention import CheckpointRetention
@@ -24,6 +25,7 @@ from lightning_bridge.contract._context import PyTorchTrialContext
 from lightning_bridge.contract._units import Batch, TrainUnit, check_length, check_period
 from lightning_bridge.translation._boundaries import TrialBoundaries
 from lightning_bridge.translation._module import TrialModule
+from lightning_bridge.translation._run_record import RunRecord
 from lightning_bridge.translation._settings import checkpoint_dir, lightning_settings
 
 logger = logging.getLogger("lightning_bridge")
@@ -144,6 +146,12 @@ class Trainer:
         )
         if latest_checkpoint is not None:
             module.resume_from(*read_checkpoint(latest_checkpoint))
+        record = RunRecord.from_runner(ctx._exp_conf, ckpt_dir)
+        retention = (
+            record.retention()
+            if record is not None and module.is_chief
+            else CheckpointRetention.from_config(ctx._exp_conf)
+        )
         boundaries = TrialBoundaries(
             max_length=length,
             validation_period=validation,
@@ -155,8 +163,10 @@ class Trainer:
             test_mode=test_mode,
             searcher_metric=metric,
             smaller_is_better=bool(searcher.get("smaller_is_better", True)),
-            retention=CheckpointRetention.from_config(ctx._exp_conf),
+            retention=retention,
+            record=record,
         )
+        _logging.adopt_lightning()
         trainer = pl.Trainer(
             **lightning_settings(
                 ctx,
@@ -172,19 +182,28 @@ class Trainer:
                 for pattern in _ENGINE_WARNINGS:
                     warnings.filterwarnings("ignore", message=pattern)
                 trainer.fit(module)
+            if record is not None and module.is_chief:
+                record.ended(boundaries.preempted_by)
         finally:
             module.shutdown()
             self.checkpoints = list(boundaries.checkpoints)
             self.last_validation_metrics = module.last_validation_metrics
-            _cluster_info.record_fit(module.last_validation_metrics, self.checkpoints)
-        if boundaries.checkpoints:
+            if record is not None:
+                record.close()
+        if record is None and boundaries.checkpoints:
             logger.info("Checkpoints are in %s", ckpt_dir)
         if boundaries.preempted_by is not None:
-            where = boundaries.checkpoints[-1] if boundaries.checkpoints else ckpt_dir
-            print(
-                f"Stopped by {boundaries.preempted_by} after batch "
-                f"{module.state.batches_trained}; checkpoint {where}. Continue with "
-                f"fit(latest_checkpoint={str(where)!r}).",
-                flush=True,
-            )
+            where: Any = boundaries.checkpoints[-1] if boundaries.checkpoints else ckpt_dir
+            how = f"Continue with fit(latest_checkpoint={str(where)!r})."
+            if record is not None and record.continue_command:
+                # Under the command: its own continue command, the checkpoint where it is kept.
+                if boundaries.checkpoints:
+                    where = record.storage.url(boundaries.checkpoints[-1].name)
+                how = f"Continue with: {record.continue_command}"
+            if module.is_chief:
+                print(
+                    f"Stopped by {boundaries.preempted_by} after batch "
+                    f"{module.state.batches_trained}; checkpoint {where}. {how}",
+                    flush=True,
+                )
             raise SystemExit(0)
