@@ -17,6 +17,7 @@ from lightning_bridge._errors import (
 )
 from lightning_bridge._version import __version__
 from lightning_bridge.contract._callback import PyTorchCallback
+from lightning_bridge.contract._code_import import on_missing_determined
 from lightning_bridge.contract._context import PyTorchTrialContext
 from lightning_bridge.contract._data import DataLoader, TorchData, data_length, to_device
 from lightning_bridge.contract._distributed import DistributedContext
@@ -29,6 +30,12 @@ from lightning_bridge.contract._units import Batch, Epoch, TrainUnit
 from lightning_bridge.translation._init import init
 from lightning_bridge.translation._module import TrialModule
 from lightning_bridge.translation._trainer import Trainer
+from lightning_bridge.experiment import _import_map
+
+# Trial code in a checkpoint's code/ folder imports `determined`; where Determined is not
+# installed, load_trial_from_checkpoint_path maps it onto the bridge, as `lightning-bridge run`
+# does.
+on_missing_determined(_import_map.install)
 
 if TYPE_CHECKING:
     from lightning_bridge.adapter._classes import LightningAdapter, lightning_trial
