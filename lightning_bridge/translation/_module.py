@@ -379,10 +379,16 @@ class TrialModule(pl.LightningModule):
         metrics.update(to_numpy(ctx.reduce_metrics(for_training=False)))
         for cb in self._callbacks():
             cb.on_validation_end(metrics)
-        self.state.last_val = self.state.batches_trained
+        state = self.state
+        state.last_val = state.batches_trained
+        if self.is_chief:
+            if ctx.get_enable_tensorboard_logging() and self._trainer is not None:
+                report_validation(self, metrics, state.batches_trained)
+            # As Determined: added once the callbacks have seen the metrics (to the same dict),
+            # on the chief, unless the trial reports metrics of these names itself.
+            metrics.setdefault("batches", state.batches_trained)
+            metrics.setdefault("epochs", state.epochs_trained)
         self.last_validation_metrics = metrics
-        if self.is_chief and ctx.get_enable_tensorboard_logging() and self._trainer is not None:
-            report_validation(self, metrics, self.state.batches_trained)
 
     # ----- Lightning checkpoints carry the trial state too -----
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 
-from lightning_bridge._errors import BridgeError, InvalidArgumentError, InvalidTrialError
+from lightning_bridge._errors import BridgeError, InvalidArgumentError, TrialTypeError
 from lightning_bridge.checkpoint._layout import resolve_checkpoint
 from lightning_bridge.checkpoint._retention import CheckpointRetention
 from lightning_bridge.checkpoint._safe_load import read_checkpoint
@@ -131,7 +131,7 @@ class Trainer:
             if not isinstance(flag, bool):
                 raise InvalidArgumentError(f"{name} must be True or False; got {flag!r}.")
         if not hasattr(self._trial, "train_batch"):
-            raise InvalidTrialError(
+            raise TrialTypeError(
                 f"{type(self._trial).__name__} is not a PyTorchTrial: it has no train_batch()."
             )
 
