@@ -27,10 +27,10 @@ from lightning_bridge.contract._lr_scheduler import LRScheduler
 from lightning_bridge.contract._reducer import MetricReducer, Reducer
 from lightning_bridge.contract._trial import PyTorchTrial
 from lightning_bridge.contract._units import Batch, Epoch, TrainUnit
+from lightning_bridge.experiment import _import_map
 from lightning_bridge.translation._init import init
 from lightning_bridge.translation._module import TrialModule
 from lightning_bridge.translation._trainer import Trainer
-from lightning_bridge.experiment import _import_map
 
 # Trial code in a checkpoint's code/ folder imports `determined`; where Determined is not
 # installed, load_trial_from_checkpoint_path maps it onto the bridge, as `lightning-bridge run`

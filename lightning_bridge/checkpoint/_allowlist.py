@@ -19,7 +19,7 @@ _DTYPE_CODES = "?bhilqBHILQefdgFDG"
 
 def _multiarray() -> Any:
     core = getattr(np, "_core", None)
-    return core.multiarray if core is not None else np.core.multiarray
+    return core.multiarray if core is not None else np.core.multiarray  # type: ignore[attr-defined]
 
 
 def numpy_safe_globals() -> list[Any]:

@@ -109,6 +109,20 @@ def fit_defaults(max_length: Any, test_mode: bool) -> tuple[Any, bool]:
     return max_length, (True if run.get("test_mode") else test_mode)
 
 
+def resume_defaults(trust: bool, warm_start: bool | None) -> tuple[bool, bool | None]:
+    """`fit()`'s `trust_checkpoint` (on when the runner was given `--trust-checkpoint`) and
+    `warm_start` (on when the config names `searcher.source_checkpoint_uuid` /
+    `source_trial_id` and the run continues no checkpoint of its own)."""
+    run = runner_run()
+    if run is None:
+        return trust, warm_start
+    if run.get("trust_checkpoint"):
+        trust = True
+    if warm_start is None and run.get("warm_start"):
+        warm_start = True
+    return trust, warm_start
+
+
 def record_fit(metrics: dict[str, Any] | None, checkpoints: list[pathlib.Path]) -> None:
     """Add a finished fit's last validation metrics and checkpoints to the runner's results
     file (chief process only)."""

@@ -33,7 +33,7 @@ def on_missing_determined(hook: Callable[[], Any]) -> None:
 
 def _from_dir(module: Any, folder: pathlib.Path) -> bool:
     file = getattr(module, "__file__", None)
-    return bool(file) and pathlib.Path(file).resolve().is_relative_to(folder)
+    return isinstance(file, str) and pathlib.Path(file).resolve().is_relative_to(folder)
 
 
 @contextlib.contextmanager
@@ -43,8 +43,7 @@ def code_on_path(folder: pathlib.Path, top_module: str) -> Iterator[None]:
     shadowing = {
         name: mod
         for name, mod in sys.modules.items()
-        if (name == top_module or name.startswith(top_module + "."))
-        and not _from_dir(mod, folder)
+        if (name == top_module or name.startswith(top_module + ".")) and not _from_dir(mod, folder)
     }
     for name in shadowing:
         del sys.modules[name]
@@ -62,7 +61,7 @@ def code_on_path(folder: pathlib.Path, top_module: str) -> Iterator[None]:
         sys.modules.update(shadowing)
 
 
-def _resolve(spec: str) -> Any:
+def _resolve(spec: str) -> type:
     module_name, _, qualname = spec.partition(":")
     obj: Any = importlib.import_module(module_name)
     for part in qualname.split("."):
@@ -92,13 +91,13 @@ def import_trial_class(spec: str, code_dir: pathlib.Path | None) -> type:
     try:
         with scope:
             try:
-                return _resolve(spec)  # type: ignore[no-any-return]
+                return _resolve(spec)
             except ImportError as exc:
                 if not _needs_determined(exc) or not _MISSING_DETERMINED_HOOKS:
                     raise
                 for hook in _MISSING_DETERMINED_HOOKS:
                     hook()
-                return _resolve(spec)  # type: ignore[no-any-return]
+                return _resolve(spec)
     except (ImportError, AttributeError) as exc:
         where = f" (searched {code_dir} first)" if code_dir is not None else ""
         raise InvalidCheckpointError(

@@ -83,7 +83,7 @@ def _bare_model(trial: Any, payload: dict[str, Any]) -> torch.nn.Module | None:
         raise InvalidCheckpointError("The checkpoint holds no model state to load.")
     model = build_model()
     load_models([model], {"models_state_dict": states[:1]})
-    return model  # type: ignore[no-any-return]
+    return model
 
 
 def load_trial_from_checkpoint_path(

@@ -78,6 +78,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="continue from a checkpoint: its directory, its id, or 'latest'",
     )
     run.add_argument(
+        "--trust-checkpoint",
+        action="store_true",
+        help="load checkpoints with full unpickling (objects outside the weights-only safe "
+        "set); only for files you trust: unpickling can run code",
+    )
+    run.add_argument(
         "--devices",
         type=_devices,
         default=None,
@@ -159,6 +165,8 @@ def _canonical_argv(args: argparse.Namespace, plan: Any) -> list[str]:
         argv.append("--test")
     if plan.options.resume is not None:
         argv += ["--resume", plan.options.resume]
+    if plan.options.trust_checkpoint:
+        argv.append("--trust-checkpoint")
     for name in ("devices", "accelerator", "precision", "strategy"):
         value = getattr(args, name)
         if value is not None:
@@ -173,6 +181,7 @@ def _run(args: argparse.Namespace, from_command_line: bool) -> int:
         overrides=list(args.overrides),
         test_mode=bool(args.test),
         resume=args.resume,
+        trust_checkpoint=bool(args.trust_checkpoint),
         devices=args.devices,
         precision=args.precision,
         strategy=args.strategy,

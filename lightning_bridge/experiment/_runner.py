@@ -32,6 +32,8 @@ from lightning_bridge.contract._trial import is_trial_class
 from lightning_bridge.contract._units import Batch, Epoch, TrainUnit
 from lightning_bridge.experiment import _import_map
 from lightning_bridge.experiment._config import ResolvedConfig, load_config
+from lightning_bridge.experiment._source import Start
+from lightning_bridge.experiment._source import starting_checkpoint as _starting
 
 logger = logging.getLogger("lightning_bridge")
 
@@ -51,6 +53,7 @@ class Options:
     overrides: list[str] = dataclasses.field(default_factory=list)
     test_mode: bool = False
     resume: str | None = None
+    trust_checkpoint: bool = False
     devices: Any = None
     precision: str | None = None
     strategy: str | None = None
@@ -261,12 +264,19 @@ def load_trial_class(spec: str, context_dir: pathlib.Path) -> type:
     return obj
 
 
+def starting_checkpoint(plan: Plan) -> Start:
+    """The checkpoint the run starts from: `--resume`, else the config's source checkpoint."""
+    searcher = plan.experiment_config().get("searcher") or {}
+    return _starting(plan.options.resume, plan.checkpoint_dir(), searcher)
+
+
 def _run_trial(plan: Plan) -> Result:
     import lightning_bridge as pytorch
 
     assert plan.entrypoint.trial is not None
     conf = plan.config
     trial_class = load_trial_class(plan.entrypoint.trial, plan.context_dir)
+    start = starting_checkpoint(plan)
     max_length = conf.length("max_length")
     validation = conf.length("min_validation_period")
     checkpoint = conf.length("min_checkpoint_period")
@@ -288,10 +298,12 @@ def _run_trial(plan: Plan) -> Result:
             checkpoint_period=checkpoint,
             reporting_period=Batch(conf.model.scheduling_unit),
             checkpoint_policy=conf.model.checkpoint_policy,
-            latest_checkpoint=plan.options.resume,
+            latest_checkpoint=start.checkpoint,
             step_zero_validation=conf.model.perform_initial_validation,
             test_mode=plan.options.test_mode,
             profiling_enabled=conf.model.profiling.enabled,
+            trust_checkpoint=plan.options.trust_checkpoint,
+            warm_start=start.warm_start,
         )
     metrics = getattr(trainer, "last_validation_metrics", None)
     return Result(metrics, plan.checkpoint_dir(), list(trainer.checkpoints))
@@ -301,23 +313,6 @@ def _length_record(unit: TrainUnit | None) -> list[Any] | None:
     if unit is None:
         return None
     return ["epochs" if isinstance(unit, Epoch) else "batches", unit.value]
-
-
-def _resume_for_script(plan: Plan) -> str | None:
-    """`info.latest_checkpoint`: a checkpoint directory ('latest' and ids resolved)."""
-    resume = plan.options.resume
-    if resume is None:
-        return None
-    from lightning_bridge.checkpoint._layout import resolve_checkpoint
-
-    ckpt_dir = plan.checkpoint_dir()
-    found = resolve_checkpoint(resume, ckpt_dir, option="--resume")
-    if not found.is_dir():
-        raise InvalidArgumentError(
-            f"--resume {resume}: no such checkpoint directory (nor a checkpoint id under "
-            f"{ckpt_dir}); pass a checkpoint directory, its id, or 'latest'."
-        )
-    return str(found)
 
 
 def script_command(plan: Plan) -> list[str]:
@@ -348,11 +343,14 @@ def _run_script(plan: Plan) -> tuple[int, Result]:
     try:
         shim = _import_map.shim_dir(workdir)
         results = workdir / "results.json"
+        start = starting_checkpoint(plan)
         run = {
             "config": plan.experiment_config(),
             "hparams": plan.config.hparams,
             "trial_seed": plan.config.model.reproducibility.experiment_seed or 0,
-            "latest_checkpoint": _resume_for_script(plan),
+            "latest_checkpoint": start.checkpoint,
+            "warm_start": start.warm_start,
+            "trust_checkpoint": plan.options.trust_checkpoint,
             "test_mode": plan.options.test_mode,
             "max_length": _length_record(plan.config.length("max_length")),
             "engine": _engine(plan, processes_launched=plan.processes > 1),

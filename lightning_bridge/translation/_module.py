@@ -164,8 +164,16 @@ class TrialModule(pl.LightningModule):
             return FullDatasetPass()
         return self._val_loader
 
-    def resume_from(self, payload: dict[str, Any], state: TrialState | None) -> None:
-        """Continue from a loaded checkpoint: skip the batches it trained, restore at start."""
+    def resume_from(
+        self, payload: dict[str, Any], state: TrialState | None, *, warm_start: bool = False
+    ) -> None:
+        """Continue from a loaded checkpoint: skip the batches it trained, restore at start.
+
+        `warm_start` starts a new run from it instead: its states without its counters, data
+        position or pending gradients (see `_resume`)."""
+        if warm_start:
+            payload = {k: v for k, v in payload.items() if k not in (EXTRAS_KEY, "trial_state")}
+            state = None
         self._resume = (payload, state)
         self._start_batch = state.batches_trained if state is not None else 0
         self._ctx._steps_completed = self._start_batch
@@ -197,6 +205,9 @@ class TrialModule(pl.LightningModule):
             logger.info("Restoring trial from checkpoint %s", self._latest_checkpoint)
             apply_payload(self, payload)
             if state is not None:
+                if state.epochs_trained < 0:
+                    # Determined < 0.21 (workload_sequencer.pkl) counted batches only.
+                    state.epochs_trained = state.batches_trained // self.epoch_len
                 self.state = state
         for cb in self._callbacks():
             cb.on_training_start()
