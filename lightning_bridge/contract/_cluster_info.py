@@ -72,8 +72,8 @@ def get_cluster_info() -> ClusterInfo | None:
 
 def init_defaults(kwargs: dict[str, Any]) -> dict[str, Any]:
     """`init()`'s arguments with the runner's values filled in where the script left the
-    default: hparams, exp_conf, aggregation_frequency, accelerator, devices, strategy and
-    precision."""
+    default: hparams, exp_conf, aggregation_frequency, accelerator, devices, strategy,
+    precision and code_dir (the experiment folder checkpoints carry a copy of)."""
     run = runner_run()
     if run is None:
         return kwargs
@@ -82,6 +82,8 @@ def init_defaults(kwargs: dict[str, Any]) -> dict[str, Any]:
         out["hparams"] = dict(run.get("hparams") or {})
     if out.get("exp_conf") is None:
         out["exp_conf"] = dict(run.get("config") or {})
+    if out.get("code_dir") is None and run.get("context_dir"):
+        out["code_dir"] = run["context_dir"]
     engine = run.get("engine") or {}
     for name, default in (
         ("aggregation_frequency", 1),

@@ -288,6 +288,7 @@ def _run_trial(plan: Plan) -> Result:
         aggregation_frequency=aggregation,
         checkpoint_dir=plan.checkpoint_dir(),
         run_dir=plan.context_dir,
+        code_dir=plan.context_dir,
         **engine,
     ) as context:
         trial = trial_class(context)
@@ -351,6 +352,7 @@ def _run_script(plan: Plan) -> tuple[int, Result]:
             "latest_checkpoint": start.checkpoint,
             "warm_start": start.warm_start,
             "trust_checkpoint": plan.options.trust_checkpoint,
+            "context_dir": str(plan.context_dir),
             "test_mode": plan.options.test_mode,
             "max_length": _length_record(plan.config.length("max_length")),
             "engine": _engine(plan, processes_launched=plan.processes > 1),
