@@ -38,7 +38,17 @@ def _weights(module: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def test_fixtures_hold_numpy_1_names() -> None:
-    assert VERSIONS == ["0.21.2", "0.23.4", "0.26.7", "0.29.1", "0.32.1", "0.35.1", "0.38.1"]
+    assert VERSIONS == [
+        "0.17.15",
+        "0.20.1",
+        "0.21.2",
+        "0.23.4",
+        "0.26.7",
+        "0.29.1",
+        "0.32.1",
+        "0.35.1",
+        "0.38.1",
+    ]
     for version in VERSIONS:
         data = (FIXTURES / version / "state_dict.pth").read_bytes()
         assert b"numpy.core.multiarray" in data and b"numpy._core" not in data, version
@@ -118,7 +128,7 @@ def test_old_layouts_metadata_json_and_workload_sequencer(tmp_path: pathlib.Path
     assert state is not None and (state.batches_trained, state.last_ckpt) == (4, 4)
 
 
-OLD_API = '''
+OLD_API = """
 import torch
 from determined.pytorch import PyTorchTrial
 
@@ -141,7 +151,7 @@ class OldTrial(PyTorchTrial):
 
     def build_validation_data_loader(self):
         return None
-'''
+"""
 
 
 def test_pre_014_api_gives_the_bare_module(tmp_path: pathlib.Path) -> None:
