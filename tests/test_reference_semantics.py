@@ -3,7 +3,6 @@ types, the code/ copy in checkpoints, and the command line's checkpoint options.
 
 from __future__ import annotations
 
-import json
 import logging
 import pathlib
 import pickle

@@ -20,7 +20,6 @@ from typing import Any
 
 import pytest
 import torch
-import yaml
 
 import lightning_bridge as pytorch
 from lightning_bridge.experiment._cli import main
@@ -32,7 +31,7 @@ pytest.importorskip("determined.pytorch")
 REPO = pathlib.Path(__file__).resolve().parents[2]
 FIXTURE = REPO / "tests" / "fixtures" / "determined_checkpoints" / "0.38.1"
 
-OLD_API = '''
+OLD_API = """
 import torch
 from determined.pytorch import PyTorchTrial
 
@@ -55,7 +54,7 @@ class OldTrial(PyTorchTrial):
 
     def build_validation_data_loader(self):
         return None
-'''
+"""
 
 
 def _run_checkpoint(root: pathlib.Path) -> pathlib.Path:
@@ -170,7 +169,9 @@ def test_run_checkpoint_carries_its_code(
     assert reference["run"]["type"] == "LinearTrial"
 
 
-def test_trusted_checkpoint(checkpoints: dict[str, pathlib.Path], reference: dict[str, Any]) -> None:
+def test_trusted_checkpoint(
+    checkpoints: dict[str, pathlib.Path], reference: dict[str, Any]
+) -> None:
     with pytest.raises(pytorch.InvalidCheckpointError, match="trust_checkpoint=True"):
         pytorch.load_trial_from_checkpoint_path(checkpoints["trusted"])
     assert _bridge(checkpoints["trusted"], trust_checkpoint=True) == reference["trusted"]
