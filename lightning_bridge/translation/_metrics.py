@@ -157,8 +157,9 @@ def reduce_validation_metrics(
                 values = values.astype(np.float64)
         except (TypeError, ValueError) as exc:
             raise InvalidTrialError(
-                f"evaluate_batch() returned metric {key!r} that cannot be reduced ({exc}); "
-                "return numbers, tensors or arrays of the same shape on every batch."
+                f"evaluate_batch() returned metric {key!r} with different shapes on different "
+                f"batches or with values that are not numbers ({exc}); return numbers, tensors "
+                "or arrays of the same shape on every batch."
             ) from None
         out[key] = _aggregate(reducers[key], key, values, device)
     return out
