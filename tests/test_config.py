@@ -166,7 +166,7 @@ def test_unused_keys_and_checkpoint_storage(tmp_path: pathlib.Path) -> None:
             "max_restarts": 3,
             "environment": {"image": "img"},
             "resources": {"slots_per_trial": 1, "resource_pool": "gpu"},
-            "searcher": {"source_trial_id": 4},
+            "searcher": {"max_concurrent_trials": 4, "source_trial_id": 4},
             "checkpoint_storage": {"type": "s3", "bucket": "b", "save_trial_best": 2},
         }
     )
@@ -175,7 +175,7 @@ def test_unused_keys_and_checkpoint_storage(tmp_path: pathlib.Path) -> None:
         "max_restarts (a failed trial is not restarted: continue it with `lightning-bridge "
         "experiment continue ID`)",
         "resources.resource_pool",
-        "searcher.source_trial_id",
+        "searcher.max_concurrent_trials",  # searcher.source_trial_id is used (warm start)
     ]
     # The storage is kept as given (the run uploads to it), Determined's retention defaults
     # filled in; keys another storage type reads are reported.

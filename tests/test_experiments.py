@@ -157,8 +157,9 @@ def test_checkpoint_list_and_download(
     got = _json(capsys, runs, "checkpoint", "download", best[1]["uuid"], "--out", str(out))
     assert got["downloaded_to"] == str(out)
     assert sorted(p.name for p in out.iterdir()) == [
-        "load_data.json", "metadata.json", "state_dict.pth", "trial_state.pkl",
+        "code", "load_data.json", "metadata.json", "state_dict.pth", "trial_state.pkl",
     ]  # fmt: skip
+    assert (out / "code" / "model_def.py").is_file()  # the experiment folder rides along
     want = checkpoint_weights(kept_checkpoints(2, runs.workspace)[-1])
     for key, value in checkpoint_weights(out).items():
         torch.testing.assert_close(value, want[key], rtol=0, atol=0)

@@ -74,7 +74,8 @@ def get_cluster_info() -> ClusterInfo | None:
 def init_defaults(kwargs: dict[str, Any]) -> dict[str, Any]:
     """`init()`'s arguments with the runner's values filled in where the script left the
     default: hparams, exp_conf, aggregation_frequency, accelerator, devices, strategy,
-    precision, and the trial's folders (run_dir for logs, checkpoint_dir)."""
+    precision, the trial's folders (run_dir for logs, checkpoint_dir) and code_dir (the
+    experiment folder checkpoints carry a copy of)."""
     run = runner_run()
     if run is None:
         return kwargs
@@ -96,6 +97,8 @@ def init_defaults(kwargs: dict[str, Any]) -> dict[str, Any]:
     for name in ("run_dir", "checkpoint_dir"):
         if out.get(name) is None and run.get(name):
             out[name] = run[name]
+    if out.get("code_dir") is None and run.get("context_dir"):
+        out["code_dir"] = run["context_dir"]
     return out
 
 
@@ -111,3 +114,17 @@ def fit_defaults(max_length: Any, test_mode: bool) -> tuple[Any, bool]:
         unit, value = run["max_length"]
         max_length = Epoch(int(value)) if unit == "epochs" else Batch(int(value))
     return max_length, (True if run.get("test_mode") else test_mode)
+
+
+def resume_defaults(trust: bool, warm_start: bool | None) -> tuple[bool, bool | None]:
+    """`fit()`'s `trust_checkpoint` (on when the runner was given `--trust-checkpoint`) and
+    `warm_start` (on when the run starts from `searcher.source_checkpoint_uuid` /
+    `source_trial_id` rather than a checkpoint of its own)."""
+    run = runner_run()
+    if run is None:
+        return trust, warm_start
+    if run.get("trust_checkpoint"):
+        trust = True
+    if warm_start is None and run.get("warm_start"):
+        warm_start = True
+    return trust, warm_start

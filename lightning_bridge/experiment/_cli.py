@@ -94,6 +94,12 @@ def _add_run(commands: Any, common: argparse.ArgumentParser) -> None:
         "newest checkpoint of an earlier run of CONFIG)",
     )
     run.add_argument(
+        "--trust-checkpoint",
+        action="store_true",
+        help="load checkpoints with full unpickling (objects outside the weights-only safe "
+        "set); only for files you trust: unpickling can run code",
+    )
+    run.add_argument(
         "--devices",
         type=_devices,
         default=None,
@@ -211,6 +217,7 @@ def _run(args: argparse.Namespace, from_command_line: bool) -> int:
         overrides=list(args.overrides),
         test_mode=bool(args.test),
         resume=args.resume,
+        trust_checkpoint=bool(args.trust_checkpoint),
         devices=args.devices,
         precision=args.precision,
         strategy=args.strategy,

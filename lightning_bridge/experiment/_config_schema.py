@@ -102,6 +102,9 @@ class Searcher(_Model):
     max_length: MaxLength | None = None
     max_time: Annotated[StrictInt, Field(gt=0)] | None = None
     time_metric: Literal["batches", "epochs", "records"] | None = None
+    # Warm start: a new trial starts from this checkpoint (see `_source`).
+    source_checkpoint_uuid: StrictStr | None = None
+    source_trial_id: Annotated[StrictInt, Field(ge=0)] | None = None
 
     @pydantic.model_validator(mode="after")
     def _time_pair(self) -> Searcher:

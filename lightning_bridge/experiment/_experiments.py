@@ -31,6 +31,7 @@ from lightning_bridge.experiment._checkpoints import (
     resolve_resume,
 )
 from lightning_bridge.experiment._config import ResolvedConfig, parse_config
+from lightning_bridge.experiment._source import warm_start_source
 from lightning_bridge.record._registry import Registry
 from lightning_bridge.record._schema import TrialState
 from lightning_bridge.record._workspace import Workspace
@@ -133,10 +134,15 @@ def start_experiment(
     config_path: pathlib.Path,
     resume: str | None = None,
 ) -> tuple[int, _runner.TrialRun]:
-    """Record a new experiment with one trial for `plan`; fetch its `--resume` checkpoint."""
-    source = (
-        resolve_resume(registry, resume, plan, config_path) if resume is not None else Source("")
-    )
+    """Record a new experiment with one trial for `plan`; fetch the checkpoint it starts from:
+    `--resume`'s (continued), else the searcher's source checkpoint (a warm start)."""
+    warm = None
+    if resume is not None:
+        source = resolve_resume(registry, resume, plan, config_path)
+    else:
+        searcher = plan.experiment_config().get("searcher") or {}
+        found = warm_start_source(registry, searcher)
+        source, warm = (found, True) if found is not None else (Source(""), None)
     conf = plan.config
     config = plan.experiment_config()
     experiment_id = registry.create_experiment(
@@ -162,6 +168,7 @@ def start_experiment(
         trial_id=trial_id,
         trial_dir=workspace.trial_dir(experiment_id, trial_id),
         continue_command=continue_command(workspace, experiment_id),
+        warm_start=warm,
     )
     if source.checkpoint is not None:
         _logging.configure(trial.log_file)
@@ -213,8 +220,17 @@ def continue_experiment(
         latest = registry.latest_checkpoint(recorded.id)
         if latest is not None:
             trial.latest_checkpoint = str(fetch(registry, latest, trial.trial_dir / "restore"))
-        elif recorded.source_checkpoint and pathlib.Path(recorded.source_checkpoint).is_dir():
-            trial.latest_checkpoint = recorded.source_checkpoint
+        elif recorded.source_checkpoint:
+            # No checkpoint of its own yet: start again from its source checkpoint, a warm
+            # start where the config's searcher named it.
+            searcher = plan.experiment_config().get("searcher") or {}
+            if searcher.get("source_checkpoint_uuid") or searcher.get("source_trial_id"):
+                trial.warm_start = True
+            source = registry.checkpoint(recorded.source_checkpoint)
+            if source is not None:
+                trial.latest_checkpoint = str(fetch(registry, source, trial.trial_dir / "restore"))
+            elif pathlib.Path(recorded.source_checkpoint).is_dir():
+                trial.latest_checkpoint = recorded.source_checkpoint
         registry.archive_metrics_after(recorded.id, latest.batches if latest else 0)
         code = run_trial(registry, plan, trial, relaunch)
         if code != 0:
@@ -244,6 +260,7 @@ def run_from_file(run_file: pathlib.Path) -> int:
         trial_dir=pathlib.Path(run["run_dir"]),
         latest_checkpoint=run.get("latest_checkpoint"),
         continue_command=str(run.get("continue_command") or ""),
+        warm_start=run.get("warm_start"),
     )
     chief = (
         int(os.environ.get("LOCAL_RANK", "0") or 0) == 0

@@ -45,6 +45,7 @@ class Options:
     overrides: list[str] = dataclasses.field(default_factory=list)
     test_mode: bool = False
     resume: str | None = None
+    trust_checkpoint: bool = False
     devices: Any = None
     precision: str | None = None
     strategy: str | None = None
@@ -83,6 +84,9 @@ class TrialRun:
     trial_dir: pathlib.Path
     latest_checkpoint: str | None = None
     continue_command: str = ""
+    # fit()'s warm_start: True when the trial starts from another trial's checkpoint
+    # (searcher.source_checkpoint_uuid / source_trial_id), None to let the checkpoint decide.
+    warm_start: bool | None = None
 
     @property
     def checkpoint_dir(self) -> pathlib.Path:
@@ -213,6 +217,7 @@ def _run_trial(plan: Plan, trial: TrialRun) -> None:
         aggregation_frequency=aggregation,
         checkpoint_dir=trial.checkpoint_dir,
         run_dir=trial.trial_dir,
+        code_dir=plan.context_dir,
         **engine,
     ) as context:
         trial_object = trial_class(context)
@@ -227,6 +232,8 @@ def _run_trial(plan: Plan, trial: TrialRun) -> None:
             step_zero_validation=conf.model.perform_initial_validation,
             test_mode=plan.options.test_mode,
             profiling_enabled=conf.model.profiling.enabled,
+            trust_checkpoint=plan.options.trust_checkpoint,
+            warm_start=trial.warm_start,
         )
 
 
@@ -267,6 +274,8 @@ def describe_run(plan: Plan, trial: TrialRun) -> dict[str, Any]:
         "hparams": plan.config.hparams,
         "trial_seed": plan.config.model.reproducibility.experiment_seed or 0,
         "latest_checkpoint": trial.latest_checkpoint,
+        "warm_start": trial.warm_start,
+        "trust_checkpoint": plan.options.trust_checkpoint,
         "test_mode": plan.options.test_mode,
         "max_length": _length_record(plan.config.length("max_length")),
         "engine": _engine(plan, processes_launched=script and plan.processes > 1),

@@ -18,6 +18,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 
+from lightning_bridge._errors import TrialRuntimeError
 from lightning_bridge.checkpoint._layout import remove_partial_checkpoints
 from lightning_bridge.checkpoint._retention import CheckpointRetention
 from lightning_bridge.contract._units import Batch, Epoch, TrainUnit
@@ -25,6 +26,7 @@ from lightning_bridge.translation._lightning_compat import (
     disable_scheduled_validation,
     run_validation,
 )
+from lightning_bridge.translation._metrics import searcher_value
 from lightning_bridge.translation._module import TrialModule
 from lightning_bridge.translation._payload import save_checkpoint
 from lightning_bridge.translation._run_record import RunRecord
@@ -220,14 +222,12 @@ class TrialBoundaries(pl.Callback):
     def _is_best(self, metrics: dict[str, Any]) -> bool:
         assert self._searcher_metric is not None
         if self._searcher_metric not in metrics:
-            from lightning_bridge._errors import InvalidTrialError
-
-            raise InvalidTrialError(
+            raise TrialRuntimeError(
                 f"checkpoint_policy='best' compares the searcher metric "
                 f"{self._searcher_metric!r}, but validation returned {sorted(metrics)}; return "
                 "that metric or change searcher.metric."
             )
-        value = float(metrics[self._searcher_metric])
+        value = searcher_value(self._searcher_metric, metrics[self._searcher_metric])
         better = self._best is None or (
             value < self._best if self._smaller_is_better else value > self._best
         )

@@ -100,6 +100,7 @@ def init(
     checkpoint_dir: str | os.PathLike[str] | None = None,
     run_dir: str | os.PathLike[str] | None = None,
     trainer_kwargs: dict[str, Any] | None = None,
+    code_dir: str | os.PathLike[str] | None = None,
 ) -> Iterator[PyTorchTrialContext]:
     """Build the `PyTorchTrialContext` a trial is constructed with; use it as a context manager.
 
@@ -107,7 +108,9 @@ def init(
     `accelerator`, `devices`, `num_nodes`, `strategy` and `precision` go to `lightning.Trainer`,
     as does anything in `trainer_kwargs`; `checkpoint_dir` is where checkpoints are written
     (default: `checkpoint_storage` from `exp_conf`, else `./checkpoints`); `run_dir` holds
-    TensorBoard / CSV logs (default: the working directory).
+    TensorBoard / CSV logs (default: the working directory); `code_dir` (`lightning-bridge run`
+    sets it to the experiment folder) is copied into every checkpoint's `code/`, so
+    `load_trial_from_checkpoint_path(path)` finds the trial class on another machine.
     """
     # Run by `lightning-bridge run`: the runner's config and settings fill the defaults.
     given = _cluster_info.init_defaults(
@@ -121,6 +124,7 @@ def init(
             "precision": precision,
             "run_dir": run_dir,
             "checkpoint_dir": checkpoint_dir,
+            "code_dir": code_dir,
         }
     )
     run = _cluster_info.runner_run()
@@ -132,6 +136,7 @@ def init(
     hparams, exp_conf = given["hparams"], given["exp_conf"]
     aggregation_frequency, accelerator = given["aggregation_frequency"], given["accelerator"]
     devices, strategy, precision = given["devices"], given["strategy"], given["precision"]
+    code_dir = given["code_dir"]
     dist = distributed if distributed is not None else DistributedContext()
     devices, num_nodes, strategy = _launch_settings(distributed, devices, num_nodes, strategy)
     seed = None
@@ -148,6 +153,7 @@ def init(
         trial_seed=None if seed is None else int(seed),
         device=_device(accelerator, dist),
         run_dir=pathlib.Path(run_dir) if run_dir is not None else None,
+        code_dir=pathlib.Path(code_dir) if code_dir is not None else None,
         slots=_slots(dist, devices, num_nodes),
     )
     context._engine = Engine(  # type: ignore[attr-defined]

@@ -16,7 +16,7 @@ from typing import Any
 import lightning.pytorch as pl
 
 from lightning_bridge import _logging
-from lightning_bridge._errors import BridgeError, InvalidArgumentError, InvalidTrialError
+from lightning_bridge._errors import BridgeError, InvalidArgumentError, TrialTypeError
 from lightning_bridge.checkpoint._layout import resolve_checkpoint
 from lightning_bridge.checkpoint._retention import CheckpointRetention
 from lightning_bridge.checkpoint._safe_load import read_checkpoint
@@ -26,11 +26,13 @@ from lightning_bridge.contract._units import Batch, TrainUnit, check_length, che
 from lightning_bridge.translation._boundaries import TrialBoundaries
 from lightning_bridge.translation._module import TrialModule
 from lightning_bridge.translation._run_record import RunRecord
+from lightning_bridge.translation._resume import starts_new_run
 from lightning_bridge.translation._settings import checkpoint_dir, lightning_settings
 
 logger = logging.getLogger("lightning_bridge")
 
 CHECKPOINT_POLICIES = ("best", "all", "none")
+TRUST_HINT = "fit(..., trust_checkpoint=True) (lightning-bridge run --trust-checkpoint)"
 
 # Lightning warnings about choices the bridge makes on the user's behalf (the trial fetches its
 # own batches; metrics are reported at Determined's boundaries, not Lightning's logging
@@ -76,9 +78,20 @@ class Trainer:
         step_zero_validation: bool = False,
         test_mode: bool = False,
         profiling_enabled: bool = False,
+        *,
+        trust_checkpoint: bool = False,
+        warm_start: bool | None = None,
     ) -> None:
-        """Train until `max_length`, validating, checkpointing and reporting at their periods."""
+        """Train until `max_length`, validating, checkpointing and reporting at their periods.
+
+        `latest_checkpoint` continues a run where it stopped; a checkpoint written by another
+        trial (its trial id differs: a Determined cluster's checkpoint) starts a new run from
+        its weights, optimizer and RNG state with the batch count at 0, as Determined does.
+        `warm_start=True` / `False` chooses that explicitly. `trust_checkpoint=True` unpickles
+        objects outside the weights-only safe set: only for files you trust (it can run code).
+        """
         max_length, test_mode = _cluster_info.fit_defaults(max_length, test_mode)
+        trust_checkpoint, warm_start = _cluster_info.resume_defaults(trust_checkpoint, warm_start)
         try:
             self._fit(
                 checkpoint_period=checkpoint_period,
@@ -90,6 +103,8 @@ class Trainer:
                 step_zero_validation=step_zero_validation,
                 test_mode=test_mode,
                 profiling_enabled=profiling_enabled,
+                trust_checkpoint=trust_checkpoint,
+                warm_start=warm_start,
             )
         except BridgeError as exc:
             raise exc.with_traceback(None) from None
@@ -106,6 +121,8 @@ class Trainer:
         step_zero_validation: bool,
         test_mode: bool,
         profiling_enabled: bool,
+        trust_checkpoint: bool,
+        warm_start: bool | None,
     ) -> None:
         ctx = self._context
         length = check_length(max_length)
@@ -129,11 +146,12 @@ class Trainer:
             ("step_zero_validation", step_zero_validation),
             ("test_mode", test_mode),
             ("profiling_enabled", profiling_enabled),
+            ("trust_checkpoint", trust_checkpoint),
         ):
             if not isinstance(flag, bool):
                 raise InvalidArgumentError(f"{name} must be True or False; got {flag!r}.")
         if not hasattr(self._trial, "train_batch"):
-            raise InvalidTrialError(
+            raise TrialTypeError(
                 f"{type(self._trial).__name__} is not a PyTorchTrial: it has no train_batch()."
             )
 
@@ -145,7 +163,11 @@ class Trainer:
             self._trial, ctx, test_mode=test_mode, latest_checkpoint=latest_checkpoint
         )
         if latest_checkpoint is not None:
-            module.resume_from(*read_checkpoint(latest_checkpoint))
+            payload, state = read_checkpoint(
+                latest_checkpoint, trusted=trust_checkpoint, trust_hint=TRUST_HINT
+            )
+            warm = starts_new_run(state, ctx.get_trial_id(), warm_start, latest_checkpoint)
+            module.resume_from(payload, state, warm_start=warm)
         record = RunRecord.from_runner(ctx._exp_conf, ckpt_dir)
         retention = (
             record.retention()
