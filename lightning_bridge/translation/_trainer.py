@@ -25,8 +25,8 @@ from lightning_bridge.contract._context import PyTorchTrialContext
 from lightning_bridge.contract._units import Batch, TrainUnit, check_length, check_period
 from lightning_bridge.translation._boundaries import TrialBoundaries
 from lightning_bridge.translation._module import TrialModule
-from lightning_bridge.translation._run_record import RunRecord
 from lightning_bridge.translation._resume import starts_new_run
+from lightning_bridge.translation._run_record import RunRecord
 from lightning_bridge.translation._settings import checkpoint_dir, lightning_settings
 
 logger = logging.getLogger("lightning_bridge")
