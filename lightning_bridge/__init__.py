@@ -13,6 +13,7 @@ from lightning_bridge._errors import (
     BridgeError,
     InvalidArgumentError,
     InvalidCheckpointError,
+    InvalidHP,
     InvalidTrialError,
 )
 from lightning_bridge._version import __version__
@@ -54,6 +55,7 @@ __all__ = [
     "Epoch",
     "InvalidArgumentError",
     "InvalidCheckpointError",
+    "InvalidHP",
     "InvalidTrialError",
     "LightningAdapter",
     "LRScheduler",

@@ -60,7 +60,7 @@ _Divisor = Annotated[float, Field(gt=1)]
 
 
 class _Searcher(BaseModel):
-    """The keys every searcher has. Multi-trial searchers need `metric` to rank trials."""
+    """The keys every searcher has."""
 
     model_config = ConfigDict(extra="allow", strict=True)
 
@@ -78,12 +78,6 @@ class _Searcher(BaseModel):
             raise ValueError("max_time and time_metric go together: set both or neither")
         if self.max_time is not None and self.max_length is not None:
             raise ValueError("set either max_length or max_time + time_metric, not both")
-        name = getattr(self, "name", "single")
-        if name != "single" and self.metric is None:
-            raise ValueError(
-                f"the {name} searcher needs metric: the validation metric that ranks trials "
-                "(e.g. metric: validation_loss)"
-            )
         return self
 
     @property
@@ -105,18 +99,24 @@ class SingleSearcher(_Searcher):
     name: Literal["single"] = "single"
 
 
-class RandomSearcher(_Searcher):
+class _MultiTrial(_Searcher):
+    """Searchers of several trials rank them by `metric`, so it is required."""
+
+    metric: StrictStr
+
+
+class RandomSearcher(_MultiTrial):
     name: Literal["random"]
     max_trials: _Count
     max_concurrent_trials: _Concurrency = 16
 
 
-class GridSearcher(_Searcher):
+class GridSearcher(_MultiTrial):
     name: Literal["grid"]
     max_concurrent_trials: _Concurrency = 16
 
 
-class _Halving(_Searcher):
+class _Halving(_MultiTrial):
     """ASHA's common keys; the longest training is required (rungs are fractions of it)."""
 
     max_trials: _Count

@@ -59,9 +59,16 @@ class DoubleForm(_Range):
 
 class LogForm(_Range):
     type: Literal["log"]
-    base: Annotated[float, Field(gt=0)]
+    base: float
     minval: float
     maxval: float
+
+    @pydantic.field_validator("base")
+    @classmethod
+    def _positive(cls, base: float) -> float:
+        if not base > 0:
+            raise ValueError("expected a positive number")
+        return base
 
 
 class CategoricalForm(_Form):
@@ -117,12 +124,13 @@ def is_constant(space: Space) -> bool:
 
 
 def sample(space: Space, rng: random.Random) -> dict[str, Any]:
-    """One configuration drawn from the space (names visited in sorted order)."""
-    out: dict[str, Any] = {}
+    """One configuration drawn from the space: names drawn in sorted order (Determined's), the
+    result in the config's order."""
+    drawn: dict[str, Any] = {}
     for key in sorted(space):
         node = space[key]
-        out[key] = sample(node, rng) if isinstance(node, dict) else _draw(node, rng)
-    return out
+        drawn[key] = sample(node, rng) if isinstance(node, dict) else _draw(node, rng)
+    return {key: drawn[key] for key in space}
 
 
 def _draw(form: Form, rng: random.Random) -> Any:
