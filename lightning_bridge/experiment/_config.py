@@ -299,10 +299,10 @@ def _check_space(raw: Any, model: ExperimentConfig | None, errors: list[str]) ->
             errors.extend(_format_errors(problem, where, hparam=True))
     if model is not None and model.searcher.name == "grid" and not problems:
         for path in missing_counts(space):
-            where = ".".join(("hyperparameters", *path))
+            key = ".".join(("hyperparameters", *path))
             errors.append(
-                f"{where}: the grid searcher needs count, the number of points of this range "
-                f"to try (e.g. --set {where}.count=4)"
+                f"{key}: the grid searcher needs count, the number of points of this range "
+                f"to try (e.g. --set {key}.count=4)"
             )
         if not space:
             errors.append(
