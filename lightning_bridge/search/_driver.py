@@ -31,7 +31,7 @@ from lightning_bridge.search._storage import import_optuna, open_storage
 _SEARCH = "lightning_bridge:search"  # study: the search's config and experiment seed
 _TRIAL = "lightning_bridge:trial"  # trial, fixed at creation: request, bracket, cause, values
 _STATE = "lightning_bridge:state"  # trial, one write per event: rung, rungs, stopped, exit
-_WORKER = "lightning_bridge:worker"
+_WORKER = "lightning_bridge:worker"  # trial: who pulled it and when
 _HEARTBEAT = "lightning_bridge:heartbeat"
 _RESUME = "lightning_bridge:resume"
 
@@ -232,6 +232,7 @@ class SearchDriver:
             "rung": record.rung,
             "rungs": {str(k): v for k, v in record.rungs.items()},
             "stopped": record.stopped,
+            "beat": time.time(),  # a report is a heartbeat too (see `requeue_stale`)
         }
         if exit is not None:
             state["exit"] = exit
@@ -258,8 +259,8 @@ class SearchDriver:
                 if _TRIAL not in trial.system_attrs:
                     continue
                 if self._storage.set_trial_state_values(trial._trial_id, running):
-                    self._storage.set_trial_system_attr(trial._trial_id, _WORKER, self.worker)
-                    self._storage.set_trial_system_attr(trial._trial_id, _HEARTBEAT, time.time())
+                    pulled = {"worker": self.worker, "since": time.time()}
+                    self._storage.set_trial_system_attr(trial._trial_id, _WORKER, pulled)
                     return self._spec(trial)
         return None
 
@@ -276,7 +277,6 @@ class SearchDriver:
             )
             self._create(creates, records)
             self._write_state(frozen._trial_id, record)
-            self._storage.set_trial_system_attr(frozen._trial_id, _HEARTBEAT, time.time())
         rungs = self._method.rung_lengths(record.bracket)
         upcoming = [r for r in rungs if r > length]
         return Decision(stop=stop, next_rung=None if stop or not upcoming else upcoming[0])
@@ -334,16 +334,22 @@ class SearchDriver:
             self._storage.set_trial_system_attr(frozen._trial_id, _HEARTBEAT, time.time())
 
     def requeue_stale(self, timeout_s: float) -> list[int]:
-        """Put back running trials whose last heartbeat or report is older than `timeout_s`
-        (their worker died); returns their numbers."""
+        """Put back running trials not heard of (pulled, reported, `heartbeat`) for more than
+        `timeout_s` (their worker died); returns their numbers."""
         running = self._optuna.trial.TrialState.RUNNING
         now, numbers = time.time(), []
         with self._lock.hold():
             for trial in self._storage.get_all_trials(self._study_id, states=(running,)):
-                if _TRIAL in trial.system_attrs:
-                    if now - trial.system_attrs.get(_HEARTBEAT, 0.0) > timeout_s:
+                attrs = trial.system_attrs
+                if _TRIAL in attrs:
+                    beats = (
+                        attrs.get(_HEARTBEAT, 0.0),
+                        attrs.get(_STATE, {}).get("beat", 0.0),
+                        attrs.get(_WORKER, {}).get("since", 0.0),
+                    )
+                    if now - max(beats) > timeout_s:
                         self._requeue(trial._trial_id)
-                        numbers.append(trial.system_attrs[_TRIAL]["request"])
+                        numbers.append(attrs[_TRIAL]["request"])
         return numbers
 
     def is_finished(self) -> bool:
