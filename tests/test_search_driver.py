@@ -9,9 +9,11 @@ from __future__ import annotations
 import json
 import math
 import multiprocessing
+import os
 import pathlib
 import sys
 import time
+import uuid
 from typing import Any
 
 import pytest
@@ -45,18 +47,27 @@ def _work(driver: SearchDriver) -> list[int]:
     return ran
 
 
-def _other_worker(storage: str, out: str, ready: Any, go: Any) -> None:
-    driver = SearchDriver(storage, "shared")
+def _other_worker(storage: str, name: str, out: str, ready: Any, go: Any) -> None:
+    driver = SearchDriver(storage, name)
     ready.set()
     go.wait(60)
     pathlib.Path(out).write_text(json.dumps(_work(driver)))
 
 
-@pytest.mark.parametrize("kind", ["journal", "sqlite"])
+# A PostgreSQL server to test against, when one is given (e.g. one started on 127.0.0.1).
+POSTGRES = os.environ.get("LIGHTNING_BRIDGE_TEST_POSTGRES")
+
+
+@pytest.mark.parametrize("kind", ["journal", "sqlite", "postgresql"])
 def test_two_workers_share_one_search(tmp_path: pathlib.Path, kind: str) -> None:
-    storage = (
-        str(tmp_path / "search.journal") if kind == "journal" else f"sqlite:///{tmp_path}/s.db"
-    )
+    storage = {
+        "journal": str(tmp_path / "search.journal"),
+        "sqlite": f"sqlite:///{tmp_path}/s.db",
+        "postgresql": POSTGRES or "",
+    }[kind]
+    if not storage:
+        pytest.skip("no PostgreSQL server: set LIGHTNING_BRIDGE_TEST_POSTGRES to its URL")
+    name = f"shared-{uuid.uuid4().hex[:8]}"  # a server outlives the test
     searcher = {
         "name": "adaptive_asha",
         "metric": "loss",
@@ -70,12 +81,12 @@ def test_two_workers_share_one_search(tmp_path: pathlib.Path, kind: str) -> None
     # lock handle) the other; they start together.
     context = multiprocessing.get_context("fork")
     ready, go, out = context.Event(), context.Event(), tmp_path / "other.json"
-    SearchDriver(storage, "shared", _spec(searcher)).close()
-    other = context.Process(target=_other_worker, args=(storage, str(out), ready, go))
+    SearchDriver(storage, name, _spec(searcher)).close()
+    other = context.Process(target=_other_worker, args=(storage, name, str(out), ready, go))
     other.start()
     try:
         assert ready.wait(60), "the other worker did not start"
-        driver = SearchDriver(storage, "shared")
+        driver = SearchDriver(storage, name)
         go.set()
         mine = _work(driver)
         other.join(120)

@@ -268,8 +268,8 @@ class SearchDriver:
         """`trial` validated after `length` units of training with searcher metric `metric`."""
         with self._lock.hold():
             records, record, frozen = self._find(trial)
-            if not record.open:
-                return Decision(stop=True)
+            if frozen.state != self._optuna.trial.TrialState.RUNNING:
+                return Decision(stop=True)  # closed, or given back: not this run's to train
             self._storage.set_trial_intermediate_value(frozen._trial_id, int(length), float(metric))
             smaller = self.spec.searcher.smaller_is_better
             stop, creates = self._method.on_report(
