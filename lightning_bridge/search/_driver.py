@@ -259,7 +259,7 @@ class SearchDriver:
                 if _TRIAL not in trial.system_attrs:
                     continue
                 if self._storage.set_trial_state_values(trial._trial_id, running):
-                    pulled = {"worker": self.worker, "since": time.time()}
+                    pulled: dict[str, Any] = {"worker": self.worker, "since": time.time()}
                     self._storage.set_trial_system_attr(trial._trial_id, _WORKER, pulled)
                     return self._spec(trial)
         return None
