@@ -146,7 +146,7 @@ def _error(config: dict[str, Any]) -> str:
     [
         (
             {"type": "int", "minval": 3, "maxval": 3},
-            "hyperparameters.x: minval must be less than maxval, got minval 3, maxval 3",
+            "hyperparameters.x: minval must be less than maxval, got {maxval: 3, minval: 3, ",
         ),
         (
             {"type": "double", "minval": 0.5, "maxval": 0.1},

@@ -34,9 +34,8 @@ class _Range(_Form):
 
     @pydantic.model_validator(mode="after")
     def _ordered(self) -> _Range:
-        low, high = getattr(self, "minval"), getattr(self, "maxval")  # noqa: B009
-        if not low < high:
-            raise ValueError(f"minval must be less than maxval, got minval {low}, maxval {high}")
+        if not getattr(self, "minval") < getattr(self, "maxval"):  # noqa: B009
+            raise ValueError("minval must be less than maxval")
         return self
 
 
