@@ -17,7 +17,6 @@ holder dies, so a killed worker never leaves a search locked.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import os
 import pathlib
@@ -51,6 +50,9 @@ class FileLock:
     orders the threads of one process (they share the open file, which flock does not)."""
 
     def __init__(self, path: pathlib.Path) -> None:
+        import fcntl  # POSIX; imported here so the rest of the package loads everywhere
+
+        self._fcntl = fcntl
         path.parent.mkdir(parents=True, exist_ok=True)
         self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         self._thread = threading.Lock()
@@ -58,11 +60,11 @@ class FileLock:
     @contextlib.contextmanager
     def hold(self) -> Iterator[None]:
         with self._thread:
-            fcntl.flock(self._fd, fcntl.LOCK_EX)
+            self._fcntl.flock(self._fd, self._fcntl.LOCK_EX)
             try:
                 yield
             finally:
-                fcntl.flock(self._fd, fcntl.LOCK_UN)
+                self._fcntl.flock(self._fd, self._fcntl.LOCK_UN)
 
     def close(self) -> None:
         os.close(self._fd)
