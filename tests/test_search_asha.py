@@ -18,6 +18,7 @@ import pytest
 
 from lightning_bridge.search import SEARCHER, SearchDriver, SearchSpec
 from lightning_bridge.search._asha import (
+    EXITED_METRIC,
     Bracket,
     adaptive_brackets,
     bracket_max_concurrent_trials,
@@ -26,7 +27,7 @@ from lightning_bridge.search._asha import (
     insert_index,
     rung_lengths,
 )
-from lightning_bridge.search._methods import AshaMethod, Record
+from lightning_bridge.search._methods import AshaMethod, Record, signed
 
 pytest.importorskip("optuna")
 
@@ -86,6 +87,14 @@ def test_insert_completed_metric() -> None:
     assert insert_index([], 1.2) == 0
     assert insert_index([1.0, 1.0], 1.0) == 0  # a tie ranks the newcomer first
     assert continues(0, 1, 3.0) and not continues(1, 2, 3.0) and continues(1, 8, 4.0)
+
+
+def test_metric_sign() -> None:
+    # asha_stopping_test.go TestGetMetric: smaller_is_better false negates the metric.
+    assert signed(0.25, True) == 0.25 and signed(0.2, False) == -0.2
+    # A NaN metric ranks last (as an exited trial does); infinities stay ordered.
+    assert signed(float("nan"), True) == signed(float("nan"), False) == EXITED_METRIC
+    assert signed(float("inf"), True) == EXITED_METRIC and signed(float("inf"), False) < -1e300
 
 
 def test_stop_trials() -> None:
