@@ -116,9 +116,13 @@ def test_stop_trials() -> None:
 
 
 def _simulate(
-    tmp_path: pathlib.Path, searcher: dict[str, Any], max_units: int, period: int
+    tmp_path: pathlib.Path,
+    searcher: dict[str, Any],
+    max_units: int,
+    period: int,
+    increasing: bool = True,
 ) -> tuple[SearchDriver, dict[int, int]]:
-    """The Go tests' TestSearchRunner.run(max_units, period, increasing=True)."""
+    """The Go tests' TestSearchRunner.run(max_units, period, increasing)."""
     spec = SearchSpec(
         SEARCHER.validate_python(searcher),
         {"x": {"type": "int", "minval": 0, "maxval": 10, "count": 3}},
@@ -128,7 +132,7 @@ def _simulate(
     metric, stopped_at = 0.0, {}
     while (trial := driver.next_trial()) is not None:
         for units in range(0, max_units + 1, period):
-            metric += 1
+            metric += 1 if increasing else -1
             if driver.report(trial, units, metric).stop:
                 stopped_at[trial.number] = units
                 break
@@ -158,6 +162,10 @@ def test_async_halving_search(tmp_path: pathlib.Path) -> None:
     first = trials[0]
     assert first.rungs == {0: [2.0], 1: [4.0], 2: [10.0]} and first.state == "completed"
     assert all(t.state == "stopped" for t in trials[1:])
+    # The same search ranking by larger-is-better on ever smaller metrics stops the same way.
+    flipped = {**searcher, "smaller_is_better": False}
+    _, stopped_at = _simulate(tmp_path / "flipped", flipped, 900, 100, increasing=False)
+    assert Counter(stopped_at.values()) == {900: 1, 100: 9}
 
 
 def test_adaptive_asha_search(tmp_path: pathlib.Path) -> None:
