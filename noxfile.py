@@ -165,7 +165,8 @@ def lint(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def typecheck(session: nox.Session) -> None:
-    """mypy on the package, with torch, lightning, torchmetrics and numpy installed for types."""
+    """mypy on the package, with torch, lightning, torchmetrics, numpy and optuna installed for
+    types."""
     if not any((ROOT / "lightning_bridge").rglob("*.py")):
         session.log("no Python files in lightning_bridge/ yet: nothing to type-check")
         return
@@ -177,6 +178,7 @@ def typecheck(session: nox.Session) -> None:
         "torchmetrics",
         "numpy",
         *_extra("typecheck"),
+        *_extra("search"),
     )
     _check_versions(session, LATEST_LIGHTNING)
     session.run("mypy", "lightning_bridge")

@@ -19,6 +19,7 @@ from lightning_bridge._errors import (
     BridgeError,
     InvalidArgumentError,
     InvalidCheckpointError,
+    InvalidHP,
     InvalidTrialError,
 )
 from lightning_bridge._version import __version__
@@ -97,6 +98,7 @@ __all__ = [
     "Epoch",
     "InvalidArgumentError",
     "InvalidCheckpointError",
+    "InvalidHP",
     "InvalidTrialError",
     "LightningAdapter",
     "LRScheduler",
