@@ -16,10 +16,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
-from lightning.pytorch.utilities.model_helpers import is_overridden
 
 from lightning_bridge._errors import InvalidTrialError
 from lightning_bridge.adapter._lightning_private import _set_sampler_epoch
+from lightning_bridge.adapter._packages import overrides
 
 _MISSING = inspect.Parameter.empty
 
@@ -66,7 +66,7 @@ def build_from_hparams(cls: type, hparams: dict[str, Any], context: Any, what: s
 
 def hook_owner(name: str, module: Any, datamodule: Any) -> Any:
     """Which object's shared data hook runs: the data module's when it overrides it."""
-    if datamodule is not None and is_overridden(name, datamodule):
+    if overrides(datamodule, name, "LightningDataModule"):
         return datamodule
     return module
 
