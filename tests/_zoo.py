@@ -80,7 +80,8 @@ class LitClassifier(pl.LightningModule):
         x, y = batch
         logits = self(x)
         self.val_acc(logits, y)
-        self.log("val_loss", F.cross_entropy(logits, y), prog_bar=True)
+        loss = F.cross_entropy(logits, y)
+        self.log("val_loss", loss, on_step=True, on_epoch=True, prog_bar=True)
         self.log("val_acc", self.val_acc, prog_bar=True)
 
     def configure_optimizers(self) -> Any:
