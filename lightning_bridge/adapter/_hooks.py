@@ -23,16 +23,9 @@ def has_validation(module: Any, datamodule: Any) -> bool:
     return overrides(module, "validation_step", "LightningModule") and loader
 
 
-def refusals(
-    module: Any,
-    datamodule: Any,
-    callbacks: list[Any],
-    settings: TrainerSettings,
-    config: dict[str, Any],
-) -> list[str]:
-    """Messages for everything in the module, data module, settings and callbacks a trial
-    cannot run (empty when it can run all of it)."""
-    name = type(module).__name__
+def signature_refusals(module: Any) -> list[str]:
+    """What the module's `training_step` signature alone rules out (class or instance)."""
+    name = module.__name__ if isinstance(module, type) else type(module).__name__
     out: list[str] = []
     params = inspect.signature(module.training_step).parameters
     if "dataloader_iter" in params:
@@ -45,6 +38,19 @@ def refusals(
             f"{name}.training_step(optimizer_idx) is Lightning 1.x's multiple-optimizer API; "
             "set self.automatic_optimization = False and step self.optimizers() yourself."
         )
+    return out
+
+
+def refusals(
+    module: Any,
+    datamodule: Any,
+    callbacks: list[Any],
+    settings: TrainerSettings,
+    config: dict[str, Any],
+) -> list[str]:
+    """Messages for everything in the module, data module, settings and callbacks a trial
+    cannot run (empty when it can run all of it)."""
+    out = signature_refusals(module)
     if not module.automatic_optimization:
         # lightning.Trainer refuses both under manual optimization, with these messages.
         if settings.accumulate_grad_batches != 1:

@@ -231,3 +231,11 @@ def model_callbacks(module: Any, call: Any) -> list[Any]:
     if isinstance(returned, package.Callback) or is_a(returned, "Callback"):
         return [returned]
     return list(returned)
+
+
+def checkpoint_monitor(callbacks: list[Any]) -> tuple[str, str] | None:
+    """(monitor, mode) of the first ModelCheckpoint that monitors a metric, if any."""
+    for cb in callbacks:
+        if _is(cb, "ModelCheckpoint") and getattr(cb, "monitor", None):
+            return str(cb.monitor), str(cb.mode)
+    return None
