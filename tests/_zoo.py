@@ -387,6 +387,7 @@ class Case:
     epochs: int = 3
     length_unit: str = "epochs"
     validate_every: int = 1
+    validate_unit: str = "epochs"
     aggregation: int = 1
     callbacks: Callable[[], list[Any]] = list
     datamodule: type | None = None
@@ -532,6 +533,16 @@ CASES = [
         epochs=4,
         validate_every=2,
         trainer={"check_val_every_n_epoch": 2},
+    ),
+    Case(
+        "validate_every_4_batches",
+        "val_check_interval=4 batches across epochs (check_val_every_n_epoch=None)",
+        SparsePlateau,
+        {"global_batch_size": 8, "lr": 0.05},
+        epochs=4,
+        validate_every=4,
+        validate_unit="batches",
+        trainer={"val_check_interval": 4, "check_val_every_n_epoch": None},
     ),
     Case(
         "bf16_mixed",

@@ -96,7 +96,7 @@ def trial_config(case: Case) -> dict[str, Any]:
             "smaller_is_better": case.smaller_is_better,
             "max_length": {case.length_unit: length},
         },
-        "min_validation_period": {"epochs": case.validate_every},
+        "min_validation_period": {case.validate_unit: case.validate_every},
     }
 
 
@@ -130,7 +130,9 @@ def run_trial(api: ModuleType, case: Case) -> Run:
         ((unit, length),) = config["searcher"]["max_length"].items()
         api.Trainer(trial, ctx).fit(
             max_length=api.Epoch(length) if unit == "epochs" else api.Batch(length),
-            validation_period=api.Epoch(case.validate_every),
+            validation_period=(api.Epoch if case.validate_unit == "epochs" else api.Batch)(
+                case.validate_every
+            ),
             reporting_period=api.Epoch(1),
             checkpoint_policy="none",
         )

@@ -145,3 +145,43 @@ def test_pytorch_lightning_classes_are_accepted(workdir: pathlib.Path) -> None:
     assert not issubclass(case.module, pl.LightningModule)
     trial_cls = bridge.lightning_trial(case.module, case.datamodule)
     assert issubclass(trial_cls, bridge.PyTorchTrial)
+
+
+class SequentialAveraged(BY_NAME["swa"].module):  # type: ignore[misc, name-defined]
+    """The SWA case without shuffling, so a continued run sees the same batches."""
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(blobs(48, 1), batch_size=8)
+
+
+def test_continuing_keeps_the_callbacks_state(workdir: pathlib.Path) -> None:
+    # SWA's averaged weights, its count and SWALR's state ride in the trial's checkpoint:
+    # 2 epochs, then 2 more from the checkpoint, end where 4 epochs straight end.
+    from tests._zoo_runner import weights
+
+    case = BY_NAME["swa"]
+    trial_cls = bridge.lightning_trial(SequentialAveraged, callbacks=case.callbacks())
+
+    def fit(epochs: int, checkpoint: Any = None) -> Any:
+        with bridge.init(
+            hparams=dict(case.hparams),
+            exp_conf={"searcher": {"name": "single", "metric": "val_loss",
+                                   "max_length": {"epochs": 4}}},
+            trainer_kwargs=BRIDGE_TRAINER,
+            enable_tensorboard_logging=False,
+        ) as ctx:  # fmt: skip
+            trial = trial_cls(ctx)
+            trainer = bridge.Trainer(trial, ctx)
+            trainer.fit(
+                max_length=bridge.Epoch(epochs),
+                checkpoint_period=bridge.Epoch(1),
+                latest_checkpoint=checkpoint,
+            )
+            return trial, trainer.checkpoints
+
+    straight, _ = fit(4)
+    _, checkpoints = fit(2)
+    continued, _ = fit(4, checkpoints[-1])
+    assert max_diff(weights(continued.lightning_module), weights(straight.lightning_module)) == 0
+    swa = continued.lightning_module.trainer.callbacks[0]
+    assert int(swa.n_averaged) == 3  # epochs 2, 3 and 4 were averaged
