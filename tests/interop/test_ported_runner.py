@@ -20,7 +20,7 @@ import torch
 import yaml
 
 from lightning_bridge.port._write import write_trial_folder
-from tests._cli_folders import checkpoint_weights, steps_completed
+from tests._cli_folders import checkpoint_weights, kept_checkpoints, steps_completed
 
 pytestmark = pytest.mark.interop
 pytest.importorskip("determined.pytorch")
@@ -107,8 +107,9 @@ def test_ported_plateau_module_trains_like_lightning(
 
     result = _run(out, "run", "const.yaml")
     assert result.returncode == 0, result.stderr[-3000:]
-    kept = [p for p in (out / "checkpoints").iterdir() if p.is_dir() and not p.is_symlink()]
-    checkpoints = sorted(kept, key=steps_completed)
+    checkpoints = sorted(
+        kept_checkpoints(workspace=tmp_path / "xdg" / "lightning-bridge"), key=steps_completed
+    )
     got = checkpoint_weights(checkpoints[-1])
 
     sys.path.insert(0, str(project))
