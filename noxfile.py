@@ -135,9 +135,7 @@ def _pytest(
     session.run("pytest", *args, *session.posargs, env=env, success_codes=success)
 
 
-@nox.session(python=PYTHON)
-@nox.parametrize("lightning", LIGHTNING_MINORS, ids=[f"lightning-{v}" for v in LIGHTNING_MINORS])
-def tests(session: nox.Session, lightning: str) -> None:
+def _tests(session: nox.Session, lightning: str) -> None:
     """Unit and integration tests against one lightning minor version."""
     constraints = _install_torch(session, lightning)
     session.install("-c", constraints, f"lightning=={lightning}.*", "torchmetrics", *_extra("test"))
@@ -154,6 +152,20 @@ def tests(session: nox.Session, lightning: str) -> None:
         _data_home(session),
         allow_empty,
     )
+
+
+def _register_tests(lightning: str) -> None:
+    """The session `tests-<minor>` (e.g. `./test -s tests-2.6`)."""
+
+    def tests(session: nox.Session) -> None:
+        _tests(session, lightning)
+
+    tests.__doc__ = f"Unit and integration tests against lightning {lightning}."
+    nox.session(python=PYTHON, name=f"tests-{lightning}")(tests)
+
+
+for _minor in LIGHTNING_MINORS:
+    _register_tests(_minor)
 
 
 @nox.session(python=PYTHON)
