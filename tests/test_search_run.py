@@ -24,7 +24,7 @@ from lightning_bridge.search import SearchDriver, parse_space, trial_draw
 from tests import _search_folder as sf
 
 pytest.importorskip("optuna")
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.search]
 
 # adaptive_asha, aggressive: one bracket of min(max_rungs 3, int(log 16 / log 2) + 1,
 # int(log 4 / log 2) + 1) = 3 rungs at 16 / 2**2, 16 / 2, 16 batches; 2 trials at once.
@@ -56,13 +56,14 @@ class Search:
             self.experiment = registry.experiment(experiment_id)
             self.trials = registry.trials(experiment_id)
             self.validations = {
-                t.id: [m.batches for m in registry.metrics(t.id, "validation")]
-                for t in self.trials
+                t.id: [m.batches for m in registry.metrics(t.id, "validation")] for t in self.trials
             }
             self.checkpoints = registry.checkpoints(experiment_id=experiment_id)
             self.best = registry.best_checkpoints(experiment_id, 1)
         search = self.experiment.options["search"]
-        storage = search["storage"] or str(workspace / f"experiments/{experiment_id}/search.journal")
+        storage = search["storage"] or str(
+            workspace / f"experiments/{experiment_id}/search.journal"
+        )
         driver = SearchDriver(storage, search["name"])
         self.views = driver.trials()
         self.finished = driver.is_finished()
