@@ -42,8 +42,9 @@ from lightning_bridge.record._registry import Registry
 from lightning_bridge.record._schema import TrialState
 from lightning_bridge.search import SearchDriver, TrialSpec
 
-# How often a worker with room looks for trials other workers' reports created (seconds).
-POLL_S = 1.0
+# How often a worker with room looks for pending trials (seconds): a trial closes itself in
+# the search when its fit ends, before its process exits, and the next may start then.
+POLL_S = 0.25
 # A running trial not heard of for this long is taken as lost with its worker and given back.
 LOST_AFTER_S = 300.0
 
