@@ -33,7 +33,6 @@ process.
 
 from __future__ import annotations
 
-import getpass
 import os
 import pwd
 import shutil
@@ -393,7 +392,7 @@ def postgres(session: nox.Session) -> None:
         )
         session.install("-c", constraints, "-e", ".")
         _check_versions(session, LATEST_LIGHTNING)
-        session.log(f"PostgreSQL server at {url} (user {getpass.getuser()})")
+        session.log(f"PostgreSQL server at {url}")
         env = {**_data_home(session), "LIGHTNING_BRIDGE_TEST_POSTGRES": url}
         _pytest(session, ["-m", "postgres", "-q", "-rs"], env, None)
     finally:

@@ -132,11 +132,23 @@ def finish(process: subprocess.Popen[bytes], log: pathlib.Path, timeout: float =
     return log.read_text()
 
 
-def wait_for(condition: Any, timeout: float, what: str) -> Any:
+def wait_for(
+    condition: Any,
+    timeout: float,
+    what: str,
+    process: subprocess.Popen[bytes] | None = None,
+    log: pathlib.Path | None = None,
+) -> Any:
+    """Poll `condition` until it is true; fail at `timeout`, or as soon as `process` ends
+    (showing its `log`)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         found = condition()
         if found:
             return found
+        if process is not None and process.poll() is not None:
+            shown = log.read_text()[-4000:] if log is not None else ""
+            raise AssertionError(f"the command ended before {what}:\n{shown}")
         time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
+    shown = log.read_text()[-4000:] if log is not None else ""
+    raise AssertionError(f"timed out waiting for {what}\n{shown}")

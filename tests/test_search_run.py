@@ -97,7 +97,7 @@ def asha(tmp_path_factory: pytest.TempPathFactory) -> Search:
                 for m in registry.metrics(t.id, "validation")
             )
 
-    sf.wait_for(trained_first_rung, 240, "a trial to reach its first rung")
+    sf.wait_for(trained_first_rung, 240, "a trial to reach its first rung", run, log)
     run.send_signal(signal.SIGINT)  # Ctrl-C on the command (its trials are signalled by it)
     first = sf.finish(run, log)
     assert run.returncode == 0, first

@@ -56,7 +56,7 @@ def _two_workers(tmp_path: pathlib.Path, storage: str, kill: bool) -> None:
         found = re.search(r"search-worker (\S+) --storage", (tmp_path / "a.log").read_text())
         return found.group(1) if found else None
 
-    name = sf.wait_for(announced, 120, "the run to name its search")
+    name = sf.wait_for(announced, 300, "the run to name its search", run, tmp_path / "a.log")
     worker = sf.start(["search-worker", name, "--workspace", str(second), *common], tmp_path,
                       tmp_path / "b.log")  # fmt: skip
     try:
@@ -67,6 +67,8 @@ def _two_workers(tmp_path: pathlib.Path, storage: str, kill: bool) -> None:
                 lambda: any(t.batches_trained >= 4 for t in _trials(second)),  # type: ignore[attr-defined]
                 240,
                 "the second worker's trial to train",
+                worker,
+                tmp_path / "b.log",
             )
             os.killpg(worker.pid, signal.SIGKILL)
             worker.wait(30)

@@ -84,8 +84,9 @@ class ResolvedConfig:
         )
 
     def require_one_trial(self) -> None:
-        """Refuse a searcher of several trials where one trial's values are needed."""
-        if self.is_search:
+        """Refuse a searcher of several trials where one trial's values are needed (and were
+        not given: a search's trial has them)."""
+        if self.is_search and self._hparams is None:
             name = self.model.searcher.name
             raise InvalidArgumentError(
                 f"searcher.name: the {name} searcher runs several trials, each with its own "
