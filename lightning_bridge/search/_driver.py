@@ -19,15 +19,14 @@ import os
 import secrets
 import socket
 import time
-from dataclasses import dataclass
 from typing import Any
 
 from lightning_bridge._errors import InvalidArgumentError
 from lightning_bridge.search._methods import Create, Record, method_for, signed
 from lightning_bridge.search._optuna_view import params_and_distributions
-from lightning_bridge.search._searchers import SEARCHER, SearcherConfig
 from lightning_bridge.search._space import parse_space, trial_draw
 from lightning_bridge.search._storage import import_optuna, open_storage
+from lightning_bridge.search._views import Decision, SearchSpec, TrialSpec, TrialView
 
 _SEARCH = "lightning_bridge:search"  # study: the search's config and experiment seed
 _TRIAL = "lightning_bridge:trial"  # trial, fixed at creation: request, bracket, cause, values
@@ -36,77 +35,6 @@ _WORKER = "lightning_bridge:worker"  # trial: who pulled it and when
 _HEARTBEAT = "lightning_bridge:heartbeat"
 _RESUME = "lightning_bridge:resume"
 _NOTE = "lightning_bridge:note:"  # trial: what workers note for each other (`note`)
-
-
-@dataclass(frozen=True)
-class SearchSpec:
-    """What a search searches: its searcher, its `hyperparameters` section, its seed."""
-
-    searcher: SearcherConfig
-    hyperparameters: dict[str, Any]
-    experiment_seed: int | None = None
-
-    def to_json(self, seed: int) -> dict[str, Any]:
-        return {
-            "searcher": self.searcher.model_dump(mode="json", exclude_none=True),
-            "hyperparameters": self.hyperparameters,
-            "experiment_seed": seed,
-        }
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> SearchSpec:
-        return cls(
-            SEARCHER.validate_python(data["searcher"]),
-            data["hyperparameters"],
-            data["experiment_seed"],
-        )
-
-
-@dataclass(frozen=True)
-class TrialSpec:
-    """A trial to train: `number` is its creation index in the search (0, 1, ...)."""
-
-    number: int
-    hparams: dict[str, Any]
-    seed: int
-    bracket: int
-    # ASHA: the lengths (in `unit`) at which the trial is ranked; the last is max_length.
-    rungs: tuple[int, ...]
-    unit: str | None
-    # Paused before (Ctrl-C, a lost worker): continue from its latest checkpoint.
-    resumed: bool
-    # What workers noted on the trial (`SearchDriver.note`), e.g. where they recorded it.
-    notes: dict[str, Any] = dataclasses.field(default_factory=dict)
-    # How many times a worker pulled it (1 the first time); a process holding an older pull
-    # (its trial was given back meanwhile) can no longer report, close or give it back.
-    attempt: int = 0
-
-
-@dataclass(frozen=True)
-class Decision:
-    """The searcher's answer to a reported metric: stop the trial now, or train on (to the
-    next rung length when there is one)."""
-
-    stop: bool
-    next_rung: int | None = None
-
-
-@dataclass(frozen=True)
-class TrialView:
-    """A trial as the search records it (for listings and tests)."""
-
-    number: int
-    state: str  # waiting, running, completed, stopped, errored, invalid_hp
-    hparams: dict[str, Any]
-    seed: int
-    bracket: int
-    rungs: dict[int, list[float]]
-    metrics: dict[int, float]  # reported metric by length
-    # Each report as the search took it: (length, metric, stop, time); not compared (two
-    # searches that decide alike differ in when).
-    reports: list[tuple[int, float, bool, float]] = dataclasses.field(
-        default_factory=list, compare=False
-    )
 
 
 class SearchDriver:
