@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import pathlib
+import signal
 from typing import Any
 
 import pytest
@@ -112,3 +114,34 @@ def test_a_stop_ends_the_fit_at_the_rung(tmp_path: pathlib.Path, monkeypatch: An
     assert metadata["steps_completed"] == 4
     # The searcher replaced the stopped trial (the bracket has room for 4).
     assert len(driver.trials()) == 3
+
+
+class SignalledAtBatch4(LinearTrial):
+    """Sends itself SIGTERM while it trains batch 4 (a rung of the search)."""
+
+    def train_batch(self, batch: Any, epoch_idx: int, batch_idx: int) -> Any:
+        if batch_idx == 3:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return super().train_batch(batch, epoch_idx, batch_idx)
+
+
+def test_a_signal_at_a_rung_validates_it_first(tmp_path: pathlib.Path, monkeypatch: Any) -> None:
+    driver = _driver(tmp_path)
+    spec = driver.next_trial()
+    assert spec is not None
+    exp_conf = _as_search_trial(tmp_path, monkeypatch, driver, spec)
+    with pytest.raises(SystemExit) as stopped:
+        fit(
+            SignalledAtBatch4,
+            init_kwargs={"exp_conf": exp_conf, "checkpoint_dir": tmp_path / "checkpoints"},
+            max_length=Batch(16),
+            checkpoint_policy="none",
+        )
+    assert stopped.value.code == 0
+    # The rung's metric is in the search (not measured later, after the resume), and the trial
+    # is given back to be continued from its checkpoint of batch 4.
+    view = driver.trials()[spec.number]
+    assert [(length, stop) for length, _m, stop, _t in view.reports] == [(4, False)]
+    assert view.state == "waiting"
+    again = driver.next_trial()
+    assert again is not None and again.number == spec.number and again.resumed

@@ -112,7 +112,9 @@ class TrialBoundaries(pl.Callback):
     ) -> None:
         module = self._module(pl_module)
         if self.preempted_by is not None:
-            self._preempt(trainer, module)
+            # A search's rung is not left for after the resume: validated before stopping.
+            rung = self._search is not None and _Kind.VALIDATE in self._reached(module)
+            self._preempt(trainer, module, validate=rung)
             return
         reached = self._reached(module)
         if not reached:
@@ -160,8 +162,10 @@ class TrialBoundaries(pl.Callback):
     def _on_signal(self, signum: int, frame: Any) -> None:
         self.preempted_by = signal.Signals(signum).name
 
-    def _preempt(self, trainer: pl.Trainer, module: TrialModule) -> None:
+    def _preempt(self, trainer: pl.Trainer, module: TrialModule, validate: bool = False) -> None:
         self._report_training(module, module.close_training_window())
+        if validate and not module.state.validation_is_current:
+            self._validate(trainer, module)
         if not module.state.checkpoint_is_current:
             self._checkpoint(module)
         self.stopped_early = True

@@ -126,9 +126,9 @@ class SearchReport:
         """The fit ended: a signal stopped it (`preempted`: given back, to resume from its
         checkpoint), it trained to its length or the searcher stopped it (completed), or it
         asked to stop on its own (`stopped_early`: an early exit to the searcher)."""
-        if preempted:
+        if preempted and not self.stopped:
             self.driver.pause(self.trial)
-        else:
+        else:  # trained to its end, or the searcher stopped it (nothing left to resume)
             self.driver.complete(self.trial, early=stopped_early and not self.stopped)
 
     def failed(self, exc: BaseException) -> None:
