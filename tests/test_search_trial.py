@@ -125,23 +125,37 @@ class SignalledAtBatch4(LinearTrial):
         return super().train_batch(batch, epoch_idx, batch_idx)
 
 
-def test_a_signal_at_a_rung_validates_it_first(tmp_path: pathlib.Path, monkeypatch: Any) -> None:
+@pytest.mark.parametrize("beaten", [False, True])
+def test_a_signal_at_a_rung_validates_it_first(
+    tmp_path: pathlib.Path, monkeypatch: Any, beaten: bool
+) -> None:
     driver = _driver(tmp_path)
+    if beaten:
+        better = driver.next_trial()
+        assert better is not None
+        driver.report(better, 4, -1.0e9)  # a rung-0 metric no trial beats
     spec = driver.next_trial()
     assert spec is not None
     exp_conf = _as_search_trial(tmp_path, monkeypatch, driver, spec)
+    kwargs: dict[str, Any] = {
+        "init_kwargs": {"exp_conf": exp_conf, "checkpoint_dir": tmp_path / "checkpoints"},
+        "max_length": Batch(16),
+        "checkpoint_policy": "none",
+    }
+    view_of = lambda: driver.trials()[spec.number]  # noqa: E731
+    if beaten:
+        # The rung's metric decides: the searcher stops the trial there; it is done (closed
+        # in the search, nothing to continue), not given back.
+        _, trainer = fit(SignalledAtBatch4, **kwargs)
+        assert [(length, stop) for length, _m, stop, _t in view_of().reports] == [(4, True)]
+        assert view_of().state == "stopped"
+        return
     with pytest.raises(SystemExit) as stopped:
-        fit(
-            SignalledAtBatch4,
-            init_kwargs={"exp_conf": exp_conf, "checkpoint_dir": tmp_path / "checkpoints"},
-            max_length=Batch(16),
-            checkpoint_policy="none",
-        )
+        fit(SignalledAtBatch4, **kwargs)
     assert stopped.value.code == 0
     # The rung's metric is in the search (not measured later, after the resume), and the trial
     # is given back to be continued from its checkpoint of batch 4.
-    view = driver.trials()[spec.number]
-    assert [(length, stop) for length, _m, stop, _t in view.reports] == [(4, False)]
-    assert view.state == "waiting"
+    assert [(length, stop) for length, _m, stop, _t in view_of().reports] == [(4, False)]
+    assert view_of().state == "waiting"
     again = driver.next_trial()
     assert again is not None and again.number == spec.number and again.resumed

@@ -207,6 +207,9 @@ class Trainer:
                 for pattern in _ENGINE_WARNINGS:
                     warnings.filterwarnings("ignore", message=pattern)
                 trainer.fit(module)
+            if boundaries.search_stopped:
+                # The searcher stopped it at the rung its signal came at: it is done.
+                boundaries.preempted_by = None
             if record is not None and module.is_chief:
                 record.ended(boundaries.preempted_by)
             if search is not None and module.is_chief:
