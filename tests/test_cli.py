@@ -205,7 +205,7 @@ def test_bad_config_exits_2_with_the_key_path(
     assert not validations(config.parent)
 
 
-def test_search_config_names_the_one_trial_fix(
+def test_a_search_in_test_mode_trains_its_first_configuration(
     tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     hparams = {
@@ -217,16 +217,21 @@ def test_search_config_names_the_one_trial_fix(
         tmp_path,
         _config(hyperparameters=hparams, searcher={**BASE_CONFIG["searcher"], **searcher}),
     )
-    assert main(["run", str(config)]) == 2
-    err = capsys.readouterr().err
-    assert "the random searcher runs several trials" in err
-    assert "--set searcher.name=single" in err
+    # Test mode (Determined's runs one trial): the configuration the search draws first.
+    assert main(["run", str(config), "--test"]) == 0
+    seen = json.loads((config.parent / "seen.json").read_text())
+    resolved = parse_config(yaml.safe_load(config.read_text()))
+    assert seen["hparams"]["lr"] == resolved.first_configuration().hparams["lr"]
     # One trial: the single searcher samples the range once, from the experiment seed.
     assert main(["run", str(config), "--set", "searcher.name=single", "--test"]) == 0
     seen = json.loads((config.parent / "seen.json").read_text())
     expected = parse_config(yaml.safe_load(config.read_text()), ["searcher.name=single"])
     assert seen["hparams"]["lr"] == expected.hparams["lr"]
     assert 1e-3 <= seen["hparams"]["lr"] <= 1e-1
+    # --storage is a search's; a config of one trial refuses it.
+    capsys.readouterr()
+    assert main(["run", str(config), "--set", "searcher.name=single", "--storage", "s"]) == 2
+    assert "--storage keeps the state of a hyperparameter search" in capsys.readouterr().err
 
 
 def test_trial_errors_exit_1(tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:

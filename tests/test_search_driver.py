@@ -58,7 +58,9 @@ def _other_worker(storage: str, name: str, out: str, ready: Any, go: Any) -> Non
 POSTGRES = os.environ.get("LIGHTNING_BRIDGE_TEST_POSTGRES")
 
 
-@pytest.mark.parametrize("kind", ["journal", "sqlite", "postgresql"])
+@pytest.mark.parametrize(
+    "kind", ["journal", "sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)]
+)
 def test_two_workers_share_one_search(tmp_path: pathlib.Path, kind: str) -> None:
     storage = {
         "journal": str(tmp_path / "search.journal"),

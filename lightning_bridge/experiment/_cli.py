@@ -3,6 +3,8 @@ runs, `port` a Lightning project.
 
     lightning-bridge run const.yaml [CONTEXT_DIR] [--set KEY.PATH=VALUE ...] [--test]
         [--resume CKPT] [--devices N] [--accelerator A] [--precision P] [--strategy S]
+        [--storage URL]
+    lightning-bridge search-worker NAME --storage URL [--context-dir DIR]
     lightning-bridge experiment list | describe ID | continue ID | plot ID [--out FILE]
     lightning-bridge trial logs ID
     lightning-bridge checkpoint list [--experiment ID] [--best [N]] | download UUID --out DIR
@@ -112,7 +114,50 @@ def _add_run(commands: Any, common: argparse.ArgumentParser) -> None:
         "--precision", default=None, help="Lightning precision: 32-true, bf16-mixed, 16-mixed"
     )
     run.add_argument("--strategy", default=None, help="Lightning strategy: ddp, fsdp, ...")
+    _search_options(run)
     run.set_defaults(handler=_run)
+
+
+def _search_options(parser: argparse.ArgumentParser, required: bool = False) -> None:
+    parser.add_argument(
+        "--storage",
+        required=required,
+        default=None,
+        metavar="URL",
+        help="where a hyperparameter search keeps its state: a journal file path, "
+        "sqlite:///FILE or postgresql://USER@HOST/DB (workers on several machines); default: "
+        "a journal file in the experiment's folder",
+    )
+    parser.add_argument(
+        "--lost-after",
+        type=float,
+        default=300.0,
+        metavar="SECONDS",
+        help="a search's running trial not heard of for this long is taken as lost with its "
+        "worker and given to another (default 300)",
+    )
+
+
+def _add_search_worker(commands: Any, common: argparse.ArgumentParser) -> None:
+    worker = commands.add_parser(
+        "search-worker",
+        parents=[common],
+        help="train trials of a search started elsewhere (another machine's worker)",
+        description="Pull trials from the hyperparameter search NAME in the shared --storage "
+        "and train them on this machine, recording them in this machine's workspace, until the "
+        "search is finished. `lightning-bridge run` prints NAME when it starts a search.",
+    )
+    worker.add_argument("experiment", metavar="NAME", help="the search's name in the storage")
+    _search_options(worker, required=True)
+    worker.add_argument(
+        "--context-dir",
+        type=pathlib.Path,
+        default=None,
+        metavar="DIR",
+        help="the trial code's folder on this machine (default: the folder the search was "
+        "started from, which must then exist here too)",
+    )
+    worker.set_defaults(handler=_search_worker)
 
 
 def _add_record_commands(commands: Any, common: argparse.ArgumentParser) -> None:
@@ -135,6 +180,13 @@ def _add_record_commands(commands: Any, common: argparse.ArgumentParser) -> None
         help="continue each unfinished trial from its latest checkpoint",
     )
     cont.add_argument("id", type=int, metavar="ID")
+    cont.add_argument(
+        "--lost-after",
+        type=float,
+        default=300.0,
+        metavar="SECONDS",
+        help="a search's trial not heard of for this long is given to another worker",
+    )
     cont.set_defaults(handler=_continue)
     plot = verbs.add_parser(
         "plot", parents=parents, help="write a PNG of each trial's training and validation curves"
@@ -181,6 +233,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     common = _workspace_options()
     _add_run(commands, common)
+    _add_search_worker(commands, common)
     _add_record_commands(commands, common)
 
     port = commands.add_parser(
@@ -223,6 +276,12 @@ def _run(args: argparse.Namespace, from_command_line: bool) -> int:
         strategy=args.strategy,
         accelerator=args.accelerator,
     )
+    if not options.test_mode:  # a search runs its trials (test mode trains its first one)
+        from lightning_bridge.experiment._search import run_search
+
+        searched = run_search(args, options)
+        if searched is not None:
+            return searched
     try:
         plan = _runner.prepare(args.config, args.context_dir, options)
         warning = _runner.unused_warning(plan)
@@ -283,6 +342,12 @@ def _trial(args: argparse.Namespace, from_command_line: bool) -> int:
     from lightning_bridge.experiment._experiments import run_from_file
 
     return _guarded(lambda: run_from_file(pathlib.Path(args.run_file)))
+
+
+def _search_worker(args: argparse.Namespace, from_command_line: bool) -> int:
+    from lightning_bridge.experiment._search import search_worker
+
+    return search_worker(args)
 
 
 def _continue(args: argparse.Namespace, from_command_line: bool) -> int:

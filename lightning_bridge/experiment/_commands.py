@@ -212,6 +212,10 @@ def experiment_continue(args: argparse.Namespace) -> int:
     from lightning_bridge.experiment._experiments import continue_experiment
 
     with open_registry(args) as registry:
+        if registry.experiment(args.id).options.get("search"):
+            from lightning_bridge.experiment._search import continue_search
+
+            return continue_search(registry, args.id, float(args.lost_after))
         code, trials = continue_experiment(registry, args.id, args.from_command_line)
         if not trials:
             print(f"Experiment {args.id} is complete: every trial completed; nothing to continue.")

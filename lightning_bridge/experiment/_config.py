@@ -37,6 +37,7 @@ from lightning_bridge.search import (
     SEARCHER_NAMES,
     SearchSpec,
     Space,
+    grid_points,
     missing_counts,
     parse_space,
     trial_draw,
@@ -83,16 +84,28 @@ class ResolvedConfig:
         )
 
     def require_one_trial(self) -> None:
-        """Refuse a searcher of several trials: running one is not supported yet."""
-        if self.is_search:
+        """Refuse a searcher of several trials where one trial's values are needed (and were
+        not given: a search's trial has them)."""
+        if self.is_search and self._hparams is None:
             name = self.model.searcher.name
             raise InvalidArgumentError(
-                f"searcher.name: the {name} searcher runs several trials, and lightning-bridge "
-                "run trains one trial (searches are coming); train one configuration with "
-                "--set searcher.name=single (hyperparameter ranges are then sampled once from "
-                "reproducibility.experiment_seed), or give each one a value with --set "
-                "hyperparameters.NAME=VALUE"
+                f"searcher.name: the {name} searcher runs several trials, each with its own "
+                "hyperparameters; run the search with `lightning-bridge run CONFIG`, or train "
+                "one configuration with --set searcher.name=single (hyperparameter ranges are "
+                "then sampled once from reproducibility.experiment_seed)"
             )
+
+    def first_configuration(self) -> ResolvedConfig:
+        """The search's first trial as a config of its own (the hyperparameters the searcher
+        draws first, from `experiment_seed` or 0): what test mode trains, and what a search's
+        entrypoint and lengths are checked with before it starts."""
+        if not self.is_search:
+            return self
+        if self.model.searcher.name == "grid":
+            hparams = grid_points(self.space)[-1]  # Determined takes the grid from its end
+        else:
+            hparams = trial_draw(self.space, self.model.reproducibility.experiment_seed or 0, 0)[1]
+        return ResolvedConfig(self.raw, self.model, self.space, hparams)
 
     @property
     def hparams(self) -> dict[str, Any]:

@@ -31,6 +31,7 @@ from lightning_bridge.experiment._checkpoints import (
     resolve_resume,
 )
 from lightning_bridge.experiment._config import ResolvedConfig, parse_config
+from lightning_bridge.experiment._parent import follow_parent
 from lightning_bridge.experiment._source import warm_start_source
 from lightning_bridge.record._registry import Registry
 from lightning_bridge.record._schema import TrialState
@@ -242,6 +243,7 @@ def run_from_file(run_file: pathlib.Path) -> int:
     """One trial from its run description alone (`lightning-bridge _trial RUN_FILE`): the
     other ranks Lightning's launcher starts, or a trial a searcher starts as a subprocess. The
     chief records how it ended; other ranks only train."""
+    follow_parent()  # a search's trial stops with the worker that started it
     try:
         run = json.loads(run_file.read_text())
     except (OSError, ValueError) as exc:
@@ -262,6 +264,8 @@ def run_from_file(run_file: pathlib.Path) -> int:
         latest_checkpoint=run.get("latest_checkpoint"),
         continue_command=str(run.get("continue_command") or ""),
         warm_start=run.get("warm_start"),
+        seed=run.get("trial_seed") if run.get("search") else None,
+        search=run.get("search"),
     )
     chief = (
         int(os.environ.get("LOCAL_RANK", "0") or 0) == 0

@@ -87,6 +87,9 @@ class TrialRun:
     # fit()'s warm_start: True when the trial starts from another trial's checkpoint
     # (searcher.source_checkpoint_uuid / source_trial_id), None to let the checkpoint decide.
     warm_start: bool | None = None
+    # A search's trial: its seed, and the search it reports to (`_search_report`).
+    seed: int | None = None
+    search: dict[str, Any] | None = None
 
     @property
     def checkpoint_dir(self) -> pathlib.Path:
@@ -104,6 +107,8 @@ class TrialRun:
 def prepare(config_path: str | os.PathLike[str], context_dir: Any, options: Options) -> Plan:
     """Load and validate everything a run needs; raise InvalidArgumentError on bad input."""
     config = load_config(config_path, options.overrides)
+    if options.test_mode:
+        config = config.first_configuration()  # a search's test: its first trial
     config.require_one_trial()
     config_file = pathlib.Path(config_path).resolve()
     folder = pathlib.Path(context_dir) if context_dir is not None else config_file.parent
@@ -273,7 +278,12 @@ def describe_run(plan: Plan, trial: TrialRun) -> dict[str, Any]:
     return {
         "config": plan.experiment_config(),
         "hparams": plan.config.hparams,
-        "trial_seed": plan.config.model.reproducibility.experiment_seed or 0,
+        "trial_seed": (
+            trial.seed
+            if trial.seed is not None
+            else plan.config.model.reproducibility.experiment_seed or 0
+        ),
+        "search": trial.search,
         "latest_checkpoint": trial.latest_checkpoint,
         "warm_start": trial.warm_start,
         "trust_checkpoint": plan.options.trust_checkpoint,

@@ -3,17 +3,13 @@
 The hyperparameter space of an experiment config (`_space`, `_grid`), its `searcher` section
 (`_searchers`), the reference's search methods over a search's trials (`_methods`, `_asha`),
 and `SearchDriver`, which keeps a search in an Optuna study (a journal file, SQLite or
-PostgreSQL; `_storage`) so several processes can serve it and a restarted one goes on. Optuna
-is the `search` extra; nothing here imports it until a driver is made.
+PostgreSQL; `_storage`) so several processes can serve it and a restarted one goes on: the
+workers that start trials and the trials' own processes, which report to it (`_views` holds
+what they pass each other). Optuna is the `search` extra; nothing here imports it until a
+driver is made.
 """
 
-from lightning_bridge.search._driver import (
-    Decision,
-    SearchDriver,
-    SearchSpec,
-    TrialSpec,
-    TrialView,
-)
+from lightning_bridge.search._driver import SearchDriver
 from lightning_bridge.search._grid import grid_points, missing_counts
 from lightning_bridge.search._searchers import (
     REMOVED,
@@ -31,6 +27,7 @@ from lightning_bridge.search._space import (
     parse_space,
     trial_draw,
 )
+from lightning_bridge.search._views import Decision, SearchSpec, TrialSpec, TrialView
 
 __all__ = [
     "HP_FORM",

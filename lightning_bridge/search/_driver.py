@@ -13,20 +13,20 @@ never run again.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import secrets
 import socket
 import time
-from dataclasses import dataclass
 from typing import Any
 
 from lightning_bridge._errors import InvalidArgumentError
 from lightning_bridge.search._methods import Create, Record, method_for, signed
 from lightning_bridge.search._optuna_view import params_and_distributions
-from lightning_bridge.search._searchers import SEARCHER, SearcherConfig
 from lightning_bridge.search._space import parse_space, trial_draw
 from lightning_bridge.search._storage import import_optuna, open_storage
+from lightning_bridge.search._views import Decision, SearchSpec, TrialSpec, TrialView
 
 _SEARCH = "lightning_bridge:search"  # study: the search's config and experiment seed
 _TRIAL = "lightning_bridge:trial"  # trial, fixed at creation: request, bracket, cause, values
@@ -34,67 +34,7 @@ _STATE = "lightning_bridge:state"  # trial, one write per event: rung, rungs, st
 _WORKER = "lightning_bridge:worker"  # trial: who pulled it and when
 _HEARTBEAT = "lightning_bridge:heartbeat"
 _RESUME = "lightning_bridge:resume"
-
-
-@dataclass(frozen=True)
-class SearchSpec:
-    """What a search searches: its searcher, its `hyperparameters` section, its seed."""
-
-    searcher: SearcherConfig
-    hyperparameters: dict[str, Any]
-    experiment_seed: int | None = None
-
-    def to_json(self, seed: int) -> dict[str, Any]:
-        return {
-            "searcher": self.searcher.model_dump(mode="json", exclude_none=True),
-            "hyperparameters": self.hyperparameters,
-            "experiment_seed": seed,
-        }
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> SearchSpec:
-        return cls(
-            SEARCHER.validate_python(data["searcher"]),
-            data["hyperparameters"],
-            data["experiment_seed"],
-        )
-
-
-@dataclass(frozen=True)
-class TrialSpec:
-    """A trial to train: `number` is its creation index in the search (0, 1, ...)."""
-
-    number: int
-    hparams: dict[str, Any]
-    seed: int
-    bracket: int
-    # ASHA: the lengths (in `unit`) at which the trial is ranked; the last is max_length.
-    rungs: tuple[int, ...]
-    unit: str | None
-    # Paused before (Ctrl-C, a lost worker): continue from its latest checkpoint.
-    resumed: bool
-
-
-@dataclass(frozen=True)
-class Decision:
-    """The searcher's answer to a reported metric: stop the trial now, or train on (to the
-    next rung length when there is one)."""
-
-    stop: bool
-    next_rung: int | None = None
-
-
-@dataclass(frozen=True)
-class TrialView:
-    """A trial as the search records it (for listings and tests)."""
-
-    number: int
-    state: str  # waiting, running, completed, stopped, errored, invalid_hp
-    hparams: dict[str, Any]
-    seed: int
-    bracket: int
-    rungs: dict[int, list[float]]
-    metrics: dict[int, float]  # reported metric by length
+_NOTE = "lightning_bridge:note:"  # trial: what workers note for each other (`note`)
 
 
 class SearchDriver:
@@ -225,18 +165,32 @@ class SearchDriver:
             rungs=tuple(self._method.rung_lengths(info["bracket"])),
             unit=self._unit,
             resumed=bool(trial.system_attrs.get(_RESUME, False)),
+            notes={
+                k[len(_NOTE) :]: v for k, v in trial.system_attrs.items() if k.startswith(_NOTE)
+            },
         )
 
-    def _write_state(self, trial_id: int, record: Record, exit: str | None = None) -> None:
+    def _write_state(
+        self,
+        trial: Any,
+        record: Record,
+        exit: str | None = None,
+        report: tuple[int, float, bool] | None = None,
+    ) -> None:
+        before = trial.system_attrs.get(_STATE, {})
+        now = time.time()
         state: dict[str, Any] = {
             "rung": record.rung,
             "rungs": {str(k): v for k, v in record.rungs.items()},
             "stopped": record.stopped,
-            "beat": time.time(),  # a report is a heartbeat too (see `requeue_stale`)
+            "beat": now,  # a report is a heartbeat too (see `requeue_stale`)
+            "reports": list(before.get("reports", [])),
         }
+        if report is not None:
+            state["reports"].append([*report, now])
         if exit is not None:
             state["exit"] = exit
-        self._storage.set_trial_system_attr(trial_id, _STATE, state)
+        self._storage.set_trial_system_attr(trial._trial_id, _STATE, state)
 
     def _find(self, trial: TrialSpec | int) -> tuple[list[Record], Record, Any]:
         """The records, the trial's record and its Optuna trial."""
@@ -246,6 +200,15 @@ class SearchDriver:
             raise InvalidArgumentError(f"trial {number} is not part of search {self.name!r}")
         record = next(r for r in records if r.number == number)
         return records, record, frozen[number]
+
+    def _held(self, trial: TrialSpec | int, frozen: Any) -> bool:
+        """Whether `trial` is running, and (for a TrialSpec from a pull) still under that
+        pull: the caller may report, close it or give it back."""
+        if frozen.state != self._optuna.trial.TrialState.RUNNING:
+            return False
+        if isinstance(trial, TrialSpec) and trial.attempt:
+            return int(frozen.system_attrs.get(_WORKER, {}).get("attempt", 0)) == trial.attempt
+        return True
 
     # -- the API a runner uses ---------------------------------------------------------------
     def next_trial(self) -> TrialSpec | None:
@@ -259,16 +222,21 @@ class SearchDriver:
                 if _TRIAL not in trial.system_attrs:
                     continue
                 if self._storage.set_trial_state_values(trial._trial_id, running):
-                    pulled: dict[str, Any] = {"worker": self.worker, "since": time.time()}
+                    attempt = int(trial.system_attrs.get(_WORKER, {}).get("attempt", 0)) + 1
+                    pulled: dict[str, Any] = {
+                        "worker": self.worker,
+                        "since": time.time(),
+                        "attempt": attempt,
+                    }
                     self._storage.set_trial_system_attr(trial._trial_id, _WORKER, pulled)
-                    return self._spec(trial)
+                    return dataclasses.replace(self._spec(trial), attempt=attempt)
         return None
 
     def report(self, trial: TrialSpec | int, length: int, metric: float) -> Decision:
         """`trial` validated after `length` units of training with searcher metric `metric`."""
         with self._lock.hold():
             records, record, frozen = self._find(trial)
-            if frozen.state != self._optuna.trial.TrialState.RUNNING:
+            if not self._held(trial, frozen):
                 return Decision(stop=True)  # closed, or given back: not this run's to train
             self._storage.set_trial_intermediate_value(frozen._trial_id, int(length), float(metric))
             smaller = self.spec.searcher.smaller_is_better
@@ -276,23 +244,29 @@ class SearchDriver:
                 records, record, int(length), signed(float(metric), smaller)
             )
             self._create(creates, records)
-            self._write_state(frozen._trial_id, record)
+            self._write_state(frozen, record, report=(int(length), float(metric), stop))
         rungs = self._method.rung_lengths(record.bracket)
         upcoming = [r for r in rungs if r > length]
         return Decision(stop=stop, next_rung=None if stop or not upcoming else upcoming[0])
 
-    def complete(self, trial: TrialSpec | int) -> None:
-        """`trial` finished training (its max_length, or a stop) and closed normally."""
+    def complete(self, trial: TrialSpec | int, early: bool = False) -> None:
+        """`trial` finished training (its max_length, or a stop) and closed normally;
+        `early`: it stopped on its own before either (the trial asked to stop), which the
+        searcher takes as an early exit, as Determined's does."""
         states = self._optuna.trial.TrialState
         with self._lock.hold():
             records, record, frozen = self._find(trial)
-            if not record.open:
+            if not self._held(trial, frozen):
                 return
             record.open = False
-            self._create(self._method.on_close(records, record), records)
+            if early and not record.stopped:
+                creates = self._method.on_early_exit(records, record, False)
+            else:
+                creates = self._method.on_close(records, record)
+            self._create(creates, records)
             top = len(self._method.rung_lengths(record.bracket)) - 1
             pruned = record.stopped and record.rung < top
-            self._write_state(frozen._trial_id, record, exit="stopped" if pruned else "completed")
+            self._write_state(frozen, record, exit="stopped" if pruned else "completed")
             values = frozen.intermediate_values
             last = [values[max(values)]] if values else None
             self._storage.set_trial_state_values(
@@ -304,13 +278,11 @@ class SearchDriver:
         replaces where Determined's does."""
         with self._lock.hold():
             records, record, frozen = self._find(trial)
-            if not record.open:
+            if not self._held(trial, frozen):
                 return
             record.open = False
             self._create(self._method.on_early_exit(records, record, invalid_hp), records)
-            self._write_state(
-                frozen._trial_id, record, exit="invalid_hp" if invalid_hp else "errored"
-            )
+            self._write_state(frozen, record, exit="invalid_hp" if invalid_hp else "errored")
             self._storage.set_trial_state_values(
                 frozen._trial_id, self._optuna.trial.TrialState.FAIL
             )
@@ -319,8 +291,8 @@ class SearchDriver:
         """Give `trial` back: pending again, to resume from its checkpoint (Ctrl-C, a worker
         shutting down)."""
         with self._lock.hold():
-            _, record, frozen = self._find(trial)
-            if record.open:
+            _, _, frozen = self._find(trial)
+            if self._held(trial, frozen):
                 self._requeue(frozen._trial_id)
 
     def _requeue(self, trial_id: int) -> None:
@@ -331,7 +303,56 @@ class SearchDriver:
         """`trial` is alive (see `requeue_stale`)."""
         with self._lock.hold():
             _, _, frozen = self._find(trial)
-            self._storage.set_trial_system_attr(frozen._trial_id, _HEARTBEAT, time.time())
+            if self._held(trial, frozen):  # a closed trial's attributes cannot change
+                self._storage.set_trial_system_attr(frozen._trial_id, _HEARTBEAT, time.time())
+
+    def lost(self, trial: TrialSpec | int, give_back: bool) -> bool:
+        """The process that ran `trial` is gone. If the trial is still running (that process
+        neither closed it nor gave it back), give it back (`give_back`: the run was stopped)
+        or close it as errored. Returns whether it was still running."""
+        with self._lock.hold():
+            records, record, frozen = self._find(trial)
+            if not self._held(trial, frozen):
+                return False
+            if give_back:
+                self._requeue(frozen._trial_id)
+                return True
+            record.open = False
+            self._create(self._method.on_early_exit(records, record, False), records)
+            self._write_state(frozen, record, exit="errored")
+            self._storage.set_trial_state_values(
+                frozen._trial_id, self._optuna.trial.TrialState.FAIL
+            )
+        return True
+
+    def note(self, trial: TrialSpec | int, key: str, value: Any) -> None:
+        """Keep `value` (JSON) on `trial` under `key`; `TrialSpec.notes` has it next time."""
+        with self._lock.hold():
+            _, _, frozen = self._find(trial)
+            self._storage.set_trial_system_attr(frozen._trial_id, _NOTE + key, value)
+
+    def set_search_note(self, key: str, value: Any) -> None:
+        """Keep `value` (JSON) on the search under `key`: what its workers need to know."""
+        self._storage.set_study_system_attr(self._study_id, _NOTE + key, value)
+
+    def search_note(self, key: str) -> Any:
+        """What `set_search_note` kept under `key` (None when nothing was)."""
+        return self._storage.get_study_system_attrs(self._study_id).get(_NOTE + key)
+
+    def requeue_orphans(self) -> list[int]:
+        """Put back running trials pulled by a process of this host that is gone (a worker
+        killed before it could give its trials back); returns their numbers."""
+        running = self._optuna.trial.TrialState.RUNNING
+        host, numbers = socket.gethostname(), []
+        with self._lock.hold():
+            for trial in self._storage.get_all_trials(self._study_id, states=(running,)):
+                attrs = trial.system_attrs
+                worker = str(attrs.get(_WORKER, {}).get("worker", ""))
+                name, _, pid = worker.rpartition(":")
+                if _TRIAL in attrs and name == host and pid.isdigit() and not _alive(int(pid)):
+                    self._requeue(trial._trial_id)
+                    numbers.append(attrs[_TRIAL]["request"])
+        return numbers
 
     def requeue_stale(self, timeout_s: float) -> list[int]:
         """Put back running trials not heard of (pulled, reported, `heartbeat`) for more than
@@ -378,6 +399,10 @@ class SearchDriver:
                     bracket=record.bracket,
                     rungs=record.rungs,
                     metrics=dict(trial.intermediate_values),
+                    reports=[
+                        (int(r[0]), float(r[1]), bool(r[2]), float(r[3]))
+                        for r in trial.system_attrs.get(_STATE, {}).get("reports", [])
+                    ],
                 )
             )
         return views
@@ -385,3 +410,13 @@ class SearchDriver:
     def close(self) -> None:
         """Release the storage's lock handle (the storage itself needs no closing)."""
         self._lock.close()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -124,6 +124,7 @@ def open_storage(url: str, name: str) -> tuple[optuna.storages.BaseStorage, Lock
         lock = FileLock(path.with_name(path.name + ".search-lock"))
         kwargs: dict[str, Any] = {"connect_args": {"timeout": 60}}
     elif scheme in ("postgresql", "postgres"):
+        url = postgresql_url(url)
         lock = AdvisoryLock(url, name)
         kwargs = {}
     else:
@@ -137,6 +138,25 @@ def open_storage(url: str, name: str) -> tuple[optuna.storages.BaseStorage, Lock
             _write_ahead(rdb.engine)
     # Optuna's cache keeps finished trials (which never change) and rereads the others.
     return optuna.storages.get_storage(rdb), lock
+
+
+def postgresql_url(url: str) -> str:
+    """`postgresql://` / `postgres://` with an installed driver named (psycopg 3, else
+    psycopg2), or one message naming the extra that installs one; a URL naming its driver
+    (`postgresql+DRIVER://`) is kept."""
+    scheme, rest = url.split("://", 1)
+    if "+" in scheme:
+        return url
+    for module, driver in (("psycopg", "psycopg"), ("psycopg2", "psycopg2")):
+        try:
+            __import__(module)
+        except ImportError:
+            continue
+        return f"postgresql+{driver}://{rest}"
+    raise InvalidArgumentError(
+        "--storage postgresql://...: no PostgreSQL driver for Python is installed; install "
+        "the postgres extra: pip install 'lightning-bridge[postgres]'"
+    )
 
 
 def _write_ahead(engine: Any) -> None:

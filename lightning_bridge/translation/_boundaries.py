@@ -4,7 +4,8 @@ After every batch it checks the four boundaries in Determined's order (training 
 validation period, checkpoint period, reporting period). When any is reached the reporting
 window closes, then validation, checkpoint and the stop request are handled in that order;
 when the training length is reached, a final validation and checkpoint run (unless current)
-and Lightning is told to stop.
+and Lightning is told to stop. In a search, the trial also validates at its rung lengths and
+reports each validation to the searcher, whose stop ends the fit like a preemption.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from lightning_bridge.translation._metrics import searcher_value
 from lightning_bridge.translation._module import TrialModule
 from lightning_bridge.translation._payload import save_checkpoint
 from lightning_bridge.translation._run_record import RunRecord
+from lightning_bridge.translation._search_report import SearchReport
 
 logger = logging.getLogger("lightning_bridge")
 
@@ -59,6 +61,7 @@ class TrialBoundaries(pl.Callback):
         smaller_is_better: bool = True,
         retention: CheckpointRetention | None = None,
         record: RunRecord | None = None,
+        search: SearchReport | None = None,
     ) -> None:
         self._length: TrainUnit = Batch(1) if test_mode else max_length
         self._boundaries = [
@@ -76,6 +79,8 @@ class TrialBoundaries(pl.Callback):
         self._best: float | None = None
         self._retention = retention
         self._run_record = record
+        self._search = search
+        self.search_stopped = False
         self.checkpoints: list[pathlib.Path] = []
         self.stopped_early = False
         self.preempted_by: str | None = None
@@ -107,7 +112,9 @@ class TrialBoundaries(pl.Callback):
     ) -> None:
         module = self._module(pl_module)
         if self.preempted_by is not None:
-            self._preempt(trainer, module)
+            # A search's rung is not left for after the resume: validated before stopping.
+            rung = self._search is not None and _Kind.VALIDATE in self._reached(module)
+            self._preempt(trainer, module, validate=rung)
             return
         reached = self._reached(module)
         if not reached:
@@ -121,7 +128,7 @@ class TrialBoundaries(pl.Callback):
                 self._checkpoint(module)
             elif kind in (_Kind.TRAIN, _Kind.REPORT):
                 logger.debug("Trained %d batches", state.batches_trained)
-            if module.context.get_stop_requested():
+            if module.context.get_stop_requested() or self.search_stopped:
                 if not state.checkpoint_is_current:
                     self._checkpoint(module)
                 self.stopped_early = True
@@ -155,8 +162,10 @@ class TrialBoundaries(pl.Callback):
     def _on_signal(self, signum: int, frame: Any) -> None:
         self.preempted_by = signal.Signals(signum).name
 
-    def _preempt(self, trainer: pl.Trainer, module: TrialModule) -> None:
+    def _preempt(self, trainer: pl.Trainer, module: TrialModule, validate: bool = False) -> None:
         self._report_training(module, module.close_training_window())
+        if validate and not module.state.validation_is_current:
+            self._validate(trainer, module)
         if not module.state.checkpoint_is_current:
             self._checkpoint(module)
         self.stopped_early = True
@@ -189,6 +198,11 @@ class TrialBoundaries(pl.Callback):
                 (isinstance(unit, Batch) and unit.should_stop(batch_idx + 1))
                 or (isinstance(unit, Epoch) and epoch_end and unit.should_stop(epoch_idx + 1))
                 or (kind is _Kind.TRAIN and self._test_mode)
+                or (
+                    kind is _Kind.VALIDATE
+                    and self._search is not None
+                    and self._search.at_rung(batch_idx + 1, epoch_idx + 1 if epoch_end else None)
+                )
             ):
                 reached.append(kind)
         return reached
@@ -218,6 +232,12 @@ class TrialBoundaries(pl.Callback):
             wanted = self._policy == "all" or (self._policy == "best" and self._is_best(metrics))
         if module.context.distributed.broadcast(wanted):
             self._checkpoint(module, metrics)
+        if self._search is not None:
+            state = module.state
+            stop = module.is_chief and self._search.validated(
+                state.batches_trained, state.epochs_trained, metrics
+            )
+            self.search_stopped = bool(module.context.distributed.broadcast(stop))
 
     def _is_best(self, metrics: dict[str, Any]) -> bool:
         assert self._searcher_metric is not None

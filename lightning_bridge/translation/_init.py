@@ -19,9 +19,11 @@ import numpy as np
 import torch
 
 from lightning_bridge import _logging
+from lightning_bridge._errors import is_invalid_hp
 from lightning_bridge.contract import _cluster_info
 from lightning_bridge.contract._context import PyTorchTrialContext
 from lightning_bridge.contract._distributed import DistributedContext
+from lightning_bridge.translation._search_report import end_invalid_hp
 
 
 class Engine:
@@ -142,6 +144,8 @@ def init(
     seed = None
     if exp_conf is not None:
         seed = (exp_conf.get("reproducibility") or {}).get("experiment_seed")
+        if run is not None and run.get("search"):
+            seed = int(run.get("trial_seed") or 0)  # a search's trial: its own seed
         if seed is not None:
             _seed_everything(int(seed))
     context = PyTorchTrialContext(
@@ -168,6 +172,11 @@ def init(
     owned_group = not (torch.distributed.is_available() and torch.distributed.is_initialized())
     try:
         yield context
+    except BaseException as exc:
+        # As Determined's: InvalidHP ends the trial (the search replaces it); exit 0.
+        if is_invalid_hp(exc) and end_invalid_hp(exc):
+            raise SystemExit(0) from None
+        raise
     finally:
         if context._tb_writer is not None:
             context._tb_writer.close()

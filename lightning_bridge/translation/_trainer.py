@@ -27,6 +27,7 @@ from lightning_bridge.translation._boundaries import TrialBoundaries
 from lightning_bridge.translation._module import TrialModule
 from lightning_bridge.translation._resume import starts_new_run
 from lightning_bridge.translation._run_record import RunRecord
+from lightning_bridge.translation._search_report import SearchReport
 from lightning_bridge.translation._settings import checkpoint_dir, lightning_settings
 
 logger = logging.getLogger("lightning_bridge")
@@ -169,6 +170,7 @@ class Trainer:
             warm = starts_new_run(state, ctx.get_trial_id(), warm_start, latest_checkpoint)
             module.resume_from(payload, state, warm_start=warm)
         record = RunRecord.from_runner(ctx._exp_conf, ckpt_dir)
+        search = None if test_mode else SearchReport.from_runner()
         retention = (
             record.retention()
             if record is not None and module.is_chief
@@ -187,6 +189,7 @@ class Trainer:
             smaller_is_better=bool(searcher.get("smaller_is_better", True)),
             retention=retention,
             record=record,
+            search=search,
         )
         _logging.adopt_lightning()
         trainer = pl.Trainer(
@@ -204,14 +207,25 @@ class Trainer:
                 for pattern in _ENGINE_WARNINGS:
                     warnings.filterwarnings("ignore", message=pattern)
                 trainer.fit(module)
+            if boundaries.search_stopped:
+                # The searcher stopped it at the rung its signal came at: it is done.
+                boundaries.preempted_by = None
             if record is not None and module.is_chief:
                 record.ended(boundaries.preempted_by)
+            if search is not None and module.is_chief:
+                search.ended(boundaries.preempted_by is not None, boundaries.stopped_early)
+        except BaseException as exc:
+            if search is not None and module.is_chief:
+                search.failed(exc)
+            raise
         finally:
             module.shutdown()
             self.checkpoints = list(boundaries.checkpoints)
             self.last_validation_metrics = module.last_validation_metrics
             if record is not None:
                 record.close()
+            if search is not None:
+                search.close()
         if record is None and boundaries.checkpoints:
             logger.info("Checkpoints are in %s", ckpt_dir)
         if boundaries.preempted_by is not None:
