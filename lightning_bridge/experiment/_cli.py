@@ -190,7 +190,7 @@ def _run(args: argparse.Namespace, from_command_line: bool) -> int:
     if from_command_line:
         sys.argv[:] = _canonical_argv(args, plan)
     try:
-        code, result = _runner.execute(plan)
+        ended, result = _runner.execute(plan)
     except InvalidArgumentError as exc:
         print(f"lightning-bridge: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -203,9 +203,10 @@ def _run(args: argparse.Namespace, from_command_line: bool) -> int:
         traceback.print_exc()
         print("lightning-bridge: error: the trial failed (traceback above)", file=sys.stderr)
         return EXIT_FAILED
-    if code != 0:
-        print(f"lightning-bridge: error: the entrypoint exited with code {code}", file=sys.stderr)
-        return code if code > 0 else EXIT_FAILED
+    if ended.code != 0:
+        message = ended.describe_failure(plan.stop_timeout)
+        print(f"lightning-bridge: error: {message}", file=sys.stderr)
+        return ended.exit_code
     if chief:
         print(format_summary(result), flush=True)
     return EXIT_OK

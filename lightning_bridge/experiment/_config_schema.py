@@ -26,6 +26,7 @@ USED_KEYS = frozenset(
         "min_validation_period",
         "optimizations",
         "perform_initial_validation",
+        "preemption_timeout",
         "profiling",
         "records_per_epoch",
         "reproducibility",
@@ -47,7 +48,6 @@ IGNORED_KEYS = frozenset(
         "log_policies",
         "max_restarts",
         "pbs",
-        "preemption_timeout",
         "retention_policy",
         "security",
         "slurm",
@@ -150,6 +150,8 @@ class ExperimentConfig(BaseModel):
     min_checkpoint_period: Period | None = None
     scheduling_unit: Annotated[StrictInt, Field(ge=1)] = 100
     perform_initial_validation: StrictBool = False
+    # Seconds a script entrypoint gets to checkpoint and exit after a stop signal.
+    preemption_timeout: Annotated[StrictInt, Field(gt=0)] | None = None
     optimizations: Optimizations = Field(default_factory=Optimizations)
     resources: Resources = Field(default_factory=Resources)
     checkpoint_storage: CheckpointStorage | None = None

@@ -21,7 +21,6 @@ import pathlib
 import re
 import shlex
 import shutil
-import subprocess
 import sys
 import tempfile
 from typing import Any
@@ -31,12 +30,15 @@ from lightning_bridge.contract import _cluster_info
 from lightning_bridge.contract._trial import is_trial_class
 from lightning_bridge.contract._units import Batch, Epoch, TrainUnit
 from lightning_bridge.experiment import _import_map
+from lightning_bridge.experiment._child import ChildRun, run_child
 from lightning_bridge.experiment._config import ResolvedConfig, load_config
 
 logger = logging.getLogger("lightning_bridge")
 
 _TRIAL_SPEC = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 _PYTHON = re.compile(r"^(.*/)?python(\d+(\.\d+)?)?$")
+# Seconds a script entrypoint gets to stop after SIGTERM / SIGINT (config: preemption_timeout).
+DEFAULT_STOP_TIMEOUT = 300
 _LAUNCHERS = {
     "determined.launch.torch_distributed": "torch_distributed",
     "determined.launch.horovod": "horovod",
@@ -91,6 +93,11 @@ class Plan:
 
     def experiment_config(self) -> dict[str, Any]:
         return self.config.experiment_config(self.context_dir)
+
+    @property
+    def stop_timeout(self) -> int:
+        """Seconds a script entrypoint gets to stop after a signal before it is killed."""
+        return self.config.model.preemption_timeout or DEFAULT_STOP_TIMEOUT
 
 
 @dataclasses.dataclass
@@ -322,7 +329,8 @@ def _resume_for_script(plan: Plan) -> str | None:
 
 def script_command(plan: Plan) -> list[str]:
     """The command a script entrypoint runs as: this interpreter for `python`, under torchrun
-    (`python -m torch.distributed.run --standalone --nproc_per_node N`) for N > 1 processes."""
+    (`--standalone --nproc_per_node N`, through `_torchrun` so that a stop signal ends the run
+    like one process's) for N > 1 processes."""
     command = list(plan.entrypoint.command)
     n = plan.processes
     if not plan.entrypoint.python:
@@ -336,14 +344,15 @@ def script_command(plan: Plan) -> list[str]:
     if n <= 1:
         return [sys.executable, *command[1:]]
     rest = command[1:]
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    torchrun = [sys.executable, "-m", "lightning_bridge.experiment._torchrun"]
+    torchrun += [f"--stop-timeout={plan.stop_timeout}", "--", "--standalone"]
     torchrun.append(f"--nproc_per_node={n}")
     if rest and rest[0] == "-m":
         return [*torchrun, "-m", *rest[1:]]
     return [*torchrun, *rest]
 
 
-def _run_script(plan: Plan) -> tuple[int, Result]:
+def _run_script(plan: Plan) -> tuple[ChildRun, Result]:
     workdir = pathlib.Path(tempfile.mkdtemp(prefix="lightning-bridge-run-"))
     try:
         shim = _import_map.shim_dir(workdir)
@@ -368,8 +377,12 @@ def _run_script(plan: Plan) -> tuple[int, Result]:
         env[_cluster_info.ENV_VAR] = str(run_file)
         command = script_command(plan)
         logger.info("Running %s in %s", shlex.join(command), plan.context_dir)
+        # Under torchrun the agent enforces the timeout on the workers; the margin is its own.
+        margin = 30 if plan.processes > 1 else 0
         try:
-            code = subprocess.call(command, cwd=plan.context_dir, env=env)
+            child = run_child(
+                command, cwd=plan.context_dir, env=env, timeout=plan.stop_timeout, margin=margin
+            )
         except FileNotFoundError as exc:
             raise InvalidArgumentError(
                 f"entrypoint: cannot run {command[0]!r} ({exc.strerror}); check the command."
@@ -377,7 +390,7 @@ def _run_script(plan: Plan) -> tuple[int, Result]:
         data: dict[str, Any] = {}
         if results.is_file():
             data = json.loads(results.read_text())
-        return code, Result(
+        return child, Result(
             data.get("metrics"),
             plan.checkpoint_dir(),
             [pathlib.Path(p) for p in data.get("checkpoints", [])],
@@ -386,13 +399,14 @@ def _run_script(plan: Plan) -> tuple[int, Result]:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def execute(plan: Plan) -> tuple[int, Result]:
-    """Run a prepared plan in its context directory; returns the exit code and the result."""
+def execute(plan: Plan) -> tuple[ChildRun, Result]:
+    """Run a prepared plan in its context directory; returns how the run ended (a script's
+    exit code; 0 for a trial class, whose failures raise) and the result."""
     previous = pathlib.Path.cwd()
     os.chdir(plan.context_dir)
     try:
         if plan.entrypoint.trial is not None:
-            return 0, _run_trial(plan)
+            return ChildRun(0, 0, False), _run_trial(plan)
         return _run_script(plan)
     finally:
         os.chdir(previous)

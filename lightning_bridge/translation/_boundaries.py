@@ -4,7 +4,9 @@ After every batch it checks the four boundaries in Determined's order (training 
 validation period, checkpoint period, reporting period). When any is reached the reporting
 window closes, then validation, checkpoint and the stop request are handled in that order;
 when the training length is reached, a final validation and checkpoint run (unless current)
-and Lightning is told to stop.
+and Lightning is told to stop. A SIGTERM / SIGINT stop (agreed by every process, see `_stop`)
+comes after the batch's boundaries, so a stopped run has validated and checkpointed exactly
+what an uninterrupted one had at that batch.
 """
 
 from __future__ import annotations
@@ -13,7 +15,6 @@ import enum
 import logging
 import pathlib
 import signal
-import threading
 from typing import Any
 
 import lightning.pytorch as pl
@@ -27,6 +28,7 @@ from lightning_bridge.translation._lightning_compat import (
 )
 from lightning_bridge.translation._module import TrialModule
 from lightning_bridge.translation._payload import save_checkpoint
+from lightning_bridge.translation._stop import StopRequest
 
 logger = logging.getLogger("lightning_bridge")
 
@@ -74,7 +76,8 @@ class TrialBoundaries(pl.Callback):
         self.checkpoints: list[pathlib.Path] = []
         self.stopped_early = False
         self.preempted_by: str | None = None
-        self._previous_handlers: dict[int, Any] = {}
+        # SIGTERM / SIGINT: the handlers are installed by the Trainer for the whole fit.
+        self.stop = StopRequest()
 
     # ----- Lightning hooks -----
 
@@ -83,7 +86,7 @@ class TrialBoundaries(pl.Callback):
         module._on_trial_schedule = True
         disable_scheduled_validation(trainer)
         remove_partial_checkpoints(self._checkpoint_dir)
-        self._install_signal_handlers()
+        self.stop.begin()
         module.begin_training()
         if self._step_zero_validation and module.state.batches_trained == 0:
             self._validate(trainer, module)
@@ -99,57 +102,45 @@ class TrialBoundaries(pl.Callback):
         batch_idx: int,
     ) -> None:
         module = self._module(pl_module)
-        if self.preempted_by is not None:
-            self._preempt(trainer, module)
-            return
+        # Every process polls after every batch (the agreement is a collective).
+        stop_signal = self.stop.poll()
         reached = self._reached(module)
-        if not reached:
-            return
-        module.close_training_window()
-        state = module.state
-        for kind in reached:
-            if kind is _Kind.VALIDATE and not state.validation_is_current:
-                self._validate(trainer, module)
-            elif kind is _Kind.CHECKPOINT and not state.checkpoint_is_current:
-                self._checkpoint(module)
-            elif kind in (_Kind.TRAIN, _Kind.REPORT):
-                logger.debug("Trained %d batches", state.batches_trained)
-            if module.context.get_stop_requested():
-                if not state.checkpoint_is_current:
+        if reached:
+            module.close_training_window()
+            state = module.state
+            for kind in reached:
+                if kind is _Kind.VALIDATE and not state.validation_is_current:
+                    self._validate(trainer, module)
+                elif kind is _Kind.CHECKPOINT and not state.checkpoint_is_current:
                     self._checkpoint(module)
-                self.stopped_early = True
-                trainer.should_stop = True
-                return
+                elif kind in (_Kind.TRAIN, _Kind.REPORT):
+                    logger.debug("Trained %d batches", state.batches_trained)
+                if module.context.get_stop_requested():
+                    if not state.checkpoint_is_current:
+                        self._checkpoint(module)
+                    self.stopped_early = True
+                    trainer.should_stop = True
+                    return
         if self._remaining(module) <= 0:
             self._finish(trainer, module)
+        elif stop_signal:
+            self._preempt(trainer, module, stop_signal)
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._restore_signal_handlers()
+        self.stop.end()
 
     def on_exception(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
     ) -> None:
-        self._restore_signal_handlers()
+        self.stop.end(wait=False)
 
     # ----- preemption -----
 
-    def _install_signal_handlers(self) -> None:
-        """SIGTERM / SIGINT finish the current batch, checkpoint and end the fit cleanly."""
-        if threading.current_thread() is not threading.main_thread():
-            return
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            self._previous_handlers[sig] = signal.signal(sig, self._on_signal)
-
-    def _restore_signal_handlers(self) -> None:
-        for sig, handler in self._previous_handlers.items():
-            signal.signal(sig, handler)
-        self._previous_handlers = {}
-
-    def _on_signal(self, signum: int, frame: Any) -> None:
+    def _preempt(self, trainer: pl.Trainer, module: TrialModule, signum: int) -> None:
+        """Checkpoint (unless this batch's boundaries just did) and end the fit."""
         self.preempted_by = signal.Signals(signum).name
-
-    def _preempt(self, trainer: pl.Trainer, module: TrialModule) -> None:
-        module.close_training_window()
+        if module._window:
+            module.close_training_window()
         if not module.state.checkpoint_is_current:
             self._checkpoint(module)
         self.stopped_early = True

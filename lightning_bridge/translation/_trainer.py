@@ -23,6 +23,7 @@ from lightning_bridge.contract import _cluster_info
 from lightning_bridge.contract._context import PyTorchTrialContext
 from lightning_bridge.contract._units import Batch, TrainUnit, check_length, check_period
 from lightning_bridge.translation._boundaries import TrialBoundaries
+from lightning_bridge.translation._lightning_compat import keep_signal_handlers
 from lightning_bridge.translation._module import TrialModule
 from lightning_bridge.translation._settings import checkpoint_dir, lightning_settings
 
@@ -167,12 +168,15 @@ class Trainer:
             )
         )
         self.lightning_trainer = trainer
+        keep_signal_handlers(trainer)
+        boundaries.stop.install()
         try:
             with warnings.catch_warnings():
                 for pattern in _ENGINE_WARNINGS:
                     warnings.filterwarnings("ignore", message=pattern)
                 trainer.fit(module)
         finally:
+            boundaries.stop.restore()
             module.shutdown()
             self.checkpoints = list(boundaries.checkpoints)
             self.last_validation_metrics = module.last_validation_metrics
@@ -180,11 +184,12 @@ class Trainer:
         if boundaries.checkpoints:
             logger.info("Checkpoints are in %s", ckpt_dir)
         if boundaries.preempted_by is not None:
-            where = boundaries.checkpoints[-1] if boundaries.checkpoints else ckpt_dir
-            print(
-                f"Stopped by {boundaries.preempted_by} after batch "
-                f"{module.state.batches_trained}; checkpoint {where}. Continue with "
-                f"fit(latest_checkpoint={str(where)!r}).",
-                flush=True,
-            )
+            if trainer.is_global_zero:
+                where = boundaries.checkpoints[-1] if boundaries.checkpoints else ckpt_dir
+                print(
+                    f"Stopped by {boundaries.preempted_by} after batch "
+                    f"{module.state.batches_trained}; checkpoint {where}. Continue with "
+                    f"fit(latest_checkpoint={str(where)!r}).",
+                    flush=True,
+                )
             raise SystemExit(0)
