@@ -22,3 +22,8 @@ class InvalidArgumentError(BridgeError, ValueError):
 
 class InvalidCheckpointError(BridgeError, ValueError):
     """A checkpoint directory is missing, incomplete, corrupt or does not fit the trial."""
+
+
+class CheckpointWriteError(BridgeError):
+    """A checkpoint could not be written (full disk, read-only or missing directory, ...);
+    the checkpoints written before it are intact."""

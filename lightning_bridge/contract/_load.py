@@ -8,15 +8,16 @@ for inference or inspection.
 from __future__ import annotations
 
 import importlib
-import json
 import pathlib
 from typing import Any
 
 from lightning_bridge._errors import InvalidCheckpointError
+from lightning_bridge.checkpoint._bounded import read_load_data
 from lightning_bridge.checkpoint._models import load_models
 from lightning_bridge.checkpoint._safe_load import load_state_file
 from lightning_bridge.contract._context import PyTorchTrialContext
 from lightning_bridge.contract._distributed import DistributedContext
+from lightning_bridge.contract._trial import is_trial_class
 
 
 def _import_trial_class(spec: str) -> type:
@@ -35,7 +36,20 @@ def _import_trial_class(spec: str) -> type:
             f"Could not import the checkpoint's trial class {spec!r} ({exc}); make its module "
             "importable (e.g. add its folder to PYTHONPATH) or pass trial_class=MyTrial."
         ) from None
+    if not is_trial_class(obj):
+        # load_data.json is data: what it names is only called once it is a trial class.
+        raise InvalidCheckpointError(
+            f"The checkpoint's load_data.json names {spec!r} as its trial class, but that is "
+            f"{_kind(obj)}, not a PyTorchTrial subclass, so it was not called; pass "
+            "trial_class=MyTrial."
+        )
     return obj
+
+
+def _kind(obj: Any) -> str:
+    if isinstance(obj, type):
+        return f"the class {obj.__module__}.{obj.__qualname__}"
+    return f"a {type(obj).__name__}"
 
 
 def load_trial_from_checkpoint_path(
@@ -55,10 +69,7 @@ def load_trial_from_checkpoint_path(
     load_data_file = ckpt / "load_data.json"
     load_data: dict[str, Any] = {}
     if load_data_file.is_file():
-        try:
-            load_data = json.loads(load_data_file.read_text())
-        except ValueError as exc:
-            raise InvalidCheckpointError(f"{load_data_file} is not valid JSON: {exc}") from None
+        load_data = read_load_data(load_data_file)
     if trial_class is None:
         if "trial_cls_spec" not in load_data:
             raise InvalidCheckpointError(

@@ -90,6 +90,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--precision", default=None, help="Lightning precision: 32-true, bf16-mixed, 16-mixed"
     )
     run.add_argument("--strategy", default=None, help="Lightning strategy: ddp, fsdp, ...")
+    run.add_argument(
+        "--force",
+        action="store_true",
+        help="run more processes than CPU cores (oversubscribed) without asking",
+    )
     run.set_defaults(handler=_run)
 
     port = commands.add_parser(
@@ -157,6 +162,8 @@ def _canonical_argv(args: argparse.Namespace, plan: Any) -> list[str]:
         argv += ["--set", item]
     if args.test:
         argv.append("--test")
+    if args.force:
+        argv.append("--force")
     if plan.options.resume is not None:
         argv += ["--resume", plan.options.resume]
     for name in ("devices", "accelerator", "precision", "strategy"):
@@ -187,6 +194,8 @@ def _run(args: argparse.Namespace, from_command_line: bool) -> int:
         return EXIT_USAGE
     if warning and chief:
         logger.warning(warning)
+    if chief and not _oversubscription_allowed(plan, args):
+        return EXIT_USAGE
     if from_command_line:
         sys.argv[:] = _canonical_argv(args, plan)
     try:
@@ -210,6 +219,43 @@ def _run(args: argparse.Namespace, from_command_line: bool) -> int:
     if chief:
         print(format_summary(result), flush=True)
     return EXIT_OK
+
+
+def _oversubscription_allowed(plan: Any, args: argparse.Namespace) -> bool:
+    """More processes than devices is refused; more than CPU cores runs (slower) with
+    --force or when the user confirms at a terminal."""
+    from lightning_bridge.experiment import _runner
+
+    found = _runner.oversubscription(plan)
+    if found is None:
+        return True
+    if not found.allowed:
+        print(
+            f"lightning-bridge: error: {found.message}; lower resources.slots_per_trial "
+            "(or pass --devices N) to at most that.",
+            file=sys.stderr,
+        )
+        return False
+    if args.force:
+        logger.warning("%s: running them oversubscribed (--force), slower.", found.message)
+        return True
+    if sys.stdin is not None and sys.stdin.isatty():
+        try:
+            answer = input(
+                f"lightning-bridge: {found.message}; they will share the cores (slower). "
+                "Run anyway? [y/N] "
+            )
+        except EOFError:
+            answer = ""
+        if answer.strip().lower() in ("y", "yes"):
+            args.force = True
+            return True
+    print(
+        f"lightning-bridge: error: {found.message}; lower resources.slots_per_trial (or pass "
+        "--devices N), or pass --force to run them oversubscribed.",
+        file=sys.stderr,
+    )
+    return False
 
 
 def _port(args: argparse.Namespace, from_command_line: bool) -> int:

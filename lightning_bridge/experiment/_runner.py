@@ -32,6 +32,7 @@ from lightning_bridge.contract._units import Batch, Epoch, TrainUnit
 from lightning_bridge.experiment import _import_map
 from lightning_bridge.experiment._child import ChildRun, run_child
 from lightning_bridge.experiment._config import ResolvedConfig, load_config
+from lightning_bridge.translation._engine_check import capacity, check_engine
 
 logger = logging.getLogger("lightning_bridge")
 
@@ -77,6 +78,7 @@ class Plan:
     context_dir: pathlib.Path
     entrypoint: Entrypoint
     options: Options
+    accelerator: str | None = None  # the accelerator Lightning will use (registry name)
 
     @property
     def processes(self) -> int:
@@ -196,11 +198,58 @@ def prepare(config_path: str | os.PathLike[str], context_dir: Any, options: Opti
         plan.config.length("min_checkpoint_period")
     if plan.processes < 1:
         raise InvalidArgumentError(f"--devices: expected a positive integer, got {plan.processes}")
+    plan.accelerator = check_engine(
+        accelerator=options.accelerator or "auto",
+        devices=options.devices,
+        strategy=options.strategy,
+        precision=options.precision,
+        spell=lambda name: f"--{name}",
+    )
     if options.resume is not None:
-        candidate = pathlib.Path(options.resume).expanduser()
-        if candidate.is_dir():
-            options.resume = str(candidate.resolve())
+        options.resume = str(_resume_checkpoint(plan, options.resume))
     return plan
+
+
+def _resume_checkpoint(plan: Plan, resume: str) -> pathlib.Path:
+    """`--resume`: a checkpoint directory ('latest' and ids resolved), or InvalidArgumentError."""
+    from lightning_bridge.checkpoint._layout import LEGACY_STATE_FILES, resolve_checkpoint
+
+    ckpt_dir = plan.checkpoint_dir()
+    found = resolve_checkpoint(pathlib.Path(resume).expanduser(), ckpt_dir, option="--resume")
+    if not found.is_dir():
+        raise InvalidArgumentError(
+            f"--resume {resume}: no such checkpoint directory (nor a checkpoint id under "
+            f"{ckpt_dir}); pass a checkpoint directory, its id, or 'latest'."
+        )
+    if not any(found.joinpath(*parts).is_file() for parts in LEGACY_STATE_FILES):
+        raise InvalidArgumentError(
+            f"--resume {resume}: {found} is not a checkpoint (it holds no state_dict.pth); pass "
+            "a checkpoint directory, its id, or 'latest'."
+        )
+    return found.resolve()
+
+
+@dataclasses.dataclass
+class Oversubscription:
+    """More processes than the machine runs side by side: `allowed` for CPU cores (slower, on
+    confirmation), never for devices."""
+
+    message: str
+    allowed: bool
+
+
+def oversubscription(plan: Plan) -> Oversubscription | None:
+    """Whether the run's processes outnumber the devices (or CPU cores) of this machine."""
+    count, kind = capacity(plan.accelerator)
+    wanted = plan.processes
+    if wanted <= count:
+        return None
+    source = "--devices" if isinstance(plan.options.devices, int) else "resources.slots_per_trial"
+    message = (
+        f"{source} asks for {wanted} processes, but this machine has {count} {kind}"
+        f"{'s' if count != 1 else ''}"
+    )
+    return Oversubscription(message, allowed=kind == "CPU core")
 
 
 def unused_warning(plan: Plan) -> str | None:
@@ -310,23 +359,6 @@ def _length_record(unit: TrainUnit | None) -> list[Any] | None:
     return ["epochs" if isinstance(unit, Epoch) else "batches", unit.value]
 
 
-def _resume_for_script(plan: Plan) -> str | None:
-    """`info.latest_checkpoint`: a checkpoint directory ('latest' and ids resolved)."""
-    resume = plan.options.resume
-    if resume is None:
-        return None
-    from lightning_bridge.checkpoint._layout import resolve_checkpoint
-
-    ckpt_dir = plan.checkpoint_dir()
-    found = resolve_checkpoint(resume, ckpt_dir, option="--resume")
-    if not found.is_dir():
-        raise InvalidArgumentError(
-            f"--resume {resume}: no such checkpoint directory (nor a checkpoint id under "
-            f"{ckpt_dir}); pass a checkpoint directory, its id, or 'latest'."
-        )
-    return str(found)
-
-
 def script_command(plan: Plan) -> list[str]:
     """The command a script entrypoint runs as: this interpreter for `python`, under torchrun
     (`--standalone --nproc_per_node N`, through `_torchrun` so that a stop signal ends the run
@@ -361,7 +393,7 @@ def _run_script(plan: Plan) -> tuple[ChildRun, Result]:
             "config": plan.experiment_config(),
             "hparams": plan.config.hparams,
             "trial_seed": plan.config.model.reproducibility.experiment_seed or 0,
-            "latest_checkpoint": _resume_for_script(plan),
+            "latest_checkpoint": plan.options.resume,  # resolved by prepare()
             "test_mode": plan.options.test_mode,
             "max_length": _length_record(plan.config.length("max_length")),
             "engine": _engine(plan, processes_launched=plan.processes > 1),

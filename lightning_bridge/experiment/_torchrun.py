@@ -47,7 +47,7 @@ class _Agent:
                 signal.signal(sig, agent._forward)
             signal.signal(signal.SIGALRM, agent._give_up)
 
-        self._api.PContext.start = start  # type: ignore[method-assign]
+        self._api.PContext.start = start  # type: ignore[method-assign,assignment]
 
     def _forward(self, signum: int, frame: Any) -> None:
         if not self.signal:

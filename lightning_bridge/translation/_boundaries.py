@@ -19,18 +19,25 @@ from typing import Any
 
 import lightning.pytorch as pl
 
-from lightning_bridge.checkpoint._layout import remove_partial_checkpoints
+from lightning_bridge._errors import CheckpointWriteError, InvalidArgumentError
+from lightning_bridge.checkpoint._claim import DirectoryClaim
+from lightning_bridge.checkpoint._layout import EXTRAS_KEY
 from lightning_bridge.checkpoint._retention import CheckpointRetention
+from lightning_bridge.checkpoint._writable import space_shortfall
 from lightning_bridge.contract._units import Batch, Epoch, TrainUnit
 from lightning_bridge.translation._lightning_compat import (
     disable_scheduled_validation,
     run_validation,
 )
 from lightning_bridge.translation._module import TrialModule
-from lightning_bridge.translation._payload import save_checkpoint
+from lightning_bridge.translation._payload import save_checkpoint, trial_payload
 from lightning_bridge.translation._stop import StopRequest
 
 logger = logging.getLogger("lightning_bridge")
+
+
+# The checkpoints kept before a checkpoint (retention), in the payload's bridge entry.
+RETENTION_KEY = "retention"
 
 
 class _Kind(enum.Enum):
@@ -78,6 +85,7 @@ class TrialBoundaries(pl.Callback):
         self.preempted_by: str | None = None
         # SIGTERM / SIGINT: the handlers are installed by the Trainer for the whole fit.
         self.stop = StopRequest()
+        self._claim = DirectoryClaim(checkpoint_dir)
 
     # ----- Lightning hooks -----
 
@@ -85,7 +93,7 @@ class TrialBoundaries(pl.Callback):
         module = self._module(pl_module)
         module._on_trial_schedule = True
         disable_scheduled_validation(trainer)
-        remove_partial_checkpoints(self._checkpoint_dir)
+        self._hold_directory(module)
         self.stop.begin()
         module.begin_training()
         if self._step_zero_validation and module.state.batches_trained == 0:
@@ -128,11 +136,31 @@ class TrialBoundaries(pl.Callback):
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.stop.end()
+        self._claim.release()
 
     def on_exception(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
     ) -> None:
         self.stop.end(wait=False)
+        self._claim.release()
+
+    # ----- the checkpoint directory -----
+
+    def _hold_directory(self, module: TrialModule) -> None:
+        """The chief holds the checkpoint directory for the fit (removing what interrupted
+        saves left, unless another run uses it) and checks a checkpoint fits there; every
+        process learns the outcome, so all fail together before training."""
+        problem = None
+        if module.is_chief:
+            try:
+                self._claim.acquire()
+            except OSError as exc:
+                problem = f"checkpoint directory {self._checkpoint_dir}: {exc}"
+            else:
+                problem = space_shortfall(self._checkpoint_dir, trial_payload(module))
+        problem = module.context.distributed.broadcast(problem)
+        if problem:
+            raise InvalidArgumentError(problem)
 
     # ----- preemption -----
 
@@ -214,26 +242,51 @@ class TrialBoundaries(pl.Callback):
         return better
 
     def _checkpoint(self, module: TrialModule, metrics: dict[str, Any] | None = None) -> None:
-        """The chief writes the checkpoint; every process learns its id."""
-        storage_id = ""
+        """The chief writes the checkpoint; every process learns its id (or its failure)."""
+        storage_id, failure = "", None
         if module.is_chief:
-            path, storage_id = save_checkpoint(module, self._checkpoint_dir)
-            self._record(module, path, metrics)
+            value = self._metric(module, metrics)
+            entries = None
+            if self._retention is not None:
+                entries = {RETENTION_KEY: [self._retention.history(), value]}
+            try:
+                path, storage_id = save_checkpoint(module, self._checkpoint_dir, entries)
+            except CheckpointWriteError as exc:
+                failure = str(exc)
+            else:
+                self._record(path, value)
         else:
             module.state.last_ckpt = module.state.batches_trained
-        storage_id = module.context.distributed.broadcast(storage_id)
+        storage_id, failure = module.context.distributed.broadcast((storage_id, failure))
+        if failure:
+            raise CheckpointWriteError(failure)
         for cb in module.trial_callbacks.values():
             cb.on_checkpoint_upload_end(uuid=storage_id)
 
-    def _record(
-        self, module: TrialModule, path: pathlib.Path, metrics: dict[str, Any] | None
-    ) -> None:
+    def _metric(self, module: TrialModule, metrics: dict[str, Any] | None) -> float | None:
+        """The searcher metric a checkpoint is kept by (None: not validated at its batch)."""
+        if metrics is None and module.state.validation_is_current:
+            metrics = module.last_validation_metrics
+        if metrics and self._searcher_metric in metrics:
+            return float(metrics[self._searcher_metric])
+        return None
+
+    def _record(self, path: pathlib.Path, value: float | None) -> None:
         self.checkpoints.append(path)
         if self._retention is not None:
-            if metrics is None and module.state.validation_is_current:
-                metrics = module.last_validation_metrics
-            value = None
-            if metrics and self._searcher_metric in metrics:
-                value = float(metrics[self._searcher_metric])
             for removed in self._retention.record(path, value):
-                self.checkpoints.remove(removed)
+                if removed in self.checkpoints:
+                    self.checkpoints.remove(removed)
+
+    def continue_retention(self, checkpoint: pathlib.Path, payload: dict[str, Any]) -> None:
+        """A run continued from `checkpoint` (in this checkpoint directory) applies the
+        retention policy to the checkpoints the run that wrote it kept, too."""
+        if self._retention is None:
+            return
+        if checkpoint.resolve().parent != self._checkpoint_dir.resolve():
+            return
+        recorded = (payload.get(EXTRAS_KEY) or {}).get(RETENTION_KEY)
+        if isinstance(recorded, list) and len(recorded) == 2:
+            history, value = recorded
+            metric = float(value) if isinstance(value, (int, float)) else None
+            self._retention.resume(checkpoint.resolve(), history, metric)

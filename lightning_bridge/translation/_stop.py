@@ -3,11 +3,15 @@
 A signal only sets a flag; the fit acts on it after a batch, once that batch's validation and
 checkpoint boundaries are handled. With several processes the flags must be agreed on, or one
 process would checkpoint (a collective) while another is already in the next batch (another
-collective) and both would wait until the timeout. So after every batch each process adds its
-flag (the signal's number, 0 for none) to an all-reduce (MAX) on a small gloo group of its own.
-The all-reduce is started after batch n and read after batch n + 1: every process reads the
-same value after the same batch, and the collective's latency hides behind a batch of
-training (a stop comes one batch later than in a single process, which reads its flag at once).
+collective) and both would wait until the timeout.
+
+The agreement is an all-reduce (MAX) of every process's flag (the signal's number, 0 for none)
+on a small gloo group of its own. It is cheap on the per-batch path: it is started after one
+batch and read a few batches later, when it has long completed, and the reads are spaced so
+that about `INTERVAL_S` of training passes between them (every process proposes a spacing from
+its own batch times; the same all-reduce agrees on the smallest). Every process reads the same
+values after the same batches, so all stop after the same one, at most about two spacings
+after the signal. A single process reads its own flag after every batch.
 
 Lightning's own SIGTERM handling is kept out of the way (`keep_signal_handlers`): its handler
 broadcasts from inside the signal handler, which pairs with whatever collective the other
@@ -17,8 +21,10 @@ processes are in.
 from __future__ import annotations
 
 import logging
+import math
 import signal
 import threading
+import time
 from typing import Any
 
 import torch
@@ -27,6 +33,8 @@ import torch.distributed as dist
 logger = logging.getLogger("lightning_bridge")
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+INTERVAL_S = 0.1  # training time between two agreements
+MAX_SPACING = 1000  # batches between two agreements, at most
 
 
 class StopRequest:
@@ -36,8 +44,11 @@ class StopRequest:
         self.received = 0  # the first signal this process got (its number), 0 for none
         self._previous: dict[int, Any] = {}
         self._group: Any = None
-        self._flag: torch.Tensor | None = None
+        self._values: torch.Tensor | None = None
         self._pending: Any = None
+        self._batches = 0  # batches polled so far
+        self._read_at = 0  # the batch count after which the pending all-reduce is read
+        self._started = (0.0, 0)  # when (time, batch count) it was started
 
     # ----- signal handlers (installed for the whole fit) -----
 
@@ -72,18 +83,36 @@ class StopRequest:
         every batch and gets the same answer after the same batch."""
         if self._group is None:
             return self.received
-        agreed = 0
-        if self._pending is not None:
-            assert self._flag is not None
-            self._pending.wait()
-            agreed = int(self._flag.item())
-            self._pending = None
+        self._batches += 1
+        if self._pending is None:  # the first batch
+            self._start(spacing=1)
+            return 0
+        if self._batches < self._read_at:
+            return 0
+        assert self._values is not None
+        self._pending.wait()
+        self._pending = None
+        agreed, spacing = int(self._values[0]), -int(self._values[1])
         if not agreed:
-            self._flag = torch.tensor([self.received], dtype=torch.int32)
-            self._pending = dist.all_reduce(
-                self._flag, op=dist.ReduceOp.MAX, group=self._group, async_op=True
-            )
+            self._start(spacing)
         return agreed
+
+    def _start(self, spacing: int) -> None:
+        """Start the all-reduce to read `spacing` batches from now: this process's flag, and
+        the spacing it proposes for the next one (from its batch times so far)."""
+        now = time.monotonic()
+        proposal = 1
+        since, batch = self._started
+        if since:
+            per_batch = (now - since) / max(self._batches - batch, 1)
+            proposal = MAX_SPACING if per_batch <= 0 else math.floor(INTERVAL_S / per_batch)
+        proposal = max(1, min(MAX_SPACING, proposal))
+        self._values = torch.tensor([self.received, -proposal], dtype=torch.int64)
+        self._pending = dist.all_reduce(
+            self._values, op=dist.ReduceOp.MAX, group=self._group, async_op=True
+        )
+        self._read_at = self._batches + spacing
+        self._started = (now, self._batches)
 
     def end(self, wait: bool = True) -> None:
         """Finish the agreement. At the end of a fit every process has started the same
@@ -98,4 +127,4 @@ class StopRequest:
                 dist.destroy_process_group(self._group)
             except Exception as exc:  # noqa: BLE001 - the fit's own outcome is what matters
                 logger.debug("Ending the stop agreement: %s", exc)
-        self._group = self._pending = self._flag = None
+        self._group = self._pending = self._values = None

@@ -19,6 +19,7 @@ from lightning_bridge._errors import BridgeError, InvalidArgumentError, InvalidT
 from lightning_bridge.checkpoint._layout import resolve_checkpoint
 from lightning_bridge.checkpoint._retention import CheckpointRetention
 from lightning_bridge.checkpoint._safe_load import read_checkpoint
+from lightning_bridge.checkpoint._writable import check_writable
 from lightning_bridge.contract import _cluster_info
 from lightning_bridge.contract._context import PyTorchTrialContext
 from lightning_bridge.contract._units import Batch, TrainUnit, check_length, check_period
@@ -138,13 +139,16 @@ class Trainer:
 
         engine: Any = getattr(ctx, "_engine", None)
         ckpt_dir = checkpoint_dir(ctx, engine.checkpoint_dir if engine else None)
+        check_writable(ckpt_dir)
         if latest_checkpoint is not None:
             latest_checkpoint = str(resolve_checkpoint(latest_checkpoint, ckpt_dir))
         module = TrialModule(
             self._trial, ctx, test_mode=test_mode, latest_checkpoint=latest_checkpoint
         )
+        payload: dict[str, Any] = {}
         if latest_checkpoint is not None:
-            module.resume_from(*read_checkpoint(latest_checkpoint))
+            payload, state = read_checkpoint(latest_checkpoint)
+            module.resume_from(payload, state)
         boundaries = TrialBoundaries(
             max_length=length,
             validation_period=validation,
@@ -158,6 +162,8 @@ class Trainer:
             smaller_is_better=bool(searcher.get("smaller_is_better", True)),
             retention=CheckpointRetention.from_config(ctx._exp_conf),
         )
+        if latest_checkpoint is not None:
+            boundaries.continue_retention(pathlib.Path(latest_checkpoint), payload)
         trainer = pl.Trainer(
             **lightning_settings(
                 ctx,
