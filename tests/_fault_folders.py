@@ -4,7 +4,8 @@ The trial is written for Determined (`from determined import pytorch`) and is dr
 hyperparameters: `sleep` slows every batch so a signal lands mid-run, `mark_at` writes
 `training.<rank>` once that many batches are trained (the test's cue to send the signal),
 `signal_at` makes rank 0 send SIGTERM to itself during that batch, `width` makes the model (and
-so every save) bigger. Every process writes `pid.<rank>`; every validation appends the batch
+so every save) bigger, `hold_save_at` holds the save after that many batches half-written
+(`saving` appears) until the test creates `release`. Every process writes `pid.<rank>`; every validation appends the batch
 count it followed to `events.jsonl`.
 """
 
@@ -26,6 +27,7 @@ import yaml
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 MODEL_DEF = """
+import collections
 import json
 import os
 import pathlib
@@ -49,9 +51,25 @@ class Data(torch.utils.data.Dataset):
         return self.x[i], self.y[i]
 
 
+class Gate:
+    # Pickled inside a save: holds it (its partial directory on disk) until `release`.
+
+    def __reduce__(self):
+        pathlib.Path("saving").touch()
+        deadline = time.monotonic() + 120
+        while not pathlib.Path("release").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return (collections.OrderedDict, ())
+
+
 class Log(pytorch.PyTorchCallback):
     def __init__(self, trial):
         self.trial = trial
+
+    def state_dict(self):
+        if self.trial.hp.get("hold_save_at") == self.trial.trained:
+            return {"gate": Gate()}
+        return {}
 
     def on_validation_end(self, metrics):
         if self.trial.context.distributed.rank == 0:

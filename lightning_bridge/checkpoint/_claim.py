@@ -93,6 +93,15 @@ def remove_leftovers(base_dir: pathlib.Path) -> None:
                     leftover.unlink()
 
 
+def _command() -> str:
+    """This process's command line, as the user typed it (`python -m pkg` for a package)."""
+    argv = list(sys.argv) or ["python"]
+    head = pathlib.Path(argv[0])
+    if head.name == "__main__.py":
+        argv[0] = f"python -m {head.parent.name}"
+    return " ".join(argv)[:500]
+
+
 class DirectoryClaim:
     """This run's hold on a checkpoint directory (see the module docstring)."""
 
@@ -141,7 +150,7 @@ class DirectoryClaim:
                 "pid": os.getpid(),
                 "host": socket.gethostname(),
                 "started": datetime.datetime.now().isoformat(timespec="seconds"),
-                "command": " ".join(sys.argv)[:500],
+                "command": _command(),
             }
             os.write(fd, json.dumps(info).encode())
             path = self.base_dir / f".run.{token}.lock"
