@@ -5,18 +5,22 @@ hyperparameters: `sleep` slows every batch so a signal lands mid-run, `mark_at` 
 `training.<rank>` once that many batches are trained (the test's cue to send the signal),
 `signal_at` makes rank 0 send SIGTERM to itself during that batch, `width` makes the model (and
 so every save) bigger, `hold_save_at` holds the save after that many batches half-written
-(`saving` appears) until the test creates `release`. Every process writes `pid.<rank>`; every validation appends the batch
+(`saving` appears) until the test creates `release`, `workers` gives the training data loader
+worker processes. Every process writes `pid.<rank>`; every validation appends the batch
 count it followed to `events.jsonl`.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import pathlib
+import select
 import signal
 import subprocess
 import sys
+import termios
 import textwrap
 import time
 from typing import Any
@@ -101,7 +105,11 @@ class FaultTrial(pytorch.PyTorchTrial):
         return {"log": Log(self)}
 
     def build_training_data_loader(self):
-        return pytorch.DataLoader(Data(64, 0), batch_size=self.context.get_per_slot_batch_size())
+        return pytorch.DataLoader(
+            Data(64, 0),
+            batch_size=self.context.get_per_slot_batch_size(),
+            num_workers=int(self.hp.get("workers", 0)),
+        )
 
     def build_validation_data_loader(self):
         return pytorch.DataLoader(Data(16, 1), batch_size=8)
@@ -222,6 +230,71 @@ def finish(proc: subprocess.Popen[str], timeout: float) -> tuple[int, str, str, 
         out, err = proc.communicate()
         raise AssertionError(f"still running after {timeout} s (hang):\n{out}\n{err}") from None
     return proc.returncode, out, err, time.monotonic() - start
+
+
+def children(pid: int) -> list[int]:
+    """The processes whose parent is `pid` (from /proc)."""
+    found = []
+    for entry in pathlib.Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+def run_in_terminal(
+    folder: pathlib.Path, keys: bytes, cue: str, timeout: float = 120
+) -> tuple[int, str]:
+    """`lightning-bridge run const.yaml` with a pseudo-terminal as its controlling terminal
+    (a user's shell); once `cue` exists in the folder, `keys` are typed (b"\x03": Ctrl-C).
+    Returns the exit code and everything the terminal showed."""
+    master, slave = os.openpty()
+
+    def controlling_terminal() -> None:
+        os.setsid()
+        fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "lightning_bridge", "run", "const.yaml"],
+        cwd=folder,
+        env=cli_env(),
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+        preexec_fn=controlling_terminal,
+    )
+    os.close(slave)
+    shown = bytearray()
+    deadline = time.monotonic() + timeout
+    typed = False
+    try:
+        while time.monotonic() < deadline:
+            if not typed and (folder / cue).exists():
+                os.write(master, keys)
+                typed = True
+            ready, _, _ = select.select([master], [], [], 0.1)
+            if ready:
+                try:
+                    chunk = os.read(master, 65536)
+                except OSError:  # the terminal's last user is gone
+                    chunk = b""
+                if not chunk and proc.poll() is not None:
+                    break
+                shown += chunk
+            elif proc.poll() is not None:
+                break
+        else:
+            raise AssertionError(f"still running after {timeout} s:\n{shown.decode()}")
+    finally:
+        os.close(master)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return proc.wait(), shown.decode(errors="replace")
 
 
 def group_alive(proc: subprocess.Popen[str]) -> bool:

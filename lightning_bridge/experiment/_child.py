@@ -1,14 +1,20 @@
 """Running a script entrypoint as a child process that stops when the runner is told to.
 
-The script runs in a process group of its own, so a terminal's Ctrl-C reaches the runner only;
-SIGTERM, SIGINT and SIGHUP sent to the runner are passed on to the whole group (the script and
-any process it started), and the runner keeps waiting: a script on the bridge finishes its
-batch, checkpoints and exits 0, and its exit code is the runner's. If it is still running
-`timeout` seconds after the first signal, the group is killed.
+The script runs in a process group of its own. SIGTERM, SIGINT and SIGHUP sent to the runner
+are passed on to that whole group (the script and the processes it started), and the runner
+keeps waiting: a script on the bridge finishes its batch, checkpoints and exits 0, and its exit
+code is the runner's. If it is still running `timeout` seconds after the first signal, the
+group is killed.
+
+Started from a terminal, the runner hands the terminal to the script's group while it runs, as
+a shell does for a job: the script can read it (`input()`, `breakpoint()`), and Ctrl-C and
+Ctrl-Z reach it directly. When the script is stopped (Ctrl-Z) the runner takes the terminal
+back and stops too, so the shell regains control; `fg` continues both.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -21,6 +27,7 @@ from typing import Any
 logger = logging.getLogger("lightning_bridge")
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+_POLL_S = 0.1
 
 
 class ChildRun:
@@ -32,20 +39,17 @@ class ChildRun:
         self.killed = killed
 
     def describe_failure(self, timeout: float) -> str:
-        """The one-line message for a non-zero exit (see `run_child`)."""
+        """The one-line message for a non-zero exit."""
+        name = signal.Signals(self.forwarded).name if self.forwarded else ""
         if self.killed:
             return (
-                f"the entrypoint was still running {timeout:g} s after "
-                f"{signal.Signals(self.forwarded).name} and was killed; checkpoints written "
-                "before are intact, a save in progress is lost"
+                f"the entrypoint was still running {timeout:g} s after {name} and was killed; "
+                "checkpoints written before are intact, a save in progress is lost"
             )
         if self.code < 0:
             return f"the entrypoint was killed by {signal.Signals(-self.code).name}"
         if self.forwarded:
-            return (
-                f"the entrypoint exited with code {self.code} after "
-                f"{signal.Signals(self.forwarded).name}"
-            )
+            return f"the entrypoint exited with code {self.code} after {name}"
         return f"the entrypoint exited with code {self.code}"
 
     @property
@@ -54,11 +58,38 @@ class ChildRun:
         return self.code if self.code >= 0 else 128 - self.code
 
 
-def _signal_group(pid: int, signum: int) -> None:
-    try:
-        os.killpg(pid, signum)
-    except (ProcessLookupError, PermissionError):
-        pass
+def _signal_group(pgid: int, signum: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signum)
+
+
+class _Terminal:
+    """The controlling terminal, when the runner is its foreground job (else does nothing)."""
+
+    def __init__(self) -> None:
+        self.fd: int | None = None
+        with contextlib.suppress(OSError):
+            if os.isatty(0) and os.tcgetpgrp(0) == os.getpgrp():
+                self.fd = 0
+
+    def give(self, pgid: int) -> None:
+        if self.fd is not None:
+            try:
+                os.tcsetpgrp(self.fd, pgid)
+            except OSError:
+                self.fd = None
+            _signal_group(pgid, signal.SIGCONT)  # in case it read the terminal too early
+
+    def take_back(self) -> None:
+        if self.fd is None:
+            return
+        previous = signal.signal(signal.SIGTTOU, signal.SIG_IGN)  # a background tcsetpgrp
+        try:
+            os.tcsetpgrp(self.fd, os.getpgrp())
+        except OSError:
+            pass
+        finally:
+            signal.signal(signal.SIGTTOU, previous)
 
 
 def run_child(
@@ -74,7 +105,7 @@ def run_child(
     margin is for a child that enforces `timeout` itself). Raises FileNotFoundError when the
     command does not exist."""
     forwarded: list[int] = []
-    started: list[subprocess.Popen[bytes]] = []
+    group: list[int] = []
 
     def forward(signum: int, frame: Any) -> None:
         if not forwarded:
@@ -85,40 +116,56 @@ def run_child(
                 timeout,
             )
         forwarded.append(signum)
-        if started:
-            _signal_group(started[0].pid, signum)
+        if group:
+            _signal_group(group[0], signum)
 
     previous: dict[int, Any] = {}
     if threading.current_thread() is threading.main_thread():
         previous = {sig: signal.signal(sig, forward) for sig in FORWARDED}
+    terminal = _Terminal()
     try:
         proc = subprocess.Popen(list(command), cwd=cwd, env=dict(env), process_group=0)
-    except BaseException:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        raise
-    started.append(proc)
-    if forwarded:  # a signal came while the child was starting
-        _signal_group(proc.pid, forwarded[0])
-    killed = False
-    deadline: float | None = None
-    try:
-        while True:
-            try:
-                # Wake up now and then to enforce the deadline; a signal interrupts the wait.
-                code = proc.wait(timeout=0.5)
-                break
-            except subprocess.TimeoutExpired:
-                pass
-            if forwarded and deadline is None:
-                deadline = time.monotonic() + timeout + margin
-            if deadline is not None and not killed and time.monotonic() > deadline:
-                _signal_group(proc.pid, signal.SIGKILL)
-                killed = True
+        group.append(proc.pid)
+        terminal.give(proc.pid)
+        if forwarded:  # a signal came while the child was starting
+            _signal_group(proc.pid, forwarded[0])
+        code, killed = _wait(proc, terminal, forwarded, timeout + margin)
     finally:
+        terminal.take_back()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-        if proc.poll() is None:  # the runner itself is failing: leave nothing behind
-            _signal_group(proc.pid, signal.SIGKILL)
-            proc.wait()
+        if group and _running(group[0]):  # the runner itself is failing: leave nothing
+            _signal_group(group[0], signal.SIGKILL)
     return ChildRun(code, forwarded[0] if forwarded else 0, killed)
+
+
+def _running(pid: int) -> bool:
+    try:
+        return os.waitpid(pid, os.WNOHANG) == (0, 0)
+    except ChildProcessError:
+        return False
+
+
+def _wait(
+    proc: subprocess.Popen[bytes], terminal: _Terminal, forwarded: list[int], limit: float
+) -> tuple[int, bool]:
+    """Wait for the child: its exit code, and whether it was killed at the deadline."""
+    deadline: float | None = None
+    killed = False
+    while True:
+        pid, status = os.waitpid(proc.pid, os.WNOHANG | os.WUNTRACED)
+        if pid and os.WIFSTOPPED(status):  # Ctrl-Z: stop with it, give the shell control
+            terminal.take_back()
+            os.kill(os.getpid(), signal.SIGSTOP)
+            terminal.give(proc.pid)
+            _signal_group(proc.pid, signal.SIGCONT)
+            continue
+        if pid:
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            return proc.returncode, killed
+        if forwarded and deadline is None:
+            deadline = time.monotonic() + limit
+        if deadline is not None and not killed and time.monotonic() > deadline:
+            _signal_group(proc.pid, signal.SIGKILL)
+            killed = True
+        time.sleep(_POLL_S)
