@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from lightning_bridge import samplers
 from lightning_bridge._errors import (
     BridgeError,
+    CheckpointWriteError,
     InvalidArgumentError,
     InvalidCheckpointError,
     InvalidTrialError,
@@ -49,6 +50,7 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "Batch",
     "BridgeError",
+    "CheckpointWriteError",
     "DataLoader",
     "DistributedContext",
     "Epoch",

@@ -346,10 +346,11 @@ runpy.run_module("lightning_bridge", run_name="__main__")
 
 
 def test_a_full_disk_at_save_time_is_one_message_and_keeps_earlier_checkpoints(
-    tmp_path: pathlib.Path,
+    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """A real full file system when this user may mount a small tmpfs; otherwise a file-size
-    limit (RLIMIT_FSIZE), under which writes fail the same way (EFBIG instead of ENOSPC)."""
+    """A real full file system when this user may mount a small tmpfs (the run fills it);
+    otherwise a file-size limit (RLIMIT_FSIZE) in a process of its own, under which writes fail
+    the same way (EFBIG instead of ENOSPC)."""
     folder = ff.write_folder(
         tmp_path,
         searcher={**SHORT, "max_length": {"batches": 40}},
@@ -358,7 +359,8 @@ def test_a_full_disk_at_save_time_is_one_message_and_keeps_earlier_checkpoints(
     )
     with _mounted(tmp_path / "store", "size=48k") as mounted:
         if mounted:
-            proc = ff.start_run(folder)
+            code = main(["run", str(folder / "const.yaml")])
+            err = capsys.readouterr().err
         else:
             (tmp_path / "fsize.py").write_text(FSIZE_RUN)
             proc = subprocess.Popen(
@@ -370,7 +372,7 @@ def test_a_full_disk_at_save_time_is_one_message_and_keeps_earlier_checkpoints(
                 text=True,
                 start_new_session=True,
             )
-        code, out, err, _ = ff.finish(proc, timeout=120)
+            code, _, err, _ = ff.finish(proc, timeout=120)
         assert code == 1, err
         errors = [line for line in err.splitlines() if "error" in line]
         assert len(errors) == 1 and "Traceback" not in err, err

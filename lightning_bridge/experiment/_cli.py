@@ -17,12 +17,13 @@ import logging
 import math
 import os
 import pathlib
+import signal
 import sys
 import traceback
 from collections.abc import Sequence
 from typing import Any
 
-from lightning_bridge._errors import BridgeError, InvalidArgumentError
+from lightning_bridge._errors import BridgeError, CheckpointWriteError, InvalidArgumentError
 
 logger = logging.getLogger("lightning_bridge")
 
@@ -203,6 +204,10 @@ def _run(args: argparse.Namespace, from_command_line: bool) -> int:
     except InvalidArgumentError as exc:
         print(f"lightning-bridge: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except CheckpointWriteError as exc:
+        if chief:  # the chief's failure, shared with every process
+            print(f"lightning-bridge: error: {exc}", file=sys.stderr)
+        return EXIT_FAILED
     except BridgeError as exc:
         print(f"lightning-bridge: error: {exc}", file=sys.stderr)
         return EXIT_FAILED
@@ -299,4 +304,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     _setup_logging()
     handler = args.handler
-    return int(handler(args, from_command_line=argv is None))
+    try:
+        return int(handler(args, from_command_line=argv is None))
+    except KeyboardInterrupt:  # outside training: a fit stops on SIGINT by itself
+        print("lightning-bridge: interrupted (no training was running)", file=sys.stderr)
+        return 128 + signal.SIGINT
