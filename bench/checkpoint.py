@@ -56,7 +56,6 @@ import argparse
 import contextlib
 import functools
 import gc
-import importlib.metadata
 import json
 import os
 import pathlib
@@ -69,15 +68,16 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from types import ModuleType
-from typing import Any, ClassVar
+from typing import Any
 
+import _harness as h
 import numpy as np
 import torch
 from torch import nn
 
 import lightning_bridge
-from lightning_bridge import _checkpoint as bridge_checkpoint
-from lightning_bridge import _trainer as bridge_trainer
+from lightning_bridge.checkpoint import _layout as bridge_checkpoint
+from lightning_bridge.translation import _trainer as bridge_trainer
 
 try:
     from determined import pytorch as det_pytorch
@@ -130,7 +130,9 @@ def clocked(clock: Clock) -> Iterator[Clock]:
         ACTIVE.pop()
 
 
-def _timed(fn: Callable[..., Any], field: str) -> Callable[..., Any]:
+def _timed(fn: Callable[..., Any], field: str, into_list: bool = False) -> Callable[..., Any]:
+    """`fn`, adding its duration to the active clock's `field` (or appending it, `into_list`)."""
+
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         start = time.perf_counter()
@@ -139,21 +141,11 @@ def _timed(fn: Callable[..., Any], field: str) -> Callable[..., Any]:
         finally:
             clock = _active()
             if clock is not None:
-                setattr(clock, field, getattr(clock, field) + time.perf_counter() - start)
-
-    return wrapper
-
-
-def _timed_into_list(fn: Callable[..., Any], field: str) -> Callable[..., Any]:
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        start = time.perf_counter()
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            clock = _active()
-            if clock is not None:
-                getattr(clock, field).append(time.perf_counter() - start)
+                elapsed = time.perf_counter() - start
+                if into_list:
+                    getattr(clock, field).append(elapsed)
+                else:
+                    setattr(clock, field, getattr(clock, field) + elapsed)
 
     return wrapper
 
@@ -163,18 +155,18 @@ def instrument() -> None:
     behaviour unchanged), and the reference's torch.load."""
     bridge_checkpoint._fsync_tree = _timed(bridge_checkpoint._fsync_tree, "_fsync_acc")
     bridge_checkpoint._write_latest = _timed(bridge_checkpoint._write_latest, "_latest_acc")
-    bridge_trainer.read_checkpoint = _timed_into_list(bridge_trainer.read_checkpoint, "read")
+    bridge_trainer.read_checkpoint = _timed(bridge_trainer.read_checkpoint, "read", into_list=True)
 
 
 @contextlib.contextmanager
 def reference_torch_load_timed() -> Iterator[None]:
     """Time `torch.load` calls (the reference's resume path reads state_dict.pth with it)."""
     original = torch.load
-    torch.load = _timed_into_list(original, "read")  # type: ignore[assignment]
+    torch.load = _timed(original, "read", into_list=True)
     try:
         yield
     finally:
-        torch.load = original  # type: ignore[assignment]
+        torch.load = original
 
 
 # --------------------------------------------------------------------------------------------
@@ -217,82 +209,22 @@ def _make_callbacks(api: ModuleType) -> dict[str, Any]:
     return {"timing": Timing()}
 
 
-def _dataset(n: int, seed: int) -> torch.utils.data.TensorDataset:
-    gen = torch.Generator().manual_seed(seed)
-    return torch.utils.data.TensorDataset(
-        torch.randn(n, WIDTH, generator=gen), torch.randn(n, WIDTH, generator=gen)
-    )
-
-
-class _BigBody:
-    api: ClassVar[ModuleType]
-
-    def __init__(self, context: Any) -> None:
-        self.context = context
-        layers: list[nn.Module] = []
-        for i in range(LAYERS):
-            layers.append(nn.Linear(WIDTH, WIDTH))
-            if i < LAYERS - 1:
-                layers.append(nn.ReLU())
-        self.model = context.wrap_model(nn.Sequential(*layers))
-        self.opt = context.wrap_optimizer(torch.optim.Adam(self.model.parameters(), lr=1e-4))
-
-    def build_callbacks(self) -> dict[str, Any]:
-        return _make_callbacks(self.api)
-
-    def build_training_data_loader(self) -> Any:
-        return self.api.DataLoader(
-            _dataset(8 * BATCH, 1), batch_size=self.context.get_per_slot_batch_size()
-        )
-
-    def build_validation_data_loader(self) -> Any:
-        return self.api.DataLoader(_dataset(BATCH, 2), batch_size=BATCH)
-
-    def train_batch(self, batch: Any, epoch_idx: int, batch_idx: int) -> dict[str, Any]:
-        x, y = batch
-        loss = nn.functional.mse_loss(self.model(x), y)
-        self.context.backward(loss)
-        self.context.step_optimizer(self.opt)
-        return {"loss": loss}
-
-    def evaluate_batch(self, batch: Any) -> dict[str, Any]:
-        x, y = batch
-        return {"val_loss": nn.functional.mse_loss(self.model(x), y)}
-
-
-class BridgeBigTrial(_BigBody, lightning_bridge.PyTorchTrial):
-    api = lightning_bridge
-
-
+RECIPE = h.Recipe(
+    model=lambda: h.mlp((WIDTH,) * (LAYERS + 1)),
+    optimizer=lambda params: torch.optim.Adam(params, lr=1e-4),
+    loss=nn.functional.mse_loss,
+    train_data=lambda: h.random_pairs(8 * BATCH, WIDTH, WIDTH, seed=1),
+    val_data=lambda: h.random_pairs(BATCH, WIDTH, WIDTH, seed=2),
+    batch_size=BATCH,
+    callbacks=_make_callbacks,
+)
+BridgeBigTrial = h.trial_class(lightning_bridge, RECIPE, "BridgeBigTrial", __name__)
 if det_pytorch is not None:
-
-    class ReferenceBigTrial(_BigBody, det_pytorch.PyTorchTrial):
-        api = det_pytorch
+    ReferenceBigTrial = h.trial_class(det_pytorch, RECIPE, "ReferenceBigTrial", __name__)
 
 
 # --------------------------------------------------------------------------------------------
 # Runs.
-
-
-@contextlib.contextmanager
-def environment(workdir: pathlib.Path) -> Iterator[pathlib.Path]:
-    """cwd and the user data directory (the reference's local checkpoint storage) side by side
-    in `workdir`; the data directory is never inside cwd, which the reference copies into every
-    checkpoint. Yields the checkpoint storage directory both frameworks use."""
-    cwd, data = workdir / "cwd", workdir / "xdg_data"
-    cwd.mkdir(parents=True, exist_ok=True)
-    data.mkdir(parents=True, exist_ok=True)
-    old_cwd, old_xdg = os.getcwd(), os.environ.get("XDG_DATA_HOME")
-    os.environ["XDG_DATA_HOME"] = str(data)
-    os.chdir(cwd)
-    try:
-        yield data / "determined"
-    finally:
-        os.chdir(old_cwd)
-        if old_xdg is None:
-            os.environ.pop("XDG_DATA_HOME", None)
-        else:
-            os.environ["XDG_DATA_HOME"] = old_xdg
 
 
 def _seed() -> None:
@@ -310,32 +242,21 @@ def fit(
     """Train `batches` batches (a checkpoint after each); returns the clock's readings."""
     is_bridge = api is lightning_bridge
     trial_cls = BridgeBigTrial if is_bridge else ReferenceBigTrial
-    extra: dict[str, Any] = {}
+    init: dict[str, Any] = {"exp_conf": {"data": {}}}
     if is_bridge:
-        extra = {
-            "accelerator": "cpu",
-            "checkpoint_dir": storage,
-            "trainer_kwargs": {"enable_progress_bar": False, "enable_model_summary": False},
-        }
+        init.update(accelerator="cpu", checkpoint_dir=storage)
     _seed()
     clock = Clock()
+    fit_args = {
+        "checkpoint_period": api.Batch(1),
+        "checkpoint_policy": "none",
+        "latest_checkpoint": latest_checkpoint,
+    }
     with clocked(clock), contextlib.ExitStack() as stack:
         if not is_bridge and latest_checkpoint is not None:
             stack.enter_context(reference_torch_load_timed())
-        with api.init(
-            hparams={"global_batch_size": BATCH},
-            exp_conf={"data": {}},
-            enable_tensorboard_logging=False,
-            **extra,
-        ) as context:
-            trial = trial_cls(context)
-            api.Trainer(trial, context).fit(
-                max_length=api.Batch(batches),
-                checkpoint_period=api.Batch(1),
-                reporting_period=api.Batch(1),
-                checkpoint_policy="none",
-                latest_checkpoint=latest_checkpoint,
-            )
+        hparams = {"global_batch_size": BATCH}
+        h.fit_trial(api, trial_cls, batches, hparams, report_every=1, fit=fit_args, **init)
     return clock
 
 
@@ -366,12 +287,12 @@ def one_round(
     root: pathlib.Path, checkpoints: int, bridge_first: bool, results: dict[str, list[float]]
 ) -> None:
     """Both frameworks: save, load, bytes; then both resume paths on the bridge's checkpoint."""
-    order = ["bridge", "reference"] if bridge_first else ["reference", "bridge"]
+    order = h.rotated(["bridge", "reference"], 0 if bridge_first else 1)
     apis = {"bridge": lightning_bridge, "reference": det_pytorch}
     last: dict[str, str] = {}
     for name in order:
         workdir = root / name
-        with environment(workdir) as storage:
+        with h.reference_dirs(workdir) as storage:
             clock = fit(apis[name], storage, checkpoints)
             assert len(clock.saves) == checkpoints, (name, clock.saves)
             results[f"save_s/{name}"].extend(clock.saves)
@@ -397,14 +318,14 @@ def one_round(
     if not bridge_first:
         loads.reverse()
     for i in range(LOADS):
-        for key, api, path, kwargs in loads[i % len(loads) :] + loads[: i % len(loads)]:
-            with environment(pathlib.Path(path).parents[2]):
-                results[key].append(time_load(api, path, kwargs))
+        for key, api, ckpt, kwargs in h.rotated(loads, i):
+            with h.reference_dirs(pathlib.Path(ckpt).parents[2]):
+                results[key].append(time_load(api, ckpt, kwargs))
     # Resume paths, both from the bridge's checkpoint (the reference cannot read its own),
     # RESUMES times each in alternating order.
     for i in range(RESUMES):
-        for name in order if i % 2 == 0 else order[::-1]:
-            with environment(root / "bridge") as storage:
+        for name in h.rotated(order, i):
+            with h.reference_dirs(root / "bridge") as storage:
                 resumed = fit(
                     apis[name],
                     storage,
@@ -423,14 +344,9 @@ def one_round(
 
 
 def versions() -> dict[str, str]:
-    out = {"python": platform.python_version(), "platform": platform.platform()}
-    for dist in ("torch", "lightning", "determined", "lightning-bridge", "numpy"):
-        try:
-            out[dist] = importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            out[dist] = "-"
-    out["cpus"] = str(os.cpu_count())
-    return out
+    dists = h.package_versions(("torch", "lightning", "determined", "lightning-bridge", "numpy"))
+    python = {"python": platform.python_version(), "platform": platform.platform()}
+    return {**python, **dists, "cpus": str(os.cpu_count())}
 
 
 ROWS: tuple[tuple[str, str, str, float | None], ...] = (
@@ -460,11 +376,6 @@ def _fmt(value: float, unit: str) -> str:
     return f"{value:9.0f} B "
 
 
-def paired_ratio(bridge: list[float], reference: list[float]) -> float:
-    """Median of bridge / reference over paired samples (same round, same repetition)."""
-    return statistics.median(b / r for b, r in zip(bridge, reference, strict=True))
-
-
 def report(results: dict[str, list[float]]) -> tuple[str, bool]:
     lines = [
         f"{'':34} {'bridge':>12} {'reference':>12} {'ratio':>6} {'paired':>6} {'target':>6}  "
@@ -474,13 +385,13 @@ def report(results: dict[str, list[float]]) -> tuple[str, bool]:
     for label, key, unit, target in ROWS:
         b_samples, r_samples = results[f"{key}/bridge"], results[f"{key}/reference"]
         b, r = statistics.median(b_samples), statistics.median(r_samples)
-        paired = paired_ratio(b_samples, r_samples)
+        paired = h.paired_median(b_samples, r_samples)
         if target is None:
             verdict, target_text = "(info)", "-"
         else:
-            ok = paired <= target
+            ok, verdict = h.verdict(paired, target)
             all_pass &= ok
-            verdict, target_text = ("PASS" if ok else "MISS"), f"<={target:.2f}"
+            target_text = f"<={target:.2f}"
         lines.append(
             f"{label:34} {_fmt(b, unit):>12} {_fmt(r, unit):>12} {b / r:6.3f} {paired:6.3f} "
             f"{target_text:>6}  {verdict}"

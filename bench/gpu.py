@@ -14,12 +14,10 @@ Run it on a machine with a CUDA GPU:
 from __future__ import annotations
 
 import argparse
-import statistics
 import tempfile
-import time
 from typing import Any
 
-import lightning.pytorch as pl
+import _harness as h
 import torch
 from torch import nn
 
@@ -79,94 +77,29 @@ class _Images(torch.utils.data.Dataset):
         return self.x[i], self.y[i]
 
 
-class _Clock:
-    def __init__(self, last: int) -> None:
-        self.last, self.start, self.end = last, 0.0, 0.0
-
-    def tick(self, batch_idx: int) -> None:
-        if batch_idx in (WARMUP, self.last) and torch.cuda.is_available():
-            torch.cuda.synchronize()
-        if batch_idx == WARMUP:
-            self.start = time.perf_counter()
-        if batch_idx == self.last:
-            self.end = time.perf_counter()
-
-
-def _plain(args: Any, precision: str, data: _Images, clock: _Clock) -> None:
-    class Plain(pl.LightningModule):
-        def __init__(self) -> None:
-            super().__init__()
-            self.automatic_optimization = False
-            self.net = resnet18()
-
-        def configure_optimizers(self) -> Any:
-            return torch.optim.SGD(self.parameters(), lr=0.1, momentum=0.9)
-
-        def train_dataloader(self) -> Any:
-            return torch.utils.data.DataLoader(data, batch_size=args.batch_size)
-
-        def training_step(self, batch: Any, batch_idx: int) -> None:
-            opt = self.optimizers()
-            x, y = batch
-            loss = nn.functional.cross_entropy(self.net(x), y)
-            self.manual_backward(loss)
-            opt.step()  # type: ignore[union-attr]
-            opt.zero_grad()  # type: ignore[union-attr]
-            clock.tick(batch_idx)
-
-    pl.Trainer(
-        accelerator=args.device,
-        devices=1,
-        precision=precision,  # type: ignore[arg-type]
-        max_steps=args.batches,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    ).fit(Plain())
+def _recipe(args: Any, data: _Images, clock: h.WindowClock) -> h.Recipe:
+    """The task both variants train: ResNet-18, SGD with momentum, cross-entropy."""
+    return h.Recipe(
+        model=resnet18,
+        optimizer=lambda params: torch.optim.SGD(params, lr=0.1, momentum=0.9),
+        loss=nn.functional.cross_entropy,
+        train_data=lambda: data,
+        val_data=lambda: torch.utils.data.Subset(data, range(args.batch_size)),
+        batch_size=args.batch_size,
+        val_batch_size=1,
+        step_ends=clock.tick,
+    )
 
 
-def _bridge(args: Any, precision: str, data: _Images, clock: _Clock) -> None:
-    class Trial(pytorch.PyTorchTrial):
-        def __init__(self, context: Any) -> None:
-            self.context = context
-            self.net = context.wrap_model(resnet18())
-            self.opt = context.wrap_optimizer(
-                torch.optim.SGD(self.net.parameters(), lr=0.1, momentum=0.9)
-            )
+def _plain(args: Any, precision: str, recipe: h.Recipe) -> None:
+    h.fit_plain(recipe, args.batches, accelerator=args.device, devices=1, precision=precision)
 
-        def build_training_data_loader(self) -> Any:
-            return pytorch.DataLoader(data, batch_size=self.context.get_per_slot_batch_size())
 
-        def build_validation_data_loader(self) -> Any:
-            return pytorch.DataLoader(torch.utils.data.Subset(data, range(args.batch_size)))
-
-        def train_batch(self, batch: Any, epoch_idx: int, batch_idx: int) -> Any:
-            x, y = batch
-            loss = nn.functional.cross_entropy(self.net(x), y)
-            self.context.backward(loss)
-            self.context.step_optimizer(self.opt)
-            clock.tick(batch_idx)
-            return {"loss": loss}
-
-        def evaluate_batch(self, batch: Any) -> dict[str, Any]:
-            x, y = batch
-            return {"val_loss": nn.functional.cross_entropy(self.net(x), y)}
-
-    with (
-        tempfile.TemporaryDirectory() as run_dir,
-        pytorch.init(
-            hparams={"global_batch_size": args.batch_size},
-            accelerator=args.device,
-            precision=precision,
-            run_dir=run_dir,
-            enable_tensorboard_logging=False,
-            trainer_kwargs={"enable_progress_bar": False, "enable_model_summary": False},
-        ) as ctx,
-    ):
-        pytorch.Trainer(Trial(ctx), ctx).fit(
-            max_length=pytorch.Batch(args.batches), reporting_period=pytorch.Batch(100)
-        )
+def _bridge(args: Any, precision: str, recipe: h.Recipe) -> None:
+    hparams = {"global_batch_size": args.batch_size}
+    with tempfile.TemporaryDirectory() as run_dir:
+        options = {"accelerator": args.device, "precision": precision, "run_dir": run_dir}
+        h.fit_trial(pytorch, recipe, args.batches, hparams, **options)
 
 
 def main() -> None:
@@ -185,18 +118,19 @@ def main() -> None:
         precisions = ["bf16-mixed"]  # Lightning runs fp16 AMP on GPUs only
     elif not torch.cuda.is_available():
         raise SystemExit("no CUDA GPU found; use --device cpu --quick for a smoke run")
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else None
     data = _Images(args.batches * args.batch_size, args.image_size)
     for precision in precisions:
         rates: dict[str, list[float]] = {"lightning": [], "bridge": []}
-        for r in range(args.rounds):
-            order = ["lightning", "bridge"] if r % 2 == 0 else ["bridge", "lightning"]
-            for variant in order:
-                clock = _Clock(args.batches - 1)
-                (_plain if variant == "lightning" else _bridge)(args, precision, data, clock)
-                rate = (args.batches - 1 - WARMUP) * args.batch_size / (clock.end - clock.start)
-                rates[variant].append(rate)
-                print(f"{precision:10s} round {r + 1} {variant:9s} {rate:9.1f} images/s")
-        ratio = statistics.median(rates["bridge"]) / statistics.median(rates["lightning"])
+        for r, variant in h.interleaved(args.rounds, ("lightning", "bridge")):
+            clock = h.WindowClock(WARMUP, args.batches - 1, sync)
+            (_plain if variant == "lightning" else _bridge)(
+                args, precision, _recipe(args, data, clock)
+            )
+            rate = clock.rate(per_batch=args.batch_size)
+            rates[variant].append(rate)
+            print(f"{precision:10s} round {r + 1} {variant:9s} {rate:9.1f} images/s")
+        ratio = h.ratio_of_medians(rates["bridge"], rates["lightning"]).value
         print(f"{precision:10s} bridge / lightning throughput {ratio:.3f}\n", flush=True)
 
 

@@ -37,19 +37,19 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib.metadata
 import importlib.util
 import json
 import os
 import pathlib
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
+
+import _harness as h
 
 SEED = 1234
 LR = 0.01
@@ -107,23 +107,13 @@ class Marks:
     last: float | None = None
 
     @classmethod
-    def step_begins(cls) -> None:
+    def step_begins(cls, batch_idx: int = 0) -> None:
         if cls.first is None:
             cls.first = time.perf_counter()
 
     @classmethod
-    def step_ends(cls) -> None:
+    def step_ends(cls, batch_idx: int = 0) -> None:
         cls.last = time.perf_counter()
-
-
-def _build_model(spec: ModelSpec) -> Any:
-    import torch
-
-    layers: list[torch.nn.Module] = []
-    for fan_in, fan_out in zip(spec.dims[:-2], spec.dims[1:-1], strict=True):
-        layers += [torch.nn.Linear(fan_in, fan_out), torch.nn.ReLU()]
-    layers.append(torch.nn.Linear(spec.dims[-2], spec.dims[-1]))
-    return torch.nn.Sequential(*layers)
 
 
 def _datasets(spec: ModelSpec) -> tuple[Any, Any]:
@@ -142,15 +132,37 @@ def _datasets(spec: ModelSpec) -> tuple[Any, Any]:
     return make(TRAIN_EPOCH_BATCHES * spec.batch_size), make(VAL_BATCHES * spec.batch_size)
 
 
-def _run_raw(spec: ModelSpec, batches: int, data: tuple[Any, Any], workdir: pathlib.Path) -> None:
+def _recipe(spec: ModelSpec, data: tuple[Any, Any]) -> h.Recipe:
+    """The task every variant trains: the MLP seeded with SEED, SGD, MSE, shuffled batches."""
     import torch
 
+    def model() -> Any:
+        torch.manual_seed(SEED)
+        return h.mlp(spec.dims)
+
     train_set, val_set = data
-    torch.manual_seed(SEED)
-    model = _build_model(spec)
-    opt = torch.optim.SGD(model.parameters(), lr=LR)
-    loss_fn = torch.nn.MSELoss()
-    loader = torch.utils.data.DataLoader(train_set, batch_size=spec.batch_size, shuffle=True)
+    return h.Recipe(
+        model=model,
+        optimizer=lambda params: torch.optim.SGD(params, lr=LR),
+        loss=torch.nn.MSELoss(),
+        train_data=lambda: train_set,
+        val_data=lambda: val_set,
+        batch_size=spec.batch_size,
+        shuffle=True,
+        step_begins=Marks.step_begins,
+        step_ends=Marks.step_ends,
+    )
+
+
+def _run_raw(recipe: h.Recipe, batches: int, workdir: pathlib.Path) -> None:
+    import torch
+
+    model = recipe.model()
+    opt = recipe.optimizer(model.parameters())
+    loss_fn = recipe.loss
+    loader = torch.utils.data.DataLoader(
+        recipe.train_data(), batch_size=recipe.batch_size, shuffle=True
+    )
     done = 0
     window: list[torch.Tensor] = []
     model.train()
@@ -170,133 +182,38 @@ def _run_raw(spec: ModelSpec, batches: int, data: tuple[Any, Any], workdir: path
             if done == batches:
                 break
     model.eval()
-    val_loader = torch.utils.data.DataLoader(val_set, batch_size=spec.batch_size)
+    val_loader = torch.utils.data.DataLoader(recipe.val_data(), batch_size=recipe.batch_size)
     with torch.no_grad():
         torch.stack([loss_fn(model(x), y) for x, y in val_loader]).mean().item()
 
 
-def _run_lightning(
-    spec: ModelSpec, batches: int, data: tuple[Any, Any], workdir: pathlib.Path
-) -> None:
-    import lightning.pytorch as pl
-    import torch
-
-    train_set, _ = data
-
-    class PlainModule(pl.LightningModule):
-        def __init__(self) -> None:
-            super().__init__()
-            self.automatic_optimization = False
-            torch.manual_seed(SEED)
-            self.model = _build_model(spec)
-            self.loss_fn = torch.nn.MSELoss()
-
-        def configure_optimizers(self) -> torch.optim.Optimizer:
-            return torch.optim.SGD(self.parameters(), lr=LR)
-
-        def train_dataloader(self) -> torch.utils.data.DataLoader:
-            return torch.utils.data.DataLoader(train_set, batch_size=spec.batch_size, shuffle=True)
-
-        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-            Marks.step_begins()
-            opt: Any = self.optimizers()
-            x, y = batch
-            loss = self.loss_fn(self.model(x), y)
-            self.manual_backward(loss)
-            opt.step()
-            opt.zero_grad()
-            Marks.step_ends()
-            return loss
-
-    module = PlainModule()
-    trainer = pl.Trainer(
-        max_steps=batches,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
+def _run_lightning(recipe: h.Recipe, batches: int, workdir: pathlib.Path) -> None:
+    h.fit_plain(
+        recipe,
+        batches,
         num_sanity_val_steps=0,
         limit_val_batches=0,
         accelerator="cpu",
         devices=1,
         default_root_dir=str(workdir),
     )
-    trainer.fit(module)
 
 
-def make_trial_class(pytorch: Any, spec: ModelSpec, data: tuple[Any, Any]) -> type:
-    """The benchmark trial, written once against the ``determined.pytorch`` API surface."""
-    import torch
-
-    train_set, val_set = data
-
-    class BenchTrial(pytorch.PyTorchTrial):
-        def __init__(self, context: Any) -> None:
-            self.context = context
-            torch.manual_seed(SEED)
-            self.model = context.wrap_model(_build_model(spec))
-            self.opt = context.wrap_optimizer(
-                torch.optim.SGD(self.model.parameters(), lr=context.get_hparam("lr"))
-            )
-            self.loss_fn = torch.nn.MSELoss()
-
-        def build_training_data_loader(self) -> Any:
-            return pytorch.DataLoader(train_set, batch_size=spec.batch_size, shuffle=True)
-
-        def build_validation_data_loader(self) -> Any:
-            return pytorch.DataLoader(val_set, batch_size=spec.batch_size)
-
-        def train_batch(self, batch: Any, epoch_idx: int, batch_idx: int) -> dict[str, Any]:
-            Marks.step_begins()
-            x, y = batch
-            loss = self.loss_fn(self.model(x), y)
-            self.context.backward(loss)
-            self.context.step_optimizer(self.opt)
-            Marks.step_ends()
-            return {"loss": loss}
-
-        def evaluate_batch(self, batch: Any) -> dict[str, Any]:
-            x, y = batch
-            return {"val_loss": self.loss_fn(self.model(x), y)}
-
-    return BenchTrial
-
-
-def _run_bridge(
-    spec: ModelSpec, batches: int, data: tuple[Any, Any], workdir: pathlib.Path
-) -> None:
+def _run_bridge(recipe: h.Recipe, batches: int, workdir: pathlib.Path) -> None:
     import lightning_bridge as pytorch
 
-    trial_cls = make_trial_class(pytorch, spec, data)
-    with pytorch.init(
-        hparams={"lr": LR},
-        accelerator="cpu",
-        devices=1,
-        checkpoint_dir=workdir / "checkpoints",
-        run_dir=workdir,
-        trainer_kwargs={"enable_progress_bar": False, "enable_model_summary": False},
-        enable_tensorboard_logging=False,
-    ) as context:
-        trial = trial_cls(context)
-        pytorch.Trainer(trial, context).fit(
-            max_length=pytorch.Batch(batches), reporting_period=pytorch.Batch(REPORT_EVERY)
-        )
+    ckpt = workdir / "checkpoints"
+    options: dict[str, Any] = {"accelerator": "cpu", "devices": 1, "run_dir": workdir}
+    h.fit_trial(pytorch, recipe, batches, {"lr": LR}, REPORT_EVERY, checkpoint_dir=ckpt, **options)
 
 
-def _run_reference(
-    spec: ModelSpec, batches: int, data: tuple[Any, Any], workdir: pathlib.Path
-) -> None:
+def _run_reference(recipe: h.Recipe, batches: int, workdir: pathlib.Path) -> None:
     from determined import pytorch
 
-    trial_cls = make_trial_class(pytorch, spec, data)
-    with pytorch.init(hparams={"lr": LR}, enable_tensorboard_logging=False) as context:
-        trial = trial_cls(context)
-        pytorch.Trainer(trial, context).fit(
-            max_length=pytorch.Batch(batches), reporting_period=pytorch.Batch(REPORT_EVERY)
-        )
+    h.fit_trial(pytorch, recipe, batches, {"lr": LR}, REPORT_EVERY)
 
 
-RUNNERS: dict[str, Callable[[ModelSpec, int, tuple[Any, Any], pathlib.Path], None]] = {
+RUNNERS: dict[str, Callable[[h.Recipe, int, pathlib.Path], None]] = {
     "raw": _run_raw,
     "lightning": _run_lightning,
     "bridge": _run_bridge,
@@ -314,20 +231,6 @@ VARIANT_IMPORTS: dict[str, tuple[str, ...]] = {
 }
 
 
-def _peak_rss_mib() -> float:
-    """This process's peak resident set size (``VmHWM``), in MiB."""
-    try:
-        for line in pathlib.Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    import resource
-
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak / (1024 * 1024) if sys.platform == "darwin" else peak / 1024
-
-
 def worker(
     variant: str, model: str, batches: int, threads: int, profile: str | None
 ) -> dict[str, Any]:
@@ -340,15 +243,12 @@ def worker(
 
     torch.set_num_threads(threads)
     spec = MODELS[model]
-    data = _datasets(spec)
-    with tempfile.TemporaryDirectory(prefix="overhead-") as tmp:
-        workdir = pathlib.Path(tmp)
-        # The reference keeps local checkpoints under XDG_DATA_HOME and copies the working
-        # directory into each one as the trial's code: keep both apart and the latter empty.
-        (workdir / "xdg").mkdir()
-        (workdir / "cwd").mkdir()
-        os.environ["XDG_DATA_HOME"] = str(workdir / "xdg")
-        os.chdir(workdir / "cwd")
+    recipe = _recipe(spec, _datasets(spec))
+    profile = os.path.abspath(profile) if profile else None  # the run happens in a temp cwd
+    with (
+        tempfile.TemporaryDirectory(prefix="overhead-") as tmp,
+        h.reference_dirs(pathlib.Path(tmp)),
+    ):
         profiler = None
         if profile:
             import cProfile
@@ -356,7 +256,7 @@ def worker(
             profiler = cProfile.Profile()
             profiler.enable()
         t0, c0 = time.perf_counter(), time.process_time()
-        RUNNERS[variant](spec, batches, data, workdir)
+        RUNNERS[variant](recipe, batches, pathlib.Path(tmp))
         t_end, c_end = time.perf_counter(), time.process_time()
         if profiler is not None and profile:
             profiler.disable()
@@ -373,7 +273,7 @@ def worker(
         "ms_per_batch": (last - first) / batches * 1e3,
         "winddown_s": t_end - last,
         "cpu_total_s": c_end - c0,
-        "peak_rss_mib": _peak_rss_mib(),
+        "peak_rss_mib": h.peak_rss_mib(),
     }
 
 
@@ -389,48 +289,6 @@ def available_variants() -> dict[str, str | None]:
         missing = [m for m in modules if importlib.util.find_spec(m.split(".")[0]) is None]
         out[variant] = f"{', '.join(missing)} not importable" if missing else None
     return out
-
-
-def run_worker(
-    variant: str, model: str, batches: int, threads: int, log_dir: pathlib.Path
-) -> dict[str, Any]:
-    result = log_dir / f"{model}-{variant}-{time.monotonic_ns()}.json"
-    log = result.with_suffix(".log")
-    cmd = [
-        sys.executable,
-        str(pathlib.Path(__file__).resolve()),
-        "--worker",
-        variant,
-        "--model",
-        model,
-        "--batches",
-        str(batches),
-        "--threads",
-        str(threads),
-        "--result",
-        str(result),
-    ]
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    with log.open("w") as fh:
-        proc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, check=False)
-    if proc.returncode != 0 or not result.exists():
-        tail = log.read_text().splitlines()[-30:]
-        raise RuntimeError(
-            f"{model}/{variant} failed (exit {proc.returncode}):\n" + "\n".join(tail)
-        )
-    data: dict[str, Any] = json.loads(result.read_text())
-    return data
-
-
-def rotated(items: Sequence[str], by: int) -> list[str]:
-    if not items:
-        return []
-    k = by % len(items)
-    return list(items[k:]) + list(items[:k])
-
-
-def median_of(runs: list[dict[str, Any]], key: str) -> float:
-    return statistics.median(r[key] for r in runs)
 
 
 def summarise(
@@ -459,7 +317,7 @@ def summarise(
             runs = results.get((model, variant), [])
             if runs:
                 cells = "".join(
-                    f"{median_of(runs, key):>{width}.{digits}f}"
+                    f"{statistics.median(r[key] for r in runs):>{width}.{digits}f}"
                     for _, key, width, digits in columns
                 )
                 print(f"{model:<6}{variant:<11}{len(runs):>5}{cells}")
@@ -467,15 +325,14 @@ def summarise(
         print(f"note: {variant} skipped ({why})")
     print()
 
-    def ratio(model: str, num: str, den: str, key: str) -> tuple[float, float, float] | None:
+    def ratio(model: str, num: str, den: str, key: str) -> h.Ratio | None:
         a, b = results.get((model, num), []), results.get((model, den), [])
         if not a or not b:
             return None
-        per_round = [x[key] / y[key] for x, y in zip(a, b, strict=False)]
-        return median_of(a, key) / median_of(b, key), min(per_round), max(per_round)
+        return h.ratio_of_medians([x[key] for x in a], [y[key] for y in b])
 
-    def show(r: tuple[float, float, float]) -> str:
-        return f"{r[0]:6.3f} [{r[1]:.3f}-{r[2]:.3f}]"
+    def show(r: h.Ratio) -> str:
+        return f"{r.value:6.3f} [{r.span()}]"
 
     verdicts: list[dict[str, Any]] = []
     print("targets: ratio of medians [per-round range]; time verdicts are on wall time")
@@ -486,14 +343,14 @@ def summarise(
             print(f"  {label:<34} {'n/a':<21} target <= {target:<5} SKIP")
             verdicts.append({"label": label, "ratio": None, "target": target, "met": None})
             continue
-        met = r[0] <= target
-        line = f"  {label:<34} {show(r)}  target <= {target:<5} {'PASS' if met else 'MISS'}"
-        verdict: dict[str, Any] = {"label": label, "ratio": r[0], "target": target, "met": met}
+        met, word = h.verdict(r.value, target)
+        line = f"  {label:<34} {show(r)}  target <= {target:<5} {word}"
+        verdict: dict[str, Any] = {"label": label, "ratio": r.value, "target": target, "met": met}
         if what == "time":
             c = ratio(model, num, den, "cpu_total_s")
             if c is not None:
                 line += f"   (CPU time {show(c)})"
-                verdict["cpu_ratio"] = c[0]
+                verdict["cpu_ratio"] = c.value
         print(line)
         verdicts.append(verdict)
     print("for reading: ratio of medians [per-round range]")
@@ -545,12 +402,7 @@ def main(argv: list[str] | None = None) -> int:
     status = available_variants()
     skipped = {v: why for v, why in status.items() if why is not None and v in args.variants}
     variants = [v for v in args.variants if status[v] is None]
-    versions = {}
-    for name in ("torch", "lightning", "lightning-bridge", "determined"):
-        try:
-            versions[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            versions[name] = "-"
+    versions = h.package_versions(("torch", "lightning", "lightning-bridge", "determined"))
     print(
         f"python {platform.python_version()} on {platform.machine()}, {os.cpu_count()} CPUs; "
         + ", ".join(f"{k} {v}" for k, v in versions.items())
@@ -565,8 +417,14 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="overhead-logs-") as logs:
         for rnd in range(rounds):
             for model in args.models:
-                for variant in rotated(variants, rnd):
-                    run = run_worker(variant, model, batches, args.threads, pathlib.Path(logs))
+                for variant in h.rotated(variants, rnd):
+                    run = h.launch(
+                        __file__,
+                        ["--worker", variant, "--model", model, "--batches", str(batches)]
+                        + ["--threads", str(args.threads)],
+                        label=f"{model}/{variant}",
+                        work_dir=pathlib.Path(logs),
+                    )
                     results.setdefault((model, variant), []).append(run)
                     print(
                         f"  round {rnd + 1}/{rounds} {model:<5} {variant:<10} "

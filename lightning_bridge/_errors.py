@@ -24,6 +24,28 @@ class InvalidCheckpointError(BridgeError, ValueError):
     """A checkpoint directory is missing, incomplete, corrupt or does not fit the trial."""
 
 
+# Where Determined reports the same mistake with a built-in exception, the bridge's error is an
+# instance of that built-in too, so `except RuntimeError:` written for Determined still catches it.
+
+
+class TrialRuntimeError(InvalidTrialError, RuntimeError):
+    """A trial problem Determined raises as `RuntimeError` (empty validation data, a missing or
+    non-scalar searcher metric, a plain torch DataLoader without disabled repro checks)."""
+
+
+class TrialTypeError(InvalidTrialError, TypeError):
+    """A trial problem Determined raises as `TypeError` (a non-dict validation result, a
+    non-trial passed to the Trainer, a wrong LR scheduler step mode)."""
+
+
+class ArgumentTypeError(InvalidArgumentError, TypeError):
+    """An argument of the wrong type where Determined raises `TypeError` (`max_length`)."""
+
+
+class CheckpointRuntimeError(InvalidCheckpointError, RuntimeError):
+    """A checkpoint that does not fit the trial, where Determined raises `RuntimeError`."""
+
+
 class CheckpointWriteError(BridgeError):
     """A checkpoint could not be written (full disk, read-only or missing directory, ...);
     the checkpoints written before it are intact."""

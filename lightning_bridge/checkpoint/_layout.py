@@ -23,6 +23,7 @@ import torch
 
 from lightning_bridge._errors import InvalidArgumentError
 from lightning_bridge._version import __version__
+from lightning_bridge.checkpoint._code import CODE_DIR, copy_code
 from lightning_bridge.checkpoint._writable import write_failure
 
 logger = logging.getLogger("lightning_bridge")
@@ -31,6 +32,8 @@ STATE_FILE = "state_dict.pth"
 EXTRAS_KEY = "lightning_bridge"  # the bridge's own entry in state_dict.pth
 LATEST_FILE = "latest"  # names the newest complete checkpoint in a checkpoint directory
 FORMAT_VERSION = 1  # metadata.json "lightning_bridge_format"; bumped on incompatible changes
+# metadata.json "determined_version": the Determined release whose checkpoints these match.
+DETERMINED_VERSION = "0.38.1"
 LEGACY_STATE_FILES = (
     ("state_dict.pth",),
     ("determined", "state_dict.pth"),
@@ -135,11 +138,15 @@ def write_checkpoint(
     payload: dict[str, Any],
     trial_state: dict[str, int],
     load_data: dict[str, Any],
+    code_dir: pathlib.Path | None = None,
+    code_exclude: tuple[pathlib.Path, ...] = (),
 ) -> tuple[pathlib.Path, str]:
     """Write one checkpoint under `base_dir/<new uuid>` atomically; returns its path and id.
 
     The files go to `.<uuid>.partial`, are fsynced, and the directory is renamed into place
     before `latest` is moved to it; an interrupted save leaves only the `.partial` directory.
+    `code_dir` (the experiment folder) is copied into the checkpoint's `code/` (see `_code`),
+    leaving out `base_dir` and `code_exclude`.
     """
     storage_id = str(uuid_lib.uuid4())
     final = base_dir / storage_id
@@ -163,10 +170,13 @@ def write_checkpoint(
                     "framework": f"torch-{torch.__version__}",
                     "format": "pickle",
                     "lightning_bridge_format": FORMAT_VERSION,
+                    "determined_version": DETERMINED_VERSION,
                 },
                 f,
                 indent=2,
             )
+        if code_dir is not None:
+            copy_code(code_dir, tmp / CODE_DIR, exclude=(base_dir, *code_exclude))
         _fsync_tree(tmp)
         os.replace(tmp, final)
         _fsync_dir(base_dir)

@@ -7,6 +7,9 @@ checkpoint is complete. The newest checkpoint is always kept: it is what a run c
 
 Each checkpoint records the ones kept before it (`history`), so a run continued from it
 (`resume`) applies the policy to those too, not only to the checkpoints it writes itself.
+
+A checkpoint is named by its local path (its name is its uuid); `remove` deletes it wherever it
+is stored (a local folder by default).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 import logging
 import pathlib
 import shutil
+from collections.abc import Callable
 from typing import Any
 
 logger = logging.getLogger("lightning_bridge")
@@ -22,14 +26,25 @@ logger = logging.getLogger("lightning_bridge")
 class CheckpointRetention:
     """Tracks written checkpoints and deletes those the policy no longer keeps."""
 
-    def __init__(self, keep_latest: int, keep_best: int, smaller_is_better: bool) -> None:
+    def __init__(
+        self,
+        keep_latest: int,
+        keep_best: int,
+        smaller_is_better: bool,
+        remove: Callable[[pathlib.Path], None] | None = None,
+    ) -> None:
+        self._remove = remove or (lambda p: shutil.rmtree(p, ignore_errors=True))
         self._keep_latest = keep_latest
         self._keep_best = keep_best
         self._smaller_is_better = smaller_is_better
         self._written: list[tuple[pathlib.Path, float | None]] = []
 
     @classmethod
-    def from_config(cls, exp_conf: dict[str, Any] | None) -> CheckpointRetention | None:
+    def from_config(
+        cls,
+        exp_conf: dict[str, Any] | None,
+        remove: Callable[[pathlib.Path], None] | None = None,
+    ) -> CheckpointRetention | None:
         """The config's policy; None (keep everything) when it has no checkpoint_storage."""
         storage = (exp_conf or {}).get("checkpoint_storage")
         if not isinstance(storage, dict):
@@ -42,6 +57,7 @@ class CheckpointRetention:
                 int(storage.get("save_experiment_best", 0)),
             ),
             smaller_is_better=bool(searcher.get("smaller_is_better", True)),
+            remove=remove,
         )
 
     def history(self) -> list[list[Any]]:
@@ -62,6 +78,10 @@ class CheckpointRetention:
                 written.append((path, float(value) if isinstance(value, (int, float)) else None))
         self._written = [*written, (checkpoint, metric)]
 
+    def track(self, path: pathlib.Path, metric: float | None) -> None:
+        """Note a checkpoint an earlier run of the trial kept (oldest first), without pruning."""
+        self._written.append((path, metric))
+
     def record(self, path: pathlib.Path, metric: float | None) -> list[pathlib.Path]:
         """Note a complete checkpoint (with its searcher metric, if validated); prune."""
         self._written.append((path, metric))
@@ -72,7 +92,7 @@ class CheckpointRetention:
         keep.update(p for _, _, p in scored[: self._keep_best])
         removed = [p for p, _ in self._written if p not in keep]
         for p in removed:
-            shutil.rmtree(p, ignore_errors=True)
-            logger.info("Removed checkpoint %s (checkpoint_storage retention)", p)
+            self._remove(p)
+            logger.info("Removed checkpoint %s (checkpoint_storage retention)", p.name)
         self._written = [(p, m) for p, m in self._written if p in keep]
         return removed

@@ -18,8 +18,6 @@ import stat
 import tempfile
 from typing import Any
 
-import torch
-
 from lightning_bridge._errors import CheckpointWriteError, InvalidArgumentError
 
 _FIX = "point the checkpoint storage (checkpoint_storage.host_path, or checkpoint_dir=) elsewhere"
@@ -69,13 +67,18 @@ def check_writable(base_dir: pathlib.Path) -> None:
 
 def tensor_bytes(obj: Any) -> int:
     """The bytes of the tensors in a (nested) payload: a lower bound of its size on disk."""
-    if isinstance(obj, torch.Tensor):
-        return obj.numel() * obj.element_size()
-    if isinstance(obj, dict):
-        return sum(tensor_bytes(v) for v in obj.values())
-    if isinstance(obj, (list, tuple)):
-        return sum(tensor_bytes(v) for v in obj)
-    return 0
+    import torch  # only where a payload exists, so the checks above load no torch
+
+    def size(node: Any) -> int:
+        if isinstance(node, torch.Tensor):
+            return node.numel() * node.element_size()
+        if isinstance(node, dict):
+            return sum(size(v) for v in node.values())
+        if isinstance(node, (list, tuple)):
+            return sum(size(v) for v in node)
+        return 0
+
+    return size(obj)
 
 
 def _size(n: float) -> str:

@@ -43,6 +43,7 @@ class PyTorchTrialContext:
         device: torch.device | None = None,
         run_dir: pathlib.Path | None = None,
         slots: int | None = None,
+        code_dir: pathlib.Path | None = None,
     ) -> None:
         if (
             isinstance(aggregation_frequency, bool)
@@ -64,6 +65,8 @@ class PyTorchTrialContext:
         self._trial_seed = trial_seed
         self.device = device if device is not None else torch.device("cpu")
         self._run_dir = run_dir if run_dir is not None else pathlib.Path.cwd()
+        # The experiment folder checkpoints carry a copy of (None: no code/ copy).
+        self._code_dir = code_dir
         self._slots = slots
         self._per_slot_batch_size, self._global_batch_size = self._batch_sizes()
 

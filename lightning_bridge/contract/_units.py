@@ -11,7 +11,7 @@ import sys
 from collections import abc
 from typing import Any
 
-from lightning_bridge._errors import InvalidArgumentError
+from lightning_bridge._errors import ArgumentTypeError, InvalidArgumentError
 from lightning_bridge.contract._determined_compat import is_determined_object
 
 
@@ -128,7 +128,7 @@ def check_length(unit: Any) -> TrainUnit:
         or isinstance(unit.value, bool)
         or not isinstance(unit.value, int)
     ):
-        raise InvalidArgumentError(
+        raise ArgumentTypeError(
             "max_length must be a Batch(int) or an Epoch(int), e.g. max_length=Epoch(2); "
             f"got {unit!r}."
         )

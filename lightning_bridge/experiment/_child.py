@@ -24,10 +24,21 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from lightning_bridge._errors import BridgeError
+
 logger = logging.getLogger("lightning_bridge")
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 _POLL_S = 0.1
+
+
+class EntrypointFailed(BridgeError):
+    """A script entrypoint that ended badly after a stop signal, or was ended by a signal: the
+    message says how, `code` is the command's exit code."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 class ChildRun:

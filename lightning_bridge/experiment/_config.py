@@ -30,6 +30,7 @@ from lightning_bridge.experiment._config_schema import (
     HP_TYPES,
     IGNORED_KEYS,
     KNOWN_KEYS,
+    RETENTION_DEFAULTS,
     USED_KEYS,
     ExperimentConfig,
     _ConstHP,
@@ -62,28 +63,32 @@ class ResolvedConfig:
             if section is not None and section.model_extra:
                 found.extend(f"{name}.{key}" for key in section.model_extra)
         storage = self.model.checkpoint_storage
-        if storage is not None and storage.type != "shared_fs":
-            found.append(f"checkpoint_storage.type ({storage.type}: written to a local folder)")
+        if storage is not None:
+            found.extend(f"checkpoint_storage.{key}" for key in storage.unused())
+        if "max_restarts" in self.raw and self.model.max_restarts > 0:
+            found.append(
+                "max_restarts (a failed trial is not restarted: continue it with "
+                "`lightning-bridge experiment continue ID`)"
+            )
         return sorted(found)
 
     def experiment_config(self, base: pathlib.Path | None = None) -> dict[str, Any]:
-        """The config handed to the trial (`context.get_experiment_config()`): the searcher's
-        defaults filled in; `checkpoint_storage` as a local folder, a relative `host_path`
-        taken relative to `base` (the context directory)."""
+        """The config an experiment records and hands to the trial
+        (`context.get_experiment_config()`): the searcher's defaults filled in, and
+        `checkpoint_storage` with Determined's retention defaults (`save_trial_latest: 1`,
+        `save_trial_best: 1`, `save_experiment_best: 0`) where the config has none; a relative
+        `host_path` / `container_path` taken relative to `base` (the context directory)."""
         conf = copy.deepcopy(self.raw)
-        storage = self.model.checkpoint_storage
-        if storage is not None:
-            section = dict(conf["checkpoint_storage"])
-            if storage.type != "shared_fs" or storage.host_path is None:
-                # Cloud storage is not reachable from here: checkpoints go to ./checkpoints.
-                section = {k: v for k, v in section.items() if k.startswith("save_")}
-                section["type"] = "shared_fs"
-                section["host_path"] = "checkpoints"
-            host = pathlib.Path(os.path.expanduser(section["host_path"]))
-            if base is not None and not host.is_absolute():
-                host = base / host
-            section["host_path"] = str(host)
-            conf["checkpoint_storage"] = section
+        section = dict(conf.get("checkpoint_storage") or {})
+        for key, default in RETENTION_DEFAULTS.items():
+            section.setdefault(key, default)
+        for key in ("host_path", "container_path"):
+            if section.get(key):
+                path = pathlib.Path(os.path.expanduser(str(section[key])))
+                if base is not None and not path.is_absolute():
+                    path = base / path
+                section[key] = str(path)
+        conf["checkpoint_storage"] = section
         searcher = dict(conf.get("searcher") or {})
         searcher.setdefault("name", "single")
         searcher.setdefault("smaller_is_better", self.model.searcher.smaller_is_better)

@@ -22,6 +22,7 @@ USED_KEYS = frozenset(
         "data",
         "entrypoint",
         "hyperparameters",
+        "max_restarts",
         "min_checkpoint_period",
         "min_validation_period",
         "optimizations",
@@ -46,7 +47,6 @@ IGNORED_KEYS = frozenset(
         "integrations",
         "internal",
         "log_policies",
-        "max_restarts",
         "pbs",
         "retention_policy",
         "security",
@@ -102,6 +102,9 @@ class Searcher(_Model):
     max_length: MaxLength | None = None
     max_time: Annotated[StrictInt, Field(gt=0)] | None = None
     time_metric: Literal["batches", "epochs", "records"] | None = None
+    # Warm start: a new trial starts from this checkpoint (see `_source`).
+    source_checkpoint_uuid: StrictStr | None = None
+    source_trial_id: Annotated[StrictInt, Field(ge=0)] | None = None
 
     @pydantic.model_validator(mode="after")
     def _time_pair(self) -> Searcher:
@@ -128,13 +131,61 @@ class Profiling(_Model):
     enabled: StrictBool = False
 
 
+# The keys each checkpoint_storage type reads (Determined's); the others are reported unused.
+STORAGE_KEYS = {
+    "shared_fs": ("host_path", "storage_path"),
+    "directory": ("container_path",),
+    "s3": ("bucket", "prefix", "access_key", "secret_key", "endpoint_url"),
+    "gcs": ("bucket", "prefix"),
+    "azure": ("container", "connection_string", "account_url", "credential"),
+}
+RETENTION_DEFAULTS = {"save_experiment_best": 0, "save_trial_best": 1, "save_trial_latest": 1}
+
+
 class CheckpointStorage(_Model):
-    type: StrictStr = "shared_fs"
+    """Determined's storage types with their keys; retention counts as Determined's defaults.
+    Without `type` (or `host_path` for shared_fs) checkpoints stay in the trial's folder."""
+
+    type: Literal["shared_fs", "directory", "s3", "gcs", "azure"] | None = None
     host_path: StrictStr | None = None
     storage_path: StrictStr | None = None
+    container_path: StrictStr | None = None
+    bucket: StrictStr | None = None
+    prefix: StrictStr | None = None
+    access_key: StrictStr | None = None
+    secret_key: StrictStr | None = None
+    endpoint_url: StrictStr | None = None
+    container: StrictStr | None = None
+    connection_string: StrictStr | None = None
+    account_url: StrictStr | None = None
+    credential: StrictStr | None = None
     save_experiment_best: Annotated[StrictInt, Field(ge=0)] = 0
     save_trial_best: Annotated[StrictInt, Field(ge=0)] = 1
     save_trial_latest: Annotated[StrictInt, Field(ge=0)] = 1
+
+    @pydantic.model_validator(mode="after")
+    def _required(self) -> CheckpointStorage:
+        needed = {
+            "shared_fs": ("host_path",),
+            "directory": ("container_path",),
+            "s3": ("bucket",),
+            "gcs": ("bucket",),
+            "azure": ("container",),
+        }
+        if self.type is None:
+            return self
+        missing = [key for key in needed[self.type] if getattr(self, key) is None]
+        if missing:
+            raise ValueError(f"type {self.type} needs {', '.join(missing)}")
+        if self.type == "azure" and not (self.connection_string or self.account_url):
+            raise ValueError("type azure needs connection_string, or account_url (+ credential)")
+        return self
+
+    def unused(self) -> list[str]:
+        """Keys given that this type does not read."""
+        reads = STORAGE_KEYS[self.type or "shared_fs"]
+        every = {key for keys in STORAGE_KEYS.values() for key in keys}
+        return sorted(k for k in every - set(reads) if getattr(self, k) is not None)
 
 
 class ExperimentConfig(BaseModel):
@@ -157,6 +208,7 @@ class ExperimentConfig(BaseModel):
     checkpoint_storage: CheckpointStorage | None = None
     checkpoint_policy: Literal["best", "all", "none"] = "best"
     data: dict[StrictStr, Any] | None = None
+    max_restarts: Annotated[StrictInt, Field(ge=0)] = 5
     reproducibility: Reproducibility = Field(default_factory=Reproducibility)
     profiling: Profiling = Field(default_factory=Profiling)
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 
-from lightning_bridge._errors import CheckpointWriteError, InvalidArgumentError
+from lightning_bridge._errors import CheckpointWriteError, InvalidArgumentError, TrialRuntimeError
 from lightning_bridge.checkpoint._claim import DirectoryClaim
 from lightning_bridge.checkpoint._layout import EXTRAS_KEY
 from lightning_bridge.checkpoint._retention import CheckpointRetention
@@ -29,8 +29,10 @@ from lightning_bridge.translation._lightning_compat import (
     disable_scheduled_validation,
     run_validation,
 )
+from lightning_bridge.translation._metrics import searcher_value
 from lightning_bridge.translation._module import TrialModule
 from lightning_bridge.translation._payload import save_checkpoint, trial_payload
+from lightning_bridge.translation._run_record import RunRecord
 from lightning_bridge.translation._stop import StopRequest
 
 logger = logging.getLogger("lightning_bridge")
@@ -64,6 +66,7 @@ class TrialBoundaries(pl.Callback):
         searcher_metric: str | None = None,
         smaller_is_better: bool = True,
         retention: CheckpointRetention | None = None,
+        record: RunRecord | None = None,
     ) -> None:
         self._length: TrainUnit = Batch(1) if test_mode else max_length
         self._boundaries = [
@@ -80,6 +83,7 @@ class TrialBoundaries(pl.Callback):
         self._smaller_is_better = smaller_is_better
         self._best: float | None = None
         self._retention = retention
+        self._run_record = record
         self.checkpoints: list[pathlib.Path] = []
         self.stopped_early = False
         self.preempted_by: str | None = None
@@ -95,6 +99,8 @@ class TrialBoundaries(pl.Callback):
         disable_scheduled_validation(trainer)
         self._hold_directory(module)
         self.stop.begin()
+        if self._run_record is not None and module.is_chief:
+            self._run_record.started()
         module.begin_training()
         if self._step_zero_validation and module.state.batches_trained == 0:
             self._validate(trainer, module)
@@ -114,7 +120,7 @@ class TrialBoundaries(pl.Callback):
         stop_signal = self.stop.poll()
         reached = self._reached(module)
         if reached:
-            module.close_training_window()
+            self._report_training(module, module.close_training_window())
             state = module.state
             for kind in reached:
                 if kind is _Kind.VALIDATE and not state.validation_is_current:
@@ -168,7 +174,7 @@ class TrialBoundaries(pl.Callback):
         """Checkpoint (unless this batch's boundaries just did) and end the fit."""
         self.preempted_by = signal.Signals(signum).name
         if module._window:
-            module.close_training_window()
+            self._report_training(module, module.close_training_window())
         if not module.state.checkpoint_is_current:
             self._checkpoint(module)
         self.stopped_early = True
@@ -214,9 +220,17 @@ class TrialBoundaries(pl.Callback):
             self._checkpoint(module)
         trainer.should_stop = True
 
+    def _report_training(self, module: TrialModule, averages: dict[str, Any]) -> None:
+        if self._run_record is not None and module.is_chief:
+            state = module.state
+            self._run_record.training(state.batches_trained, state.epochs_trained, averages)
+
     def _validate(self, trainer: pl.Trainer, module: TrialModule) -> None:
         run_validation(trainer)
         metrics = module.last_validation_metrics or {}
+        if self._run_record is not None and module.is_chief:
+            state = module.state
+            self._run_record.validation(state.batches_trained, state.epochs_trained, metrics)
         wanted = False
         if module.is_chief and not module.state.checkpoint_is_current:
             wanted = self._policy == "all" or (self._policy == "best" and self._is_best(metrics))
@@ -226,14 +240,12 @@ class TrialBoundaries(pl.Callback):
     def _is_best(self, metrics: dict[str, Any]) -> bool:
         assert self._searcher_metric is not None
         if self._searcher_metric not in metrics:
-            from lightning_bridge._errors import InvalidTrialError
-
-            raise InvalidTrialError(
+            raise TrialRuntimeError(
                 f"checkpoint_policy='best' compares the searcher metric "
                 f"{self._searcher_metric!r}, but validation returned {sorted(metrics)}; return "
                 "that metric or change searcher.metric."
             )
-        value = float(metrics[self._searcher_metric])
+        value = searcher_value(self._searcher_metric, metrics[self._searcher_metric])
         better = self._best is None or (
             value < self._best if self._smaller_is_better else value > self._best
         )
@@ -245,7 +257,11 @@ class TrialBoundaries(pl.Callback):
         """The chief writes the checkpoint; every process learns its id (or its failure)."""
         storage_id, failure = "", None
         if module.is_chief:
-            value = self._metric(module, metrics)
+            if metrics is None and module.state.validation_is_current:
+                metrics = module.last_validation_metrics
+            value = None
+            if metrics and self._searcher_metric in metrics:
+                value = float(metrics[self._searcher_metric])
             entries = None
             if self._retention is not None:
                 entries = {RETENTION_KEY: [self._retention.history(), value]}
@@ -254,7 +270,7 @@ class TrialBoundaries(pl.Callback):
             except CheckpointWriteError as exc:
                 failure = str(exc)
             else:
-                self._record(path, value)
+                self._record(module, path, metrics, value)
         else:
             module.state.last_ckpt = module.state.batches_trained
         storage_id, failure = module.context.distributed.broadcast((storage_id, failure))
@@ -263,19 +279,22 @@ class TrialBoundaries(pl.Callback):
         for cb in module.trial_callbacks.values():
             cb.on_checkpoint_upload_end(uuid=storage_id)
 
-    def _metric(self, module: TrialModule, metrics: dict[str, Any] | None) -> float | None:
-        """The searcher metric a checkpoint is kept by (None: not validated at its batch)."""
-        if metrics is None and module.state.validation_is_current:
-            metrics = module.last_validation_metrics
-        if metrics and self._searcher_metric in metrics:
-            return float(metrics[self._searcher_metric])
-        return None
-
-    def _record(self, path: pathlib.Path, value: float | None) -> None:
+    def _record(
+        self,
+        module: TrialModule,
+        path: pathlib.Path,
+        metrics: dict[str, Any] | None,
+        value: float | None,
+    ) -> None:
         self.checkpoints.append(path)
+        if self._run_record is not None:
+            state = module.state
+            self._run_record.checkpoint(
+                path, path.name, state.batches_trained, state.epochs_trained, metrics
+            )
         if self._retention is not None:
             for removed in self._retention.record(path, value):
-                if removed in self.checkpoints:
+                if removed in self.checkpoints:  # not one an earlier run of the trial kept
                     self.checkpoints.remove(removed)
 
     def continue_retention(self, checkpoint: pathlib.Path, payload: dict[str, Any]) -> None:

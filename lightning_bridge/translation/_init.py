@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from lightning_bridge import _logging
 from lightning_bridge._errors import InvalidArgumentError
 from lightning_bridge.checkpoint._bounded import check_expanded_size
 from lightning_bridge.contract import _cluster_info
@@ -103,6 +104,7 @@ def init(
     checkpoint_dir: str | os.PathLike[str] | None = None,
     run_dir: str | os.PathLike[str] | None = None,
     trainer_kwargs: dict[str, Any] | None = None,
+    code_dir: str | os.PathLike[str] | None = None,
 ) -> Iterator[PyTorchTrialContext]:
     """Build the `PyTorchTrialContext` a trial is constructed with; use it as a context manager.
 
@@ -110,7 +112,9 @@ def init(
     `accelerator`, `devices`, `num_nodes`, `strategy` and `precision` go to `lightning.Trainer`,
     as does anything in `trainer_kwargs`; `checkpoint_dir` is where checkpoints are written
     (default: `checkpoint_storage` from `exp_conf`, else `./checkpoints`); `run_dir` holds
-    TensorBoard / CSV logs (default: the working directory).
+    TensorBoard / CSV logs (default: the working directory); `code_dir` (`lightning-bridge run`
+    sets it to the experiment folder) is copied into every checkpoint's `code/`, so
+    `load_trial_from_checkpoint_path(path)` finds the trial class on another machine.
     """
     # Run by `lightning-bridge run`: the runner's config and settings fill the defaults.
     given = _cluster_info.init_defaults(
@@ -122,8 +126,17 @@ def init(
             "devices": devices,
             "strategy": strategy,
             "precision": precision,
+            "run_dir": run_dir,
+            "checkpoint_dir": checkpoint_dir,
+            "code_dir": code_dir,
         }
     )
+    run = _cluster_info.runner_run()
+    if run is not None and run.get("log_file"):
+        # A script run by `lightning-bridge run` logs like a trial class: one format, and
+        # the trial's log file.
+        _logging.configure(run["log_file"])
+    run_dir, checkpoint_dir = given["run_dir"], given["checkpoint_dir"]
     hparams, exp_conf = given["hparams"], given["exp_conf"]
     aggregation_frequency, accelerator = given["aggregation_frequency"], given["accelerator"]
     devices, strategy, precision = given["devices"], given["strategy"], given["precision"]
@@ -145,6 +158,7 @@ def init(
         strategy=strategy,
         precision=precision,
     )
+    code_dir = given["code_dir"]
     dist = distributed if distributed is not None else DistributedContext()
     devices, num_nodes, strategy = _launch_settings(distributed, devices, num_nodes, strategy)
     seed = None
@@ -161,6 +175,7 @@ def init(
         trial_seed=None if seed is None else int(seed),
         device=_device(accelerator, dist),
         run_dir=pathlib.Path(run_dir) if run_dir is not None else None,
+        code_dir=pathlib.Path(code_dir) if code_dir is not None else None,
         slots=_slots(dist, devices, num_nodes),
     )
     context._engine = Engine(  # type: ignore[attr-defined]

@@ -164,8 +164,16 @@ class TrialModule(pl.LightningModule):
             return FullDatasetPass()
         return self._val_loader
 
-    def resume_from(self, payload: dict[str, Any], state: TrialState | None) -> None:
-        """Continue from a loaded checkpoint: skip the batches it trained, restore at start."""
+    def resume_from(
+        self, payload: dict[str, Any], state: TrialState | None, *, warm_start: bool = False
+    ) -> None:
+        """Continue from a loaded checkpoint: skip the batches it trained, restore at start.
+
+        `warm_start` starts a new run from it instead: its states without its counters, data
+        position or pending gradients (see `_resume`)."""
+        if warm_start:
+            payload = {k: v for k, v in payload.items() if k not in (EXTRAS_KEY, "trial_state")}
+            state = None
         self._resume = (payload, state)
         self._start_batch = state.batches_trained if state is not None else 0
         self._ctx._steps_completed = self._start_batch
@@ -197,6 +205,9 @@ class TrialModule(pl.LightningModule):
             logger.info("Restoring trial from checkpoint %s", self._latest_checkpoint)
             apply_payload(self, payload)
             if state is not None:
+                if state.epochs_trained < 0:
+                    # Determined < 0.21 (workload_sequencer.pkl) counted batches only.
+                    state.epochs_trained = state.batches_trained // self.epoch_len
                 self.state = state
         for cb in self._callbacks():
             cb.on_training_start()
@@ -379,10 +390,16 @@ class TrialModule(pl.LightningModule):
         metrics.update(to_numpy(ctx.reduce_metrics(for_training=False)))
         for cb in self._callbacks():
             cb.on_validation_end(metrics)
-        self.state.last_val = self.state.batches_trained
+        state = self.state
+        state.last_val = state.batches_trained
+        if self.is_chief:
+            if ctx.get_enable_tensorboard_logging() and self._trainer is not None:
+                report_validation(self, metrics, state.batches_trained)
+            # As Determined: added once the callbacks have seen the metrics (to the same dict),
+            # on the chief, unless the trial reports metrics of these names itself.
+            metrics.setdefault("batches", state.batches_trained)
+            metrics.setdefault("epochs", state.epochs_trained)
         self.last_validation_metrics = metrics
-        if self.is_chief and ctx.get_enable_tensorboard_logging() and self._trainer is not None:
-            report_validation(self, metrics, self.state.batches_trained)
 
     # ----- Lightning checkpoints carry the trial state too -----
 

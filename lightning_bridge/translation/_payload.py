@@ -179,7 +179,16 @@ def save_checkpoint(
     for cb in module.trial_callbacks.values():
         cb.on_checkpoint_save_start(payload)
     payload[EXTRAS_KEY] = {**extras, **(entries or {})}
-    final, storage_id = write_checkpoint(base_dir, payload, state.to_dict(), _load_data(module))
+    ctx = module.context
+    final, storage_id = write_checkpoint(
+        base_dir,
+        payload,
+        state.to_dict(),
+        _load_data(module),
+        code_dir=ctx._code_dir,
+        # What the run writes into its folder is output, not code.
+        code_exclude=tuple(ctx._run_dir / d for d in ("tensorboard", "csv_logs", "lightning_logs")),
+    )
     for cb in module.trial_callbacks.values():
         cb.on_checkpoint_end(str(final))
         cb.on_checkpoint_write_end(str(final))

@@ -15,7 +15,8 @@ from typing import Any
 
 import lightning.pytorch as pl
 
-from lightning_bridge._errors import BridgeError, InvalidArgumentError, InvalidTrialError
+from lightning_bridge import _logging
+from lightning_bridge._errors import BridgeError, InvalidArgumentError, TrialTypeError
 from lightning_bridge.checkpoint._layout import resolve_checkpoint
 from lightning_bridge.checkpoint._retention import CheckpointRetention
 from lightning_bridge.checkpoint._safe_load import read_checkpoint
@@ -26,11 +27,14 @@ from lightning_bridge.contract._units import Batch, TrainUnit, check_length, che
 from lightning_bridge.translation._boundaries import TrialBoundaries
 from lightning_bridge.translation._lightning_compat import keep_signal_handlers
 from lightning_bridge.translation._module import TrialModule
+from lightning_bridge.translation._resume import starts_new_run
+from lightning_bridge.translation._run_record import RunRecord
 from lightning_bridge.translation._settings import checkpoint_dir, lightning_settings
 
 logger = logging.getLogger("lightning_bridge")
 
 CHECKPOINT_POLICIES = ("best", "all", "none")
+TRUST_HINT = "fit(..., trust_checkpoint=True) (lightning-bridge run --trust-checkpoint)"
 
 # Lightning warnings about choices the bridge makes on the user's behalf (the trial fetches its
 # own batches; metrics are reported at Determined's boundaries, not Lightning's logging
@@ -76,9 +80,20 @@ class Trainer:
         step_zero_validation: bool = False,
         test_mode: bool = False,
         profiling_enabled: bool = False,
+        *,
+        trust_checkpoint: bool = False,
+        warm_start: bool | None = None,
     ) -> None:
-        """Train until `max_length`, validating, checkpointing and reporting at their periods."""
+        """Train until `max_length`, validating, checkpointing and reporting at their periods.
+
+        `latest_checkpoint` continues a run where it stopped; a checkpoint written by another
+        trial (its trial id differs: a Determined cluster's checkpoint) starts a new run from
+        its weights, optimizer and RNG state with the batch count at 0, as Determined does.
+        `warm_start=True` / `False` chooses that explicitly. `trust_checkpoint=True` unpickles
+        objects outside the weights-only safe set: only for files you trust (it can run code).
+        """
         max_length, test_mode = _cluster_info.fit_defaults(max_length, test_mode)
+        trust_checkpoint, warm_start = _cluster_info.resume_defaults(trust_checkpoint, warm_start)
         try:
             self._fit(
                 checkpoint_period=checkpoint_period,
@@ -90,6 +105,8 @@ class Trainer:
                 step_zero_validation=step_zero_validation,
                 test_mode=test_mode,
                 profiling_enabled=profiling_enabled,
+                trust_checkpoint=trust_checkpoint,
+                warm_start=warm_start,
             )
         except BridgeError as exc:
             raise exc.with_traceback(None) from None
@@ -106,6 +123,8 @@ class Trainer:
         step_zero_validation: bool,
         test_mode: bool,
         profiling_enabled: bool,
+        trust_checkpoint: bool,
+        warm_start: bool | None,
     ) -> None:
         ctx = self._context
         length = check_length(max_length)
@@ -129,11 +148,12 @@ class Trainer:
             ("step_zero_validation", step_zero_validation),
             ("test_mode", test_mode),
             ("profiling_enabled", profiling_enabled),
+            ("trust_checkpoint", trust_checkpoint),
         ):
             if not isinstance(flag, bool):
                 raise InvalidArgumentError(f"{name} must be True or False; got {flag!r}.")
         if not hasattr(self._trial, "train_batch"):
-            raise InvalidTrialError(
+            raise TrialTypeError(
                 f"{type(self._trial).__name__} is not a PyTorchTrial: it has no train_batch()."
             )
 
@@ -146,9 +166,19 @@ class Trainer:
             self._trial, ctx, test_mode=test_mode, latest_checkpoint=latest_checkpoint
         )
         payload: dict[str, Any] = {}
+        warm = False
         if latest_checkpoint is not None:
-            payload, state = read_checkpoint(latest_checkpoint)
-            module.resume_from(payload, state)
+            payload, state = read_checkpoint(
+                latest_checkpoint, trusted=trust_checkpoint, trust_hint=TRUST_HINT
+            )
+            warm = starts_new_run(state, ctx.get_trial_id(), warm_start, latest_checkpoint)
+            module.resume_from(payload, state, warm_start=warm)
+        record = RunRecord.from_runner(ctx._exp_conf, ckpt_dir)
+        retention = (
+            record.retention()
+            if record is not None and module.is_chief
+            else CheckpointRetention.from_config(ctx._exp_conf)
+        )
         boundaries = TrialBoundaries(
             max_length=length,
             validation_period=validation,
@@ -160,10 +190,14 @@ class Trainer:
             test_mode=test_mode,
             searcher_metric=metric,
             smaller_is_better=bool(searcher.get("smaller_is_better", True)),
-            retention=CheckpointRetention.from_config(ctx._exp_conf),
+            retention=retention,
+            record=record,
         )
-        if latest_checkpoint is not None:
+        if latest_checkpoint is not None and record is None and not warm:
+            # A run continued outside the command: retention covers the checkpoints the run
+            # it continues kept (the command's record knows them itself).
             boundaries.continue_retention(pathlib.Path(latest_checkpoint), payload)
+        _logging.adopt_lightning()
         trainer = pl.Trainer(
             **lightning_settings(
                 ctx,
@@ -181,21 +215,29 @@ class Trainer:
                 for pattern in _ENGINE_WARNINGS:
                     warnings.filterwarnings("ignore", message=pattern)
                 trainer.fit(module)
+            if record is not None and module.is_chief:
+                record.ended(boundaries.preempted_by)
         finally:
             boundaries.stop.restore()
             module.shutdown()
             self.checkpoints = list(boundaries.checkpoints)
             self.last_validation_metrics = module.last_validation_metrics
-            _cluster_info.record_fit(module.last_validation_metrics, self.checkpoints)
-        if boundaries.checkpoints:
+            if record is not None:
+                record.close()
+        if record is None and boundaries.checkpoints:
             logger.info("Checkpoints are in %s", ckpt_dir)
         if boundaries.preempted_by is not None:
-            if trainer.is_global_zero:
-                where = boundaries.checkpoints[-1] if boundaries.checkpoints else ckpt_dir
+            where: Any = boundaries.checkpoints[-1] if boundaries.checkpoints else ckpt_dir
+            how = f"Continue with fit(latest_checkpoint={str(where)!r})."
+            if record is not None and record.continue_command:
+                # Under the command: its own continue command, the checkpoint where it is kept.
+                if boundaries.checkpoints:
+                    where = record.storage.url(boundaries.checkpoints[-1].name)
+                how = f"Continue with: {record.continue_command}"
+            if module.is_chief:
                 print(
                     f"Stopped by {boundaries.preempted_by} after batch "
-                    f"{module.state.batches_trained}; checkpoint {where}. Continue with "
-                    f"fit(latest_checkpoint={str(where)!r}).",
+                    f"{module.state.batches_trained}; checkpoint {where}. {how}",
                     flush=True,
                 )
             raise SystemExit(0)
