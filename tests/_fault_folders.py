@@ -1,13 +1,15 @@
 """Experiment folders and process helpers for the fault tests (signals, bad directories).
 
-The trial is written for Determined (`from determined import pytorch`) and is driven through
-hyperparameters: `sleep` slows every batch so a signal lands mid-run, `mark_at` writes
-`training.<rank>` once that many batches are trained (the test's cue to send the signal),
-`signal_at` makes rank 0 send SIGTERM to itself during that batch, `width` makes the model (and
-so every save) bigger, `hold_save_at` holds the save after that many batches half-written
-(`saving` appears) until the test creates `release`, `workers` gives the training data loader
-worker processes. Every process writes `pid.<rank>`; every validation appends the batch
-count it followed to `events.jsonl`.
+The trial is written for Determined (`from determined import pytorch`; run as a plain script
+without Determined installed, it takes the bridge) and is driven through hyperparameters:
+`sleep` slows every batch so a signal lands mid-run, `mark_at` writes `training.<rank>` once
+that many batches are trained (the test's cue to send the signal), `signal_at` makes rank 0
+send SIGTERM to itself during that batch, `width` makes the model (and so every save) bigger,
+`hold_save_at` holds the save after that many batches half-written (`saving` appears) until the
+test creates `release`, `workers` gives the training data loader worker processes. Every
+process writes `pid.<rank>`; every validation appends the batch count it followed to
+`events.jsonl`. Runs of a folder keep their record in a workspace of its own beside it
+(`<folder>-ws`: not inside it, where checkpoints would copy it with the code).
 """
 
 from __future__ import annotations
@@ -39,7 +41,11 @@ import signal
 import time
 
 import torch
-from determined import pytorch
+
+try:
+    from determined import pytorch
+except ImportError:  # a plain script without Determined installed
+    import lightning_bridge as pytorch
 
 
 class Data(torch.utils.data.Dataset):
@@ -175,12 +181,27 @@ def write_folder(root: pathlib.Path, name: str = "exp", **changes: Any) -> pathl
     return folder
 
 
-def cli_env() -> dict[str, str]:
-    """The environment of a `lightning-bridge` run started by a test: no launcher variables."""
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+def workspace(folder: pathlib.Path) -> pathlib.Path:
+    """The workspace (record, trial folders, checkpoints) of the folder's runs."""
+    return folder.with_name(f"{folder.name}-ws")
+
+
+def cli_env(folder: pathlib.Path) -> dict[str, str]:
+    """The environment of a `lightning-bridge` run of `folder` started by a test: its own
+    workspace, no launcher variables."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "LIGHTNING_BRIDGE_WORKSPACE": str(workspace(folder)),
+    }
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_PORT", "NODE_RANK"):
         env.pop(var, None)
     return env
+
+
+def run_args(folder: pathlib.Path, *args: str) -> list[str]:
+    """`main()`'s arguments for `run const.yaml ARGS` of `folder` in its own workspace."""
+    return ["run", str(folder / "const.yaml"), "--workspace", str(workspace(folder)), *args]
 
 
 def start_run(folder: pathlib.Path, *args: str) -> subprocess.Popen[str]:
@@ -189,7 +210,7 @@ def start_run(folder: pathlib.Path, *args: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "lightning_bridge", "run", "const.yaml", *args],
         cwd=folder,
-        env=cli_env(),
+        env=cli_env(folder),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -261,7 +282,7 @@ def run_in_terminal(
     proc = subprocess.Popen(
         [sys.executable, "-m", "lightning_bridge", "run", "const.yaml"],
         cwd=folder,
-        env=cli_env(),
+        env=cli_env(folder),
         stdin=slave,
         stdout=slave,
         stderr=slave,
@@ -340,9 +361,16 @@ def events(folder: pathlib.Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in file.read_text().splitlines()]
 
 
-def checkpoints(folder: pathlib.Path, sub: str = "checkpoints") -> list[pathlib.Path]:
-    """Complete checkpoints under the folder, oldest first."""
-    base = folder / sub
+def checkpoints(folder: pathlib.Path, experiment_id: int | None = None) -> list[pathlib.Path]:
+    """The checkpoints the record keeps of an experiment of the folder's runs (default: the
+    newest), oldest first."""
+    from tests._cli_folders import kept_checkpoints
+
+    return sorted(kept_checkpoints(experiment_id, workspace(folder)), key=steps)
+
+
+def in_directory(base: pathlib.Path) -> list[pathlib.Path]:
+    """The complete checkpoints in a checkpoint directory, oldest first."""
     found = [p for p in base.iterdir() if p.is_dir() and not p.name.startswith(".")]
     return sorted(found, key=steps)
 

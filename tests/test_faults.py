@@ -1,9 +1,10 @@
 """Faults as a user meets them: signals to runs of one and several processes, two runs in one
 checkpoint directory, unusable checkpoint directories, bad engine settings and smaller holes.
 
-Runs that take signals are real `lightning-bridge run` processes signalled for real, every
-wait bounded; input errors go through the same command in this process (`main`), which
-returns the exit code. The trial and its knobs are in `_fault_folders`.
+Runs that take signals are real `lightning-bridge run` processes (or training scripts)
+signalled for real, every wait bounded; input errors go through the same command in this
+process (`main`), which returns the exit code. The trial and its knobs are in `_fault_folders`;
+each folder's runs keep their record in its own workspace.
 """
 
 from __future__ import annotations
@@ -164,10 +165,8 @@ def test_ctrl_c_lets_the_script_finish_its_checkpoint(script_folder: pathlib.Pat
     assert "KeyboardInterrupt" not in shown and "Traceback" not in shown, shown
     (line,) = [x for x in shown.splitlines() if "Stopped by SIGINT" in x]
     stopped = int(line.split("after batch ")[1].split(";")[0])
-    base = script_folder / "checkpoints"
-    assert not list(base.glob(".*.partial"))
-    latest = latest_checkpoint_in(base)
-    assert latest is not None
+    latest = ff.checkpoints(script_folder)[-1]
+    assert not list(latest.parent.glob(".*.partial"))
     state = read_checkpoint(latest)[1]
     assert state is not None and state.batches_trained == stopped
 
@@ -225,9 +224,9 @@ def test_a_stop_in_the_batch_that_ends_at_a_boundary_keeps_that_boundary(
     assert [e["batches"] for e in ff.events(folder)] == [4, 8]
     assert [ff.steps(c) for c in ff.checkpoints(folder)] == [8]
 
-    assert main(["run", str(folder / "const.yaml"), "--resume", "latest"]) == 0
+    assert main(ff.run_args(folder, "--resume", "latest")) == 0
     reference = ff.write_folder(tmp_path / "b", searcher=SHORT, **config)
-    assert main(["run", str(reference / "const.yaml")]) == 0
+    assert main(ff.run_args(reference)) == 0
     capsys.readouterr()
     assert ff.events(folder) == ff.events(reference)
     assert [e["batches"] for e in ff.events(folder)] == [4, 8, 12]
@@ -236,52 +235,68 @@ def test_a_stop_in_the_batch_that_ends_at_a_boundary_keeps_that_boundary(
 
 # ----- 4. two runs in one checkpoint directory ---------------------------------------------
 
+SHARED_RUN = """
+import sys
+import lightning_bridge as pytorch
+from model_def import FaultTrial
+
+hparams = {"global_batch_size": 8, "hold_save_at": 2, "sleep": 0.05}
+with pytorch.init(
+    hparams=hparams, checkpoint_dir=sys.argv[1], trainer_kwargs={"enable_progress_bar": False}
+) as ctx:
+    trainer = pytorch.Trainer(FaultTrial(ctx), ctx)
+    trainer.fit(max_length=pytorch.Batch(400), checkpoint_period=pytorch.Batch(2))
+"""
+
 
 def test_a_second_run_leaves_the_first_runs_save_in_progress_alone(
     tmp_path: pathlib.Path, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """Two training scripts given one checkpoint directory; the first one's save is held
+    half-written while the second starts. Before, the second deleted it and the first died."""
     shared = tmp_path / "shared"
     shared.mkdir()
     # What a run that died mid-save left: removed by the next run to hold the directory.
     (shared / ".0000dead.partial").mkdir()
     (shared / ".latest.0000dead").write_text("0000dead\n")
     (shared / ".run.0000dead.lock").write_text("{}")
-    storage = {"type": "shared_fs", "host_path": str(shared)}
-    first = ff.write_folder(
-        tmp_path,
-        "first",
-        hyperparameters={"hold_save_at": 2, "sleep": 0.05},
-        min_checkpoint_period={"batches": 2},
-        checkpoint_storage=storage,
-        searcher=LONG,
+    folder = ff.write_folder(tmp_path)
+    (folder / "shared_run.py").write_text(SHARED_RUN)
+    first = subprocess.Popen(
+        [sys.executable, "shared_run.py", str(shared)],
+        cwd=folder,
+        env=ff.cli_env(folder),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
     )
-    second = ff.write_folder(tmp_path, "second", checkpoint_storage=storage, searcher=SHORT)
-    proc = ff.start_run(first)
     try:
-        ff.wait_for(first / "saving", proc)  # its first save is held, half-written
+        ff.wait_for(folder / "saving", first)  # its first save is held, half-written
         names = {p.name for p in shared.iterdir()}
         assert not names & {".0000dead.partial", ".latest.0000dead", ".run.0000dead.lock"}
         (in_progress,) = shared.glob(".*.partial")
 
-        assert main(["run", str(second / "const.yaml")]) == 0
+        with quiet_init(checkpoint_dir=shared) as ctx:
+            pytorch.Trainer(LinearTrial(ctx), ctx).fit(max_length=pytorch.Batch(4))
         assert in_progress.is_dir(), "the second run removed the first run's save in progress"
         warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
         assert any(
-            "another run is using the checkpoint directory" in w and f"pid {proc.pid}" in w
+            "another run is using the checkpoint directory" in w and f"pid {first.pid}" in w
             for w in warnings
         ), warnings
 
-        (first / "release").touch()
+        (folder / "release").touch()
         deadline = time.monotonic() + 60
         while in_progress.exists() and time.monotonic() < deadline:
             time.sleep(0.05)
-        proc.send_signal(signal.SIGTERM)
-        code, out, err, _ = ff.finish(proc, timeout=60)
+        first.send_signal(signal.SIGTERM)
+        code, out, err, _ = ff.finish(first, timeout=60)
     finally:
-        ff.kill_group(proc)
+        ff.kill_group(first)
     assert code == 0, err
     assert "Traceback" not in err
-    mine = [c for c in ff.checkpoints(tmp_path, "shared") if c.name in out]
+    mine = [c for c in ff.in_directory(shared) if c.name in out]
     assert mine and all(read_checkpoint(c)[1] is not None for c in mine)
 
 
@@ -306,8 +321,7 @@ def _mounted(path: pathlib.Path, options: str) -> Iterator[bool]:
 
 
 def _run_with_storage(folder: pathlib.Path, host_path: pathlib.Path) -> int:
-    config = folder / "const.yaml"
-    return main(["run", str(config), "--set", f"checkpoint_storage.host_path={host_path}"])
+    return main(ff.run_args(folder, "--set", f"checkpoint_storage.host_path={host_path}"))
 
 
 def test_unusable_checkpoint_directories_fail_before_training(
@@ -338,58 +352,66 @@ def test_unusable_checkpoint_directories_fail_before_training(
 
 
 FSIZE_RUN = """
-import resource, runpy, sys
+import resource, sys
 resource.setrlimit(resource.RLIMIT_FSIZE, (12 * 1024, 12 * 1024))
-sys.argv = ["lightning-bridge", *sys.argv[1:]]
-runpy.run_module("lightning_bridge", run_name="__main__")
+import lightning_bridge as pytorch
+from model_def import FaultTrial
+
+with pytorch.init(
+    hparams={"global_batch_size": 8},
+    checkpoint_dir=sys.argv[1],
+    trainer_kwargs={"enable_progress_bar": False},
+) as ctx:
+    trainer = pytorch.Trainer(FaultTrial(ctx), ctx)
+    trainer.fit(max_length=pytorch.Batch(8), checkpoint_period=pytorch.Batch(4))
 """
 
 
 def test_a_full_disk_at_save_time_is_one_message_and_keeps_earlier_checkpoints(
     tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """A real full file system when this user may mount a small tmpfs (the run fills it);
-    otherwise a file-size limit (RLIMIT_FSIZE) in a process of its own, under which writes fail
+    """A real full file system when this user may mount a small tmpfs: the checkpoint storage
+    (`host_path`) of a `lightning-bridge run` fills up as checkpoints are moved there.
+    Otherwise a training script under a file-size limit (RLIMIT_FSIZE), whose first save fails
     the same way (EFBIG instead of ENOSPC)."""
+    store = tmp_path / "store"
     folder = ff.write_folder(
         tmp_path,
         searcher={**SHORT, "max_length": {"batches": 40}},
         checkpoint_policy="all",
-        checkpoint_storage={"type": "shared_fs", "host_path": str(tmp_path / "store")},
+        checkpoint_storage={"type": "shared_fs", "host_path": str(store), "save_trial_latest": 9},
     )
-    with _mounted(tmp_path / "store", "size=48k") as mounted:
+    with _mounted(store, "size=64k") as mounted:
         if mounted:
-            code = main(["run", str(folder / "const.yaml")])
+            assert main(ff.run_args(folder)) == 1
             err = capsys.readouterr().err
+            errors = [line for line in err.splitlines() if "error" in line.lower()]
+            assert len(errors) == 1 and "Traceback" not in err, err
+            (message,) = errors
+            assert str(store) in message and "no space left" in message and "free" in message
+            earlier = ff.in_directory(store)
+            assert earlier, "no checkpoint fitted before the disk was full"
+            assert all(read_checkpoint(c)[1] is not None for c in earlier)
+            assert not list(store.glob(".*.partial"))
         else:
-            (tmp_path / "fsize.py").write_text(FSIZE_RUN)
+            (folder / "fsize_run.py").write_text(FSIZE_RUN)
             proc = subprocess.Popen(
-                [sys.executable, str(tmp_path / "fsize.py"), "run", "const.yaml"],
+                [sys.executable, "fsize_run.py", str(store)],
                 cwd=folder,
-                env=ff.cli_env(),
+                env=ff.cli_env(folder),
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 text=True,
-                start_new_session=True,
             )
             code, _, err, _ = ff.finish(proc, timeout=120)
-        assert code == 1, err
-        errors = [line for line in err.splitlines() if "error" in line]
-        assert len(errors) == 1 and "Traceback" not in err, err
-        (message,) = errors
-        store = tmp_path / "store"
-        assert f"could not write a checkpoint to {store}" in message
+            assert code == 1, err
+            message = err.strip().splitlines()[-1]  # the script's exception
+            assert message.startswith("lightning_bridge._errors.CheckpointWriteError: ")
+            assert "file size limit" in message
+            assert not list(store.glob(".*.partial"))
         assert "a checkpoint needs about" in message
         assert "checkpoints written before are intact" in message
-        if mounted:
-            assert "no space left" in message and "free" in message
-            latest = latest_checkpoint_in(store)
-            assert latest is not None and f"the latest is {latest}" in message
-            assert read_checkpoint(latest)[1] is not None
-        else:
-            assert "file size limit" in message
-        assert not list(store.glob(".*.partial"))
-    print("full disk simulated with", "a 48 KB tmpfs" if mounted else "RLIMIT_FSIZE")
+    print("full disk simulated with", "a 64 KB tmpfs" if mounted else "RLIMIT_FSIZE")
 
 
 # ----- 6. engine settings ------------------------------------------------------------------
@@ -407,7 +429,7 @@ def test_engine_settings_are_checked_before_the_trial_is_built(
     tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str], args: list[str], expected: list
 ) -> None:
     folder = ff.write_folder(tmp_path, searcher=SHORT)
-    assert main(["run", str(folder / "const.yaml"), *args]) == 2
+    assert main(ff.run_args(folder, *args)) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and all(e in err for e in expected), err
     assert not (folder / "pid.0").exists(), "the trial was built"
@@ -418,7 +440,7 @@ def test_a_gpu_setting_without_a_gpu_backend(
     tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     folder = ff.write_folder(tmp_path, searcher=SHORT, resources={"slots_per_trial": 2})
-    assert main(["run", str(folder / "const.yaml"), "--accelerator", "gpu"]) == 2
+    assert main(ff.run_args(folder, "--accelerator", "gpu")) == 2
     err = capsys.readouterr().err
     assert "'gpu' needs a GPU backend" in err and "accepted here: auto, cpu" in err
 
@@ -428,7 +450,7 @@ def test_more_processes_than_cores_needs_force(
 ) -> None:
     cores = len(os.sched_getaffinity(0))
     folder = ff.write_folder(tmp_path, searcher=SHORT, resources={"slots_per_trial": cores + 1})
-    assert main(["run", str(folder / "const.yaml")]) == 2  # stdin is not a terminal here
+    assert main(ff.run_args(folder)) == 2  # stdin is not a terminal here
     err = capsys.readouterr().err
     assert f"asks for {cores + 1} processes" in err and "--force" in err
     assert not (folder / "pid.0").exists()
@@ -472,11 +494,11 @@ def test_a_yaml_alias_bomb_is_refused_quickly(
     (folder / "const.yaml").write_text(bomb)
     assert len(bomb) < 2000
     start = time.monotonic()
-    assert main(["run", str(folder / "const.yaml")]) == 2
+    assert main(ff.run_args(folder)) == 2
     assert time.monotonic() - start < 10
     assert "expands to about" in capsys.readouterr().err
     (folder / "const.yaml").write_text(bomb.replace("l8: &l8 [", "l8: &l8 [*l8, "))
-    assert main(["run", str(folder / "const.yaml")]) == 2
+    assert main(ff.run_args(folder)) == 2
     assert "refers to itself" in capsys.readouterr().err
 
 
@@ -484,48 +506,41 @@ def test_resume_of_a_missing_checkpoint_is_bad_input(
     tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     folder = ff.write_folder(tmp_path, searcher=SHORT)
-    assert main(["run", str(folder / "const.yaml"), "--resume", str(tmp_path / "nope")]) == 2
-    assert "no such checkpoint directory" in capsys.readouterr().err
+    assert main(ff.run_args(folder, "--resume", str(tmp_path / "nope"))) == 2
+    assert "not a checkpoint directory" in capsys.readouterr().err
 
 
 @pytest.fixture(scope="module")
 def continued_run(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
-    """A run of 16 batches checkpointing after every one (keeping the latest 2), continued
-    with --resume latest to 32: the retention policy covers both runs' checkpoints."""
-    root = tmp_path_factory.mktemp("continued")
-    folder = ff.write_folder(
-        root,
-        searcher={**SHORT, "max_length": {"batches": 16}},
-        min_validation_period={"batches": 1},
-        checkpoint_policy="all",
-        checkpoint_storage={
-            "type": "shared_fs",
-            "host_path": "checkpoints",
-            "save_trial_latest": 2,
-            "save_trial_best": 0,
-        },
-    )
-    config = str(folder / "const.yaml")
-    assert main(["run", config]) == 0
-    longer = "searcher.max_length={batches: 32}"
-    assert main(["run", config, "--resume", "latest", "--set", longer]) == 0
-    return folder
+    """A fit of 16 batches checkpointing after every one (keeping the latest 2), continued
+    with fit(latest_checkpoint="latest") to 32; returns the checkpoint directory."""
+    base = tmp_path_factory.mktemp("continued") / "checkpoints"
+    storage = {"type": "shared_fs", "save_trial_latest": 2, "save_trial_best": 0}
+    for length, latest in ((16, None), (32, "latest")):
+        with quiet_init(checkpoint_dir=base, exp_conf={"checkpoint_storage": storage}) as ctx:
+            pytorch.Trainer(LinearTrial(ctx), ctx).fit(
+                max_length=pytorch.Batch(length),
+                checkpoint_period=pytorch.Batch(1),
+                latest_checkpoint=latest,
+            )
+    return base
 
 
 def test_retention_covers_the_checkpoints_of_the_run_continued(continued_run: pathlib.Path):
-    assert [ff.steps(c) for c in ff.checkpoints(continued_run)] == [31, 32]
+    """Before, the continued fit kept its own latest 2 and forgot the first fit's."""
+    assert [ff.steps(c) for c in ff.in_directory(continued_run)] == [31, 32]
 
 
 def test_a_damaged_latest_pointer_falls_back_to_the_newest_checkpoint(
     continued_run: pathlib.Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    base = continued_run / "checkpoints"
+    base = continued_run
     pointer = base / "latest"
     kept = pointer.read_bytes()
     try:
         for damaged in (b"\xff\xfe not utf-8", b"../../elsewhere\n"):
             pointer.write_bytes(damaged)
-            assert latest_checkpoint_in(base) == ff.checkpoints(continued_run)[-1]
+            assert latest_checkpoint_in(base) == ff.in_directory(continued_run)[-1]
             assert "does not name a checkpoint" in caplog.text
     finally:
         pointer.write_bytes(kept)
@@ -534,7 +549,7 @@ def test_a_damaged_latest_pointer_falls_back_to_the_newest_checkpoint(
 def test_load_trial_refuses_what_load_data_names_unless_it_is_a_trial_class(
     continued_run: pathlib.Path, tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    source = ff.checkpoints(continued_run)[-1]
+    source = ff.in_directory(continued_run)[-1]
     copy = tmp_path / "ckpt"
     copy.mkdir()
     for file in source.iterdir():
@@ -554,9 +569,15 @@ def test_load_trial_refuses_what_load_data_names_unless_it_is_a_trial_class(
 
 
 def test_save_errors_name_the_reason() -> None:
-    from lightning_bridge.checkpoint._writable import write_failure
+    from lightning_bridge.checkpoint._writable import tensor_bytes, write_failure
 
+    base = pathlib.Path("/ckpt")
+    needed = tensor_bytes({"w": torch.zeros(1024)})
     exc = OSError(errno.ENOSPC, "No space left on device", "/ckpt/.x.partial/state_dict.pth")
-    message = str(write_failure(pathlib.Path("/ckpt"), exc, {"w": torch.zeros(1024)}, None))
+    message = str(write_failure(base, exc, needed))
+    assert message.startswith("could not write a checkpoint to /ckpt/.x.partial/state_dict.pth")
     assert "no space left" in message and "about 4.0 KB" in message
-    assert "none was written before" in message
+    exc = OSError(errno.EROFS, "Read-only file system", "/elsewhere/file")
+    message = str(write_failure(base, exc, needed, latest=base / "abc"))
+    assert message.startswith("could not write a checkpoint to /ckpt: it is on a read-only")
+    assert "intact (the latest is /ckpt/abc)" in message

@@ -24,7 +24,7 @@ import torch
 from lightning_bridge._errors import InvalidArgumentError
 from lightning_bridge._version import __version__
 from lightning_bridge.checkpoint._code import CODE_DIR, copy_code
-from lightning_bridge.checkpoint._writable import write_failure
+from lightning_bridge.checkpoint._writable import tensor_bytes, write_failure
 
 logger = logging.getLogger("lightning_bridge")
 
@@ -183,7 +183,8 @@ def write_checkpoint(
         _write_latest(base_dir, storage_id)
     except OSError as exc:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise write_failure(base_dir, exc, payload, latest_checkpoint_in(base_dir)) from None
+        latest = latest_checkpoint_in(base_dir)
+        raise write_failure(base_dir, exc, tensor_bytes(payload), latest) from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

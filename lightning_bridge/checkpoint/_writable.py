@@ -109,13 +109,20 @@ def space_shortfall(base_dir: pathlib.Path, payload: Any) -> str | None:
     )
 
 
+def directory_bytes(path: pathlib.Path) -> int:
+    """The bytes of the files under `path` (a checkpoint already written elsewhere)."""
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
 def write_failure(
-    base_dir: pathlib.Path, exc: OSError, payload: Any, latest: pathlib.Path | None
+    base_dir: pathlib.Path, exc: OSError, needed: int, latest: pathlib.Path | None = None
 ) -> CheckpointWriteError:
-    """The error for a save that failed with `exc` (the partial files are already removed)."""
-    where = exc.filename or base_dir
-    message = f"could not write a checkpoint to {where}: {_reason(pathlib.Path(where), exc)}"
-    needed = tensor_bytes(payload)
+    """The error for a save into `base_dir` that failed with `exc` (after the partial files
+    were removed); `needed`: the bytes a checkpoint takes, `latest`: the newest complete one."""
+    where = base_dir  # the file that failed, when it is one of the checkpoint directory's
+    if exc.filename and pathlib.Path(exc.filename).is_relative_to(base_dir):
+        where = pathlib.Path(exc.filename)
+    message = f"could not write a checkpoint to {where}: {_reason(where, exc)}"
     if exc.errno in _SPACE_ERRORS:
         free = _free(base_dir)
         message += f"; a checkpoint needs about {_size(needed)}"
@@ -126,8 +133,8 @@ def write_failure(
             f"could not write a checkpoint to {where}: a file would exceed this process's "
             f"file size limit (ulimit -f); a checkpoint needs about {_size(needed)}"
         )
-    intact = f"the latest is {latest}" if latest is not None else "none was written before"
+    intact = f" (the latest is {latest})" if latest is not None else ""
     return CheckpointWriteError(
-        f"{message}. The checkpoints written before are intact ({intact}); make room or "
+        f"{message}. The checkpoints written before are intact{intact}; make room or "
         f"{_FIX}, then continue from the latest checkpoint."
     )

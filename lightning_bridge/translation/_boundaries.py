@@ -23,7 +23,7 @@ from lightning_bridge._errors import CheckpointWriteError, InvalidArgumentError,
 from lightning_bridge.checkpoint._claim import DirectoryClaim
 from lightning_bridge.checkpoint._layout import EXTRAS_KEY
 from lightning_bridge.checkpoint._retention import CheckpointRetention
-from lightning_bridge.checkpoint._writable import space_shortfall
+from lightning_bridge.checkpoint._writable import directory_bytes, space_shortfall, write_failure
 from lightning_bridge.contract._units import Batch, Epoch, TrainUnit
 from lightning_bridge.translation._lightning_compat import (
     disable_scheduled_validation,
@@ -267,10 +267,9 @@ class TrialBoundaries(pl.Callback):
                 entries = {RETENTION_KEY: [self._retention.history(), value]}
             try:
                 path, storage_id = save_checkpoint(module, self._checkpoint_dir, entries)
+                self._record(module, path, metrics, value)
             except CheckpointWriteError as exc:
                 failure = str(exc)
-            else:
-                self._record(module, path, metrics, value)
         else:
             module.state.last_ckpt = module.state.batches_trained
         storage_id, failure = module.context.distributed.broadcast((storage_id, failure))
@@ -289,9 +288,13 @@ class TrialBoundaries(pl.Callback):
         self.checkpoints.append(path)
         if self._run_record is not None:
             state = module.state
-            self._run_record.checkpoint(
-                path, path.name, state.batches_trained, state.epochs_trained, metrics
-            )
+            try:
+                self._run_record.checkpoint(
+                    path, path.name, state.batches_trained, state.epochs_trained, metrics
+                )
+            except OSError as exc:  # moving it into checkpoint storage (a full disk there)
+                where = pathlib.Path(self._run_record.storage.root)
+                raise write_failure(where, exc, directory_bytes(path)) from None
         if self._retention is not None:
             for removed in self._retention.record(path, value):
                 if removed in self.checkpoints:  # not one an earlier run of the trial kept
