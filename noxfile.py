@@ -81,18 +81,22 @@ def _install_torch(session: nox.Session, lightning: str | None = None) -> str:
     constraints = Path(session.create_tmp()) / "constraints.txt"
     lines = [f"torch=={TORCH}"]
     if lightning is not None:
+        # lightning depends on the standalone pytorch_lightning package, whose modules the
+        # adapter accepts too: it must be the same release as the session's lightning.
         lines.append(f"lightning=={lightning}.*")
+        lines.append(f"pytorch-lightning=={lightning}.*")
     constraints.write_text("\n".join(lines) + "\n")
     return str(constraints)
 
 
 def _check_versions(session: nox.Session, lightning: str | None = None) -> None:
-    """Fail at once if an install replaced torch or lightning; log what is installed."""
+    """Fail at once if an install replaced torch or lightning (or pytorch-lightning, which
+    must match it); log what is installed."""
     out = session.run(
         "python",
         "-c",
         "import importlib.metadata as m\n"
-        "for name in ('torch', 'lightning'):\n"
+        "for name in ('torch', 'lightning', 'pytorch-lightning'):\n"
         "    try: print(name, m.version(name))\n"
         "    except m.PackageNotFoundError: print(name, '-')",
         silent=True,
@@ -101,8 +105,9 @@ def _check_versions(session: nox.Session, lightning: str | None = None) -> None:
     session.log("installed: " + ", ".join(f"{k} {v}" for k, v in versions.items()))
     if versions.get("torch", "-").split("+")[0] != TORCH:
         session.error(f"torch {versions.get('torch')} installed, torch=={TORCH} expected")
-    if lightning is not None and not versions.get("lightning", "-").startswith(lightning + "."):
-        session.error(f"lightning {versions.get('lightning')} installed, {lightning}.* expected")
+    for name in ("lightning", "pytorch-lightning"):
+        if lightning is not None and not versions.get(name, "-").startswith(lightning + "."):
+            session.error(f"{name} {versions.get(name)} installed, {lightning}.* expected")
 
 
 def _data_home(session: nox.Session) -> dict[str, str]:
@@ -165,7 +170,8 @@ def lint(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def typecheck(session: nox.Session) -> None:
-    """mypy on the package, with torch, lightning, torchmetrics and numpy installed for types."""
+    """mypy on the package, with torch, lightning, torchmetrics, numpy and optuna installed for
+    types."""
     if not any((ROOT / "lightning_bridge").rglob("*.py")):
         session.log("no Python files in lightning_bridge/ yet: nothing to type-check")
         return
@@ -177,6 +183,7 @@ def typecheck(session: nox.Session) -> None:
         "torchmetrics",
         "numpy",
         *_extra("typecheck"),
+        *_extra("search"),
     )
     _check_versions(session, LATEST_LIGHTNING)
     session.run("mypy", "lightning_bridge")

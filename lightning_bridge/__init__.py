@@ -20,6 +20,7 @@ from lightning_bridge._errors import (
     CheckpointWriteError,
     InvalidArgumentError,
     InvalidCheckpointError,
+    InvalidHP,
     InvalidTrialError,
 )
 from lightning_bridge._version import __version__
@@ -99,6 +100,7 @@ __all__ = [
     "Epoch",
     "InvalidArgumentError",
     "InvalidCheckpointError",
+    "InvalidHP",
     "InvalidTrialError",
     "LightningAdapter",
     "LRScheduler",

@@ -49,3 +49,33 @@ class CheckpointRuntimeError(InvalidCheckpointError, RuntimeError):
 class CheckpointWriteError(BridgeError):
     """A checkpoint could not be written (full disk, read-only or missing directory, ...);
     the checkpoints written before it are intact."""
+
+
+class InvalidHP(Exception):
+    """Raised by trial code when its hyperparameters cannot train (e.g. a model too large).
+
+    The trial ends without counting as an error; a hyperparameter search replaces it with a new
+    configuration where Determined's searcher does (random and adaptive_asha). `msg` must be a
+    string, as in Determined.
+    """
+
+    def __init__(self, msg: str = "...") -> None:
+        if not isinstance(msg, str):
+            raise TypeError(
+                f"InvalidHP takes a message string, not {type(msg).__name__}: "
+                "raise InvalidHP('why these hyperparameters cannot train')"
+            )
+        super().__init__(msg)
+        self.msg = msg
+
+
+def is_invalid_hp(exc: BaseException) -> bool:
+    """Whether `exc` is the bridge's InvalidHP or Determined's `determined.InvalidHP` (matched
+    by name, so trial code importing a real Determined is recognised without importing it)."""
+    if isinstance(exc, InvalidHP):
+        return True
+    return any(
+        cls.__name__ == "InvalidHP"
+        and (cls.__module__ == "determined" or cls.__module__.startswith("determined."))
+        for cls in type(exc).__mro__
+    )

@@ -55,6 +55,8 @@ def configure(log_file: str | os.PathLike[str] | None = None) -> None:
     if not any(isinstance(h, _Stderr) for h in bridge.handlers):
         console = _Stderr()
         console.setFormatter(logging.Formatter(CONSOLE_FORMAT))
+        # On the handler, so it holds whichever of Lightning's loggers a Tip comes from.
+        console.addFilter(DropAdvertising())
         bridge.addHandler(console)
     for old in [h for h in bridge.handlers if isinstance(h, _TrialLog)]:
         if log_file is not None and pathlib.Path(old.baseFilename) == pathlib.Path(log_file):
@@ -66,6 +68,7 @@ def configure(log_file: str | os.PathLike[str] | None = None) -> None:
         pathlib.Path(log_file).parent.mkdir(parents=True, exist_ok=True)
         file = _TrialLog(log_file, encoding="utf-8")
         file.setFormatter(logging.Formatter(FILE_FORMAT))
+        file.addFilter(DropAdvertising())
         bridge.addHandler(file)
     adopt_lightning()
 

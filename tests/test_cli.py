@@ -12,10 +12,12 @@ from typing import Any
 
 import pytest
 import torch
+import yaml
 
 import lightning_bridge as pytorch
 from lightning_bridge.experiment import _import_map
 from lightning_bridge.experiment._cli import main
+from lightning_bridge.experiment._config import parse_config
 from tests._cli_folders import (  # isolated_imports: an autouse fixture
     BASE_CONFIG,
     checkpoint_weights,
@@ -203,19 +205,28 @@ def test_bad_config_exits_2_with_the_key_path(
     assert not validations(config.parent)
 
 
-def test_search_form_names_the_key_and_the_set_fix(
+def test_search_config_names_the_one_trial_fix(
     tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     hparams = {
         "global_batch_size": 8,
         "lr": {"type": "log", "base": 10, "minval": -3, "maxval": -1},
     }
-    config = write_folder(tmp_path, _config(hyperparameters=hparams))
+    searcher = {"name": "random", "metric": "validation_loss", "max_trials": 4}
+    config = write_folder(
+        tmp_path,
+        _config(hyperparameters=hparams, searcher={**BASE_CONFIG["searcher"], **searcher}),
+    )
     assert main(["run", str(config)]) == 2
     err = capsys.readouterr().err
-    assert "hyperparameters.lr: a log search range" in err
-    assert "--set hyperparameters.lr=VALUE" in err
-    assert main(["run", str(config), "--set", "hyperparameters.lr=0.05", "--test"]) == 0
+    assert "the random searcher runs several trials" in err
+    assert "--set searcher.name=single" in err
+    # One trial: the single searcher samples the range once, from the experiment seed.
+    assert main(["run", str(config), "--set", "searcher.name=single", "--test"]) == 0
+    seen = json.loads((config.parent / "seen.json").read_text())
+    expected = parse_config(yaml.safe_load(config.read_text()), ["searcher.name=single"])
+    assert seen["hparams"]["lr"] == expected.hparams["lr"]
+    assert 1e-3 <= seen["hparams"]["lr"] <= 1e-1
 
 
 def test_trial_errors_exit_1(tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:

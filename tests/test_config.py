@@ -62,8 +62,7 @@ def _error(config: Any, overrides: list[str] | None = None) -> str:
         ),
         (
             {"searcher": {"name": "adaptive_asha", "max_trials": 4}},
-            "searcher.name: lightning-bridge runs one trial, so only the single searcher is "
-            "supported, got 'adaptive_asha'; use --set searcher.name=single",
+            "searcher.metric: required (the validation metric that ranks trials",
         ),
         (
             {"hyperparameters": {"opt": {"type": "adam", "lr": 1}}},
@@ -108,19 +107,26 @@ def test_hyperparameter_forms() -> None:
         "layers": [64, 32],
         "optimizer": {"name": "sgd", "momentum": 0.9},
     }
-    for form in (
-        {"type": "int", "minval": 1, "maxval": 4},
-        {"type": "double", "minval": 0.1, "maxval": 0.5},
-        {"type": "log", "base": 10, "minval": -4, "maxval": -1},
-        {"type": "categorical", "vals": ["a", "b"]},
+    # The single searcher samples ranges once (as Determined's does), from the experiment seed.
+    for form, inside in (
+        ({"type": "int", "minval": 1, "maxval": 4}, lambda v: v in (1, 2, 3, 4)),
+        ({"type": "double", "minval": 0.1, "maxval": 0.5}, lambda v: 0.1 <= v <= 0.5),
+        ({"type": "log", "base": 10, "minval": -4, "maxval": -1}, lambda v: 1e-4 <= v <= 0.1),
+        ({"type": "categorical", "vals": [[1, 2], {"a": 1}]}, lambda v: v in ([1, 2], {"a": 1})),
     ):
-        message = _error({"hyperparameters": {"group": {"x": form}}})
-        assert f"hyperparameters.group.x: a {form['type']} search range" in message
-        assert "--set hyperparameters.group.x=VALUE" in message
-        fixed = parse_config(
-            {"hyperparameters": {"group": {"x": form}}}, ["hyperparameters.group.x=3"]
-        )
+        config = {"hyperparameters": {"group": {"x": form}}}
+        sampled = parse_config(config, ["reproducibility.experiment_seed=7"]).hparams
+        assert inside(sampled["group"]["x"]), (form, sampled)
+        assert parse_config(config, ["reproducibility.experiment_seed=7"]).hparams == sampled
+        fixed = parse_config(config, ["hyperparameters.group.x=3"])
         assert fixed.hparams == {"group": {"x": 3}}
+    # A search of several trials has no one set of values; the runner says how to run one.
+    search = parse_config(
+        {"searcher": {"name": "random", "metric": "loss", "max_trials": 3}},
+        ["hyperparameters.lr={type: double, minval: 0.1, maxval: 0.5}"],
+    )
+    with pytest.raises(InvalidArgumentError, match="--set searcher.name=single"):
+        search.require_one_trial()
 
 
 def test_set_overrides() -> None:

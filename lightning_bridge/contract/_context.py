@@ -17,6 +17,7 @@ import torch
 from lightning_bridge._errors import InvalidArgumentError, InvalidTrialError
 from lightning_bridge.contract._amp import AutocastForward, warn_once
 from lightning_bridge.contract._data import to_device
+from lightning_bridge.contract._determined_compat import as_bridge_enum
 from lightning_bridge.contract._distributed import DistributedContext
 from lightning_bridge.contract._experimental import PyTorchExperimentalContext
 from lightning_bridge.contract._lr_scheduler import LRScheduler
@@ -257,6 +258,8 @@ class PyTorchTrialContext:
         frequency: int = 1,
     ) -> Any:
         """Register an LR scheduler stepped by the bridge according to `step_mode`."""
+        # Determined's own StepMode members (a trial importing determined.pytorch) count.
+        step_mode = as_bridge_enum(step_mode, LRScheduler.StepMode)
         if isinstance(lr_scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau) and (
             step_mode is not LRScheduler.StepMode.MANUAL_STEP
         ):

@@ -26,31 +26,94 @@ from lightning_bridge._errors import InvalidArgumentError
 from lightning_bridge.checkpoint._bounded import check_expanded_size
 from lightning_bridge.contract._units import Batch, Epoch, TrainUnit
 from lightning_bridge.experiment._config_schema import (
-    _HP_FORM,
-    HP_TYPES,
     IGNORED_KEYS,
     KNOWN_KEYS,
     RETENTION_DEFAULTS,
     USED_KEYS,
     ExperimentConfig,
-    _ConstHP,
+)
+from lightning_bridge.search import (
+    HP_TYPES,
+    REMOVED,
+    SEARCHER_NAMES,
+    SearchSpec,
+    Space,
+    missing_counts,
+    parse_space,
+    trial_draw,
 )
 
 
 class ResolvedConfig:
-    """A validated experiment config and the values a run takes from it."""
+    """A validated experiment config and the values a run takes from it.
+
+    `space` is the hyperparameter space; `hparams` the one trial's values when the searcher is
+    `single` (ranges sampled once, reproducibly from `reproducibility.experiment_seed`, as
+    Determined's single searcher samples them); `search` what a search of several trials needs.
+    `hparams` given: the values of one trial already drawn (a recorded trial, or one trial of a
+    search), used as they are.
+    """
 
     def __init__(
-        self, raw: dict[str, Any], model: ExperimentConfig, hparams: dict[str, Any]
+        self,
+        raw: dict[str, Any],
+        model: ExperimentConfig,
+        space: Space,
+        hparams: dict[str, Any] | None = None,
     ) -> None:
         self.raw = raw
         self.model = model
-        self.hparams = hparams
+        self.space = space
+        self._hparams: dict[str, Any] | None = hparams
+        if hparams is None and not self.is_search:
+            seed = model.reproducibility.experiment_seed or 0
+            self._hparams = trial_draw(space, seed, 0)[1]
+
+    @property
+    def is_search(self) -> bool:
+        """Whether the searcher runs several trials (everything but `single`)."""
+        return self.model.searcher.name != "single"
+
+    @property
+    def search(self) -> SearchSpec:
+        """The searcher, hyperparameters and seed a `SearchDriver` runs."""
+        return SearchSpec(
+            self.model.searcher,
+            copy.deepcopy(self.raw.get("hyperparameters") or {}),
+            self.model.reproducibility.experiment_seed,
+        )
+
+    def require_one_trial(self) -> None:
+        """Refuse a searcher of several trials: running one is not supported yet."""
+        if self.is_search:
+            name = self.model.searcher.name
+            raise InvalidArgumentError(
+                f"searcher.name: the {name} searcher runs several trials, and lightning-bridge "
+                "run trains one trial (searches are coming); train one configuration with "
+                "--set searcher.name=single (hyperparameter ranges are then sampled once from "
+                "reproducibility.experiment_seed), or give each one a value with --set "
+                "hyperparameters.NAME=VALUE"
+            )
+
+    @property
+    def hparams(self) -> dict[str, Any]:
+        """The one trial's hyperparameters (a single-trial config or a trial's drawn values;
+        see `require_one_trial`)."""
+        if self._hparams is None:
+            self.require_one_trial()
+        assert self._hparams is not None
+        return self._hparams
 
     @property
     def unused_keys(self) -> list[str]:
         """Dotted paths of Determined keys given in the config that the runner ignores."""
         found = [k for k in self.raw if k in IGNORED_KEYS]
+        searcher = self.model.searcher
+        # A legacy flag, parsed and not used (as in Determined 0.38); source_trial_id /
+        # source_checkpoint_uuid are used (the trial's warm start).
+        for key in ("stop_once",):
+            if getattr(searcher, key, None) is not None:
+                found.append(f"searcher.{key}")
         sections: list[tuple[str, BaseModel | None]] = [
             ("searcher", self.model.searcher),
             ("resources", self.model.resources),
@@ -149,6 +212,8 @@ def _expected(err: Any) -> str:
     ctx = err.get("ctx") or {}
     if kind == "greater_than" and ctx.get("gt") == 0:
         return "expected a positive integer"
+    if kind == "greater_than":
+        return f"expected a number greater than {ctx.get('gt'):g}"
     if kind == "greater_than_equal" and ctx.get("ge") == 0:
         return "expected a non-negative integer"
     if kind == "greater_than_equal":
@@ -180,6 +245,14 @@ def _expected(err: Any) -> str:
     return str(err["msg"])
 
 
+# What a required searcher key is for, added to its "required" message.
+_REQUIRED_HINTS = {
+    "searcher.metric": "the validation metric that ranks trials, e.g. metric: validation_loss",
+    "searcher.max_trials": "how many trials the search runs, e.g. max_trials: 16",
+    "searcher.num_rungs": "how many rungs trials are ranked at, e.g. num_rungs: 3",
+}
+
+
 def _format_errors(
     exc: pydantic.ValidationError, prefix: tuple[str, ...] = (), hparam: bool = False
 ) -> list[str]:
@@ -191,12 +264,16 @@ def _format_errors(
         loc = [p for p in loc if not (p.endswith("]") or p in ("str", "int", "list", "dict"))]
         if hparam and loc and loc[0] in HP_TYPES:
             loc = loc[1:]
+        if len(loc) > 1 and loc[0] == "searcher" and loc[1] in SEARCHER_NAMES:
+            del loc[1]  # the searcher's name, as pydantic tags its union branch
         value = err.get("input")
         if err["type"] == "union_tag_invalid":
             loc.append("type")
             value = (err.get("ctx") or {}).get("tag")
         path = ".".join([*prefix, *loc]) or "(config)"
         message = f"{path}: {_expected(err)}"
+        if err["type"] == "missing" and path in _REQUIRED_HINTS:
+            message += f" ({_REQUIRED_HINTS[path]})"
         if err["type"] not in ("missing", "extra_forbidden"):
             message += f", got {_describe(value)}"
         lines.append(message)
@@ -207,31 +284,49 @@ def _format_errors(
     return list(seen.values())
 
 
-def _resolve_hparams(values: dict[str, Any], path: str, errors: list[str]) -> dict[str, Any]:
-    """Plain values stay; `const` forms give their value; nested groups recurse; search forms
-    (int / double / log / categorical) are errors: one trial needs one value."""
-    out: dict[str, Any] = {}
-    for key, value in values.items():
-        where = f"{path}.{key}"
-        if isinstance(value, dict) and "type" in value:
-            try:
-                form = _HP_FORM.validate_python(value)
-            except pydantic.ValidationError as exc:
-                errors.extend(_format_errors(exc, tuple(where.split(".")), hparam=True))
-                continue
-            if isinstance(form, _ConstHP):
-                out[key] = form.val
-            else:
-                errors.append(
-                    f"{where}: a {form.type} search range needs a hyperparameter search, and "
-                    f"the single searcher runs one trial; give it one value, e.g. "
-                    f"--set {where}=VALUE"
-                )
-        elif isinstance(value, dict):
-            out[key] = _resolve_hparams(value, where, errors)
+def _check_searcher(searcher: Any, errors: list[str]) -> dict[str, Any] | Any:
+    """Name the searcher (`single` when absent, as the runner always did); a removed or
+    unknown name is one error, and the section is then checked as `single`."""
+    if not isinstance(searcher, dict):
+        return searcher
+    searcher = dict(searcher)
+    name = searcher.setdefault("name", "single")
+    if name in SEARCHER_NAMES:
+        return searcher
+    if isinstance(name, str) and name in REMOVED:
+        errors.append(f"searcher.name: {REMOVED[name]}")
+    else:
+        errors.append(
+            f"searcher.name: expected one of {', '.join(SEARCHER_NAMES)}, got {_describe(name)}"
+        )
+    return {k: v for k, v in searcher.items() if k in ("metric", "smaller_is_better")}
+
+
+def _check_space(raw: Any, model: ExperimentConfig | None, errors: list[str]) -> Space:
+    """The hyperparameter space, every malformed form reported; the grid searcher's needs."""
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        return {}
+    space, problems = parse_space(raw)
+    for where, problem in problems:
+        if isinstance(problem, str):
+            errors.append(f"{'.'.join(where)}: {problem}")
         else:
-            out[key] = value
-    return out
+            errors.extend(_format_errors(problem, where, hparam=True))
+    if model is not None and model.searcher.name == "grid" and not problems:
+        for path in missing_counts(space):
+            key = ".".join(("hyperparameters", *path))
+            errors.append(
+                f"{key}: the grid searcher needs count, the number of points of this range "
+                f"to try (e.g. --set {key}.count=4)"
+            )
+        if not space:
+            errors.append(
+                "hyperparameters: the grid searcher has no hyperparameter to search over; add "
+                "some or use the single searcher"
+            )
+    return space
 
 
 def apply_overrides(config: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
@@ -284,27 +379,19 @@ def parse_config(config: Any, overrides: list[str] | None = None) -> ResolvedCon
     )
     # Empty sections (`searcher:` with nothing under it) read as absent, as in Determined.
     known = {k: v for k, v in raw.items() if k in USED_KEYS and v is not None}
-    searcher = known.get("searcher")
-    if isinstance(searcher, dict) and searcher.get("name", "single") != "single":
-        errors.append(
-            f"searcher.name: lightning-bridge runs one trial, so only the single searcher is "
-            f"supported, got {_describe(searcher.get('name'))}; use --set searcher.name=single "
-            "(and give each searched hyperparameter one value with --set)"
-        )
-        known["searcher"] = {k: v for k, v in searcher.items() if k != "name"}
+    if "searcher" in known:
+        known["searcher"] = _check_searcher(known["searcher"], errors)
     model: ExperimentConfig | None = None
     try:
         model = ExperimentConfig.model_validate(known)
     except pydantic.ValidationError as exc:
         errors.extend(_format_errors(exc))
-    hparams: dict[str, Any] = {}
-    if isinstance(known.get("hyperparameters"), dict):
-        hparams = _resolve_hparams(known["hyperparameters"], "hyperparameters", errors)
+    space = _check_space(known.get("hyperparameters"), model, errors)
     if errors or model is None:
         raise InvalidArgumentError(
             "invalid experiment config:\n" + "\n".join(f"  {line}" for line in errors)
         )
-    return ResolvedConfig(raw, model, hparams)
+    return ResolvedConfig(raw, model, space)
 
 
 def load_config(path: str | os.PathLike[str], overrides: list[str] | None = None) -> ResolvedConfig:

@@ -183,7 +183,7 @@ def recorded_plan(registry: Registry, experiment_id: int, hparams: dict[str, Any
     """The plan of a recorded experiment (its config as it ran) for one of its trials."""
     experiment = registry.experiment(experiment_id)
     resolved = parse_config(experiment.config)
-    config = ResolvedConfig(resolved.raw, resolved.model, hparams)
+    config = ResolvedConfig(resolved.raw, resolved.model, resolved.space, hparams)
     folder = pathlib.Path(experiment.context_dir)
     names = {f.name for f in dataclasses.fields(_runner.Options)}
     options = _runner.Options(**{k: v for k, v in experiment.options.items() if k in names})
@@ -247,7 +247,8 @@ def run_from_file(run_file: pathlib.Path) -> int:
     except (OSError, ValueError) as exc:
         raise InvalidArgumentError(f"{run_file}: not a trial's run description ({exc})") from None
     resolved = parse_config(run["raw_config"])
-    config = ResolvedConfig(resolved.raw, resolved.model, dict(run.get("hparams") or {}))
+    hparams = dict(run.get("hparams") or {})
+    config = ResolvedConfig(resolved.raw, resolved.model, resolved.space, hparams)
     names = {f.name for f in dataclasses.fields(_runner.Options)}
     options = _runner.Options(**{k: v for k, v in run["options"].items() if k in names})
     plan = _runner.prepare_config(config, pathlib.Path(run["context_dir"]), options)

@@ -113,6 +113,7 @@ class TrialRun:
 def prepare(config_path: str | os.PathLike[str], context_dir: Any, options: Options) -> Plan:
     """Load and validate everything a run needs; raise InvalidArgumentError on bad input."""
     config = load_config(config_path, options.overrides)
+    config.require_one_trial()
     config_file = pathlib.Path(config_path).resolve()
     folder = pathlib.Path(context_dir) if context_dir is not None else config_file.parent
     return prepare_config(config, folder, options)

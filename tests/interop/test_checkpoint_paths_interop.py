@@ -23,7 +23,7 @@ import torch
 
 import lightning_bridge as pytorch
 from lightning_bridge.experiment._cli import main
-from tests._cli_folders import BASE_CONFIG, write_folder
+from tests._cli_folders import BASE_CONFIG, kept_checkpoints, write_folder
 
 pytestmark = pytest.mark.interop
 pytest.importorskip("determined.pytorch")
@@ -70,7 +70,7 @@ def _run_checkpoint(root: pathlib.Path) -> pathlib.Path:
         assert main(["run", str(config)]) == 0
     finally:
         os.chdir(cwd)
-    (ckpt,) = [p for p in (folder / "checkpoints").iterdir() if p.is_dir()]
+    ckpt = kept_checkpoints()[-1]  # the run's last checkpoint, in the workspace
     moved = pathlib.Path(shutil.move(str(ckpt), root / "elsewhere"))
     shutil.rmtree(folder)
     for name in ("model_def", "train"):
