@@ -37,7 +37,9 @@ class _Agent:
     def patch(self) -> None:
         """Take over SIGTERM / SIGINT once the agent has started the workers (it installs
         its own handlers when it starts them)."""
-        original = self._api.PContext.start
+        original = getattr(getattr(self._api, "PContext", None), "start", None)
+        if original is None:  # a torch without it: torchrun's own signal handling stays
+            return
         agent = self
 
         def start(context: Any) -> None:
