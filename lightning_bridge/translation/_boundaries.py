@@ -31,7 +31,7 @@ from lightning_bridge.translation._lightning_compat import (
 )
 from lightning_bridge.translation._metrics import searcher_value
 from lightning_bridge.translation._module import TrialModule
-from lightning_bridge.translation._payload import save_checkpoint, trial_payload
+from lightning_bridge.translation._payload import capture_rng_state, save_checkpoint
 from lightning_bridge.translation._run_record import RunRecord
 from lightning_bridge.translation._stop import StopRequest
 
@@ -163,7 +163,13 @@ class TrialBoundaries(pl.Callback):
             except OSError as exc:
                 problem = f"checkpoint directory {self._checkpoint_dir}: {exc}"
             else:
-                problem = space_shortfall(self._checkpoint_dir, trial_payload(module))
+                # What every checkpoint holds at least (no callback's state: its hooks are
+                # called at a save, as in Determined, not here).
+                ctx = module.context
+                states = [m.state_dict() for m in ctx.models]
+                states += [o.state_dict() for o in ctx.optimizers]
+                states.append(capture_rng_state())
+                problem = space_shortfall(self._checkpoint_dir, states)
         problem = module.context.distributed.broadcast(problem)
         if problem:
             raise InvalidArgumentError(problem)
