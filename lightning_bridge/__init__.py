@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from lightning_bridge._errors import (
     BridgeError,
+    CheckpointWriteError,
     InvalidArgumentError,
     InvalidCheckpointError,
     InvalidHP,
@@ -93,6 +94,7 @@ def __dir__() -> list[str]:
 __all__ = [
     "Batch",
     "BridgeError",
+    "CheckpointWriteError",
     "DataLoader",
     "DistributedContext",
     "Epoch",

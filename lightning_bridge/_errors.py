@@ -46,6 +46,11 @@ class CheckpointRuntimeError(InvalidCheckpointError, RuntimeError):
     """A checkpoint that does not fit the trial, where Determined raises `RuntimeError`."""
 
 
+class CheckpointWriteError(BridgeError):
+    """A checkpoint could not be written (full disk, read-only or missing directory, ...);
+    the checkpoints written before it are intact."""
+
+
 class InvalidHP(Exception):
     """Raised by trial code when its hyperparameters cannot train (e.g. a model too large).
 

@@ -24,6 +24,7 @@ import torch
 from lightning_bridge._errors import InvalidArgumentError
 from lightning_bridge._version import __version__
 from lightning_bridge.checkpoint._code import CODE_DIR, copy_code
+from lightning_bridge.checkpoint._writable import tensor_bytes, write_failure
 
 logger = logging.getLogger("lightning_bridge")
 
@@ -88,6 +89,23 @@ def resolve_checkpoint(
     return path
 
 
+def _pointer_target(base_dir: pathlib.Path, pointer: pathlib.Path) -> pathlib.Path | None:
+    """The checkpoint `latest` names: a directory name of `base_dir`, else None (a damaged
+    pointer is skipped with a warning; the newest complete checkpoint is used instead)."""
+    try:
+        name = pointer.read_bytes()[:256].decode("utf-8").strip()
+    except (OSError, UnicodeDecodeError):
+        name = ""
+    if not name or name in (".", "..") or "/" in name or "\\" in name or "\0" in name:
+        logger.warning(
+            "%s does not name a checkpoint of %s; using the newest complete checkpoint there.",
+            pointer,
+            base_dir,
+        )
+        return None
+    return base_dir / name
+
+
 def latest_checkpoint_in(base_dir: pathlib.Path) -> pathlib.Path | None:
     """The checkpoint to continue from in a checkpoint directory, if any.
 
@@ -97,8 +115,8 @@ def latest_checkpoint_in(base_dir: pathlib.Path) -> pathlib.Path | None:
     """
     pointer = base_dir / LATEST_FILE
     if pointer.is_file():
-        named = base_dir / pointer.read_text().strip()
-        if (named / "metadata.json").is_file():
+        named = _pointer_target(base_dir, pointer)
+        if named is not None and (named / "metadata.json").is_file():
             return named
 
     def steps(path: pathlib.Path) -> int:
@@ -113,13 +131,6 @@ def latest_checkpoint_in(base_dir: pathlib.Path) -> pathlib.Path | None:
         if p.is_dir() and not p.name.startswith(".") and steps(p) >= 0
     ]
     return max(complete, key=steps) if complete else None
-
-
-def remove_partial_checkpoints(base_dir: pathlib.Path) -> None:
-    """Delete what an interrupted save left behind (never a complete checkpoint)."""
-    if base_dir.is_dir():
-        for leftover in base_dir.glob(".*.partial"):
-            shutil.rmtree(leftover, ignore_errors=True)
 
 
 def write_checkpoint(
@@ -138,12 +149,15 @@ def write_checkpoint(
     leaving out `base_dir` and `code_exclude`.
     """
     storage_id = str(uuid_lib.uuid4())
-    base_dir.mkdir(parents=True, exist_ok=True)
     final = base_dir / storage_id
     tmp = base_dir / f".{storage_id}.partial"
-    tmp.mkdir()
     try:
-        torch.save(payload, tmp / STATE_FILE)
+        base_dir.mkdir(parents=True, exist_ok=True)
+        tmp.mkdir()
+        # Through a Python file, so a failed write raises OSError with its errno (a full disk
+        # is ENOSPC), not torch's "unexpected pos" RuntimeError.
+        with open(tmp / STATE_FILE, "wb") as state_file:
+            torch.save(payload, state_file)
         with open(tmp / "trial_state.pkl", "wb") as f:
             pickle.dump(trial_state, f)
         with open(tmp / "load_data.json", "w") as f:
@@ -167,6 +181,10 @@ def write_checkpoint(
         os.replace(tmp, final)
         _fsync_dir(base_dir)
         _write_latest(base_dir, storage_id)
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        latest = latest_checkpoint_in(base_dir)
+        raise write_failure(base_dir, exc, tensor_bytes(payload), latest) from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

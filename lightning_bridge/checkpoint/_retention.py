@@ -4,6 +4,10 @@
 `save_experiment_best` keep the N best by the searcher metric (one trial is the whole
 experiment here, so the larger of the two applies); everything else is deleted once a newer
 checkpoint is complete. The newest checkpoint is always kept: it is what a run continues from.
+
+Each checkpoint records the ones kept before it (`history`), so a run continued from it
+(`resume`) applies the policy to those too, not only to the checkpoints it writes itself.
+
 A checkpoint is named by its local path (its name is its uuid); `remove` deletes it wherever it
 is stored (a local folder by default).
 """
@@ -55,6 +59,24 @@ class CheckpointRetention:
             smaller_is_better=bool(searcher.get("smaller_is_better", True)),
             remove=remove,
         )
+
+    def history(self) -> list[list[Any]]:
+        """The checkpoints kept so far, `[directory name, searcher metric or None]` in the
+        order written: what a checkpoint records for a run continued from it."""
+        return [[p.name, m] for p, m in self._written]
+
+    def resume(self, checkpoint: pathlib.Path, recorded: Any, metric: float | None) -> None:
+        """Continue the record of the run that wrote `checkpoint`: the checkpoints its
+        `history` names that still exist beside it, then `checkpoint` itself."""
+        written: list[tuple[pathlib.Path, float | None]] = []
+        for entry in recorded if isinstance(recorded, list) else []:
+            if not (isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], str)):
+                continue
+            name, value = entry
+            path = checkpoint.parent / name
+            if "/" not in name and name != checkpoint.name and path.is_dir():
+                written.append((path, float(value) if isinstance(value, (int, float)) else None))
+        self._written = [*written, (checkpoint, metric)]
 
     def track(self, path: pathlib.Path, metric: float | None) -> None:
         """Note a checkpoint an earlier run of the trial kept (oldest first), without pruning."""

@@ -19,8 +19,19 @@ import uuid as uuid_lib
 from typing import Any
 
 from lightning_bridge._errors import InvalidArgumentError, InvalidCheckpointError
+from lightning_bridge.checkpoint._writable import check_writable
 
 COMPLETE_MARK = "metadata.json"  # written last: its presence marks a complete checkpoint
+
+
+def _copy_tree(source: pathlib.Path, dest: pathlib.Path) -> None:
+    """Copy a directory, stopping at the first error with its own OSError (a full disk is
+    ENOSPC; `shutil.copytree` would go on and report every file as text)."""
+    for folder, _, files in os.walk(source):
+        into = dest / pathlib.Path(folder).relative_to(source)
+        into.mkdir(parents=True, exist_ok=True)
+        for name in files:
+            shutil.copy2(pathlib.Path(folder) / name, into / name)
 
 
 class CheckpointStorage:
@@ -75,8 +86,12 @@ class CheckpointStorage:
         # Another file system: copy beside the target, then rename into place.
         partial = target.parent / f".{target.name}.partial"
         shutil.rmtree(partial, ignore_errors=True)
-        shutil.copytree(local, partial)
-        os.replace(partial, target)
+        try:
+            _copy_tree(local, partial)
+            os.replace(partial, target)
+        except OSError:  # a full disk: nothing half-copied stays in storage
+            shutil.rmtree(partial, ignore_errors=True)
+            raise
         shutil.rmtree(local, ignore_errors=True)
 
     def _upload(self, local: pathlib.Path, remote: str) -> None:
@@ -151,10 +166,11 @@ class CheckpointStorage:
     def probe(self) -> None:
         """Write and delete a small object: bad credentials or a missing bucket fail here,
         before any training, with the storage named."""
+        if self.is_local:  # a folder: the reason in words (a file, a symlink loop, read-only)
+            check_writable(pathlib.Path(self.root))
+            return
         name = f"{self.root}/.lightning-bridge-probe-{uuid_lib.uuid4().hex}"
         try:
-            if self.is_local:
-                pathlib.Path(self.root).mkdir(parents=True, exist_ok=True)
             self.fs.pipe_file(name, b"probe")
             self.fs.rm_file(name)
         except Exception as exc:  # noqa: BLE001 - every back end raises its own errors

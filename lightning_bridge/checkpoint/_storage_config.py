@@ -51,6 +51,15 @@ def _join(*parts: str) -> str:
     return "/".join(p for p in parts if p)
 
 
+def _resolved(root: pathlib.Path) -> str:
+    """`root` resolved; as given (absolute) when it cannot be, e.g. a symbolic link loop,
+    which the storage's probe then reports."""
+    try:
+        return str(root.resolve())
+    except (OSError, RuntimeError):
+        return str(root.absolute())
+
+
 def storage_from_config(
     section: dict[str, Any] | None, default_root: pathlib.Path
 ) -> CheckpointStorage:
@@ -64,10 +73,10 @@ def storage_from_config(
     if kind == "shared_fs":
         host = pathlib.Path(os.path.expanduser(str(section["host_path"])))
         root = host / str(section.get("storage_path") or "")
-        return CheckpointStorage(kind, fsspec.filesystem("file"), str(root.resolve()))
+        return CheckpointStorage(kind, fsspec.filesystem("file"), _resolved(root))
     if kind == "directory":
         root = pathlib.Path(os.path.expanduser(str(section["container_path"])))
-        return CheckpointStorage(kind, fsspec.filesystem("file"), str(root.resolve()))
+        return CheckpointStorage(kind, fsspec.filesystem("file"), _resolved(root))
     if kind not in _BACKENDS:
         raise InvalidArgumentError(
             f"checkpoint_storage.type: expected one of {', '.join(STORAGE_TYPES)}, got {kind!r}"

@@ -10,7 +10,6 @@ model can be used for inference or inspection. Checkpoints of the pre-0.14 PyTor
 
 from __future__ import annotations
 
-import json
 import pathlib
 import warnings
 from typing import Any
@@ -18,23 +17,15 @@ from typing import Any
 import torch
 
 from lightning_bridge._errors import InvalidCheckpointError
+from lightning_bridge.checkpoint._bounded import read_load_data
 from lightning_bridge.checkpoint._models import entries, load_models
 from lightning_bridge.checkpoint._safe_load import load_state_file, read_metadata
 from lightning_bridge.contract._code_import import import_trial_class
 from lightning_bridge.contract._context import PyTorchTrialContext
 from lightning_bridge.contract._distributed import DistributedContext
+from lightning_bridge.contract._trial import is_trial_class
 
 TRUST_HINT = "load_trial_from_checkpoint_path(path, trust_checkpoint=True)"
-
-
-def _read_json(file: pathlib.Path) -> dict[str, Any]:
-    try:
-        data = json.loads(file.read_text())
-    except (OSError, ValueError) as exc:
-        raise InvalidCheckpointError(f"{file} is not valid JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise InvalidCheckpointError(f"{file} does not hold a JSON object.")
-    return data
 
 
 def _describe(ckpt: pathlib.Path) -> tuple[dict[str, Any], bool]:
@@ -45,7 +36,7 @@ def _describe(ckpt: pathlib.Path) -> tuple[dict[str, Any], bool]:
     """
     load_data_file = ckpt / "load_data.json"
     if load_data_file.is_file():
-        return _read_json(load_data_file), False
+        return read_load_data(load_data_file), False
     metadata = read_metadata(ckpt)
     config = metadata.get("experiment_config")
     if isinstance(config, dict) and isinstance(config.get("entrypoint"), str):
@@ -84,6 +75,12 @@ def _bare_model(trial: Any, payload: dict[str, Any]) -> torch.nn.Module | None:
     model = build_model()
     load_models([model], {"models_state_dict": states[:1]})
     return model
+
+
+def _kind(obj: Any) -> str:
+    if isinstance(obj, type):
+        return f"the class {obj.__module__}.{obj.__qualname__}"
+    return f"a {type(obj).__name__}"
 
 
 def load_trial_from_checkpoint_path(
@@ -127,6 +124,13 @@ def load_trial_from_checkpoint_path(
                 "load_trial_from_checkpoint_path(path, trial_class=MyTrial)."
             )
         trial_class = import_trial_class(spec, ckpt / "code")
+        if not is_trial_class(trial_class):
+            # load_data.json is data: what it names is only called once it is a trial class.
+            raise InvalidCheckpointError(
+                f"The checkpoint names {spec!r} as its trial class, but that is "
+                f"{_kind(trial_class)}, not a PyTorchTrial subclass, so it was not called; "
+                "pass trial_class=MyTrial."
+            )
     context = _context(description)
     trial = trial_class(context, **(trial_kwargs or {}))
     if maybe_pre_014:

@@ -95,9 +95,22 @@ def check_period(name: str, unit: Any) -> TrainUnit:
             f"{name} must be a Batch or Epoch, e.g. {name}=Batch(100) or {name}=Epoch(1); "
             f"got {unit!r} of type {type(unit).__name__}."
         )
-    if isinstance(unit.value, bool) or not isinstance(unit.value, (int, abc.Container)):
+    value = unit.value
+    if isinstance(value, bool) or not isinstance(value, (int, abc.Container)):
         raise InvalidArgumentError(
             f"{name} must hold an int period or a container schedule such as a list; got {unit!r}."
+        )
+    # A string is a container too (`step in "4"` fails at the first batch), as is a list of
+    # strings; a range holds integers by construction (and may be too long to look through).
+    if isinstance(value, (str, bytes)) or (
+        isinstance(value, abc.Iterable)
+        and not isinstance(value, range)
+        and any(isinstance(v, bool) or not isinstance(v, int) for v in value)
+    ):
+        kind = "epochs" if isinstance(unit, Epoch) else "batches"
+        raise InvalidArgumentError(
+            f"{name} must count {kind} with integers, e.g. {name}={type(unit).__name__}(4) or "
+            f"{type(unit).__name__}([2, 5]); got {unit!r}."
         )
     return unit
 

@@ -23,14 +23,16 @@ import importlib
 import logging
 import os
 import pathlib
+import signal
 import sys
 import traceback
 from collections.abc import Sequence
 from typing import Any
 
 from lightning_bridge import _logging
-from lightning_bridge._errors import BridgeError, InvalidArgumentError
+from lightning_bridge._errors import BridgeError, CheckpointWriteError, InvalidArgumentError
 from lightning_bridge._version import __version__
+from lightning_bridge.experiment._child import EntrypointFailed
 
 logger = logging.getLogger("lightning_bridge")
 
@@ -114,6 +116,11 @@ def _add_run(commands: Any, common: argparse.ArgumentParser) -> None:
         "--precision", default=None, help="Lightning precision: 32-true, bf16-mixed, 16-mixed"
     )
     run.add_argument("--strategy", default=None, help="Lightning strategy: ddp, fsdp, ...")
+    run.add_argument(
+        "--force",
+        action="store_true",
+        help="run more processes than CPU cores (oversubscribed) without asking",
+    )
     _search_options(run)
     run.set_defaults(handler=_run)
 
@@ -288,15 +295,19 @@ def _run(args: argparse.Namespace, from_command_line: bool) -> int:
         # Loaded after the config checks, so a config error answers at once.
         from lightning_bridge.experiment import _experiments
         from lightning_bridge.experiment._checkpoints import AlreadyComplete
+        from lightning_bridge.experiment._engine_settings import check_settings
         from lightning_bridge.experiment._summary import run_summary
         from lightning_bridge.record._registry import Registry
 
         _experiments.check_storage(plan)
+        check_settings(plan)
     except BridgeError as exc:
         print(f"lightning-bridge: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     if warning and _is_chief():
         logger.warning(warning)
+    if not _oversubscription_allowed(plan, args):
+        return EXIT_USAGE
     with Registry(args.workspace) as registry:
         try:
             experiment_id, trial = _experiments.start_experiment(
@@ -320,6 +331,13 @@ def _guarded(run: Any) -> int:
     """Run a trial: bridge errors as one message, the trial's own errors with a traceback."""
     try:
         code = int(run())
+    except EntrypointFailed as exc:  # a script ended by a signal, or not stopping after one
+        print(f"lightning-bridge: error: {exc}", file=sys.stderr)
+        return exc.code
+    except CheckpointWriteError as exc:
+        if _is_chief():  # the chief's failure, which every process shares
+            print(f"lightning-bridge: error: {exc}", file=sys.stderr)
+        return EXIT_FAILED
     except InvalidArgumentError as exc:
         print(f"lightning-bridge: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -336,6 +354,42 @@ def _guarded(run: Any) -> int:
         print(f"lightning-bridge: error: the entrypoint exited with code {code}", file=sys.stderr)
         return code if code > 0 else EXIT_FAILED
     return EXIT_OK
+
+
+def _oversubscription_allowed(plan: Any, args: argparse.Namespace) -> bool:
+    """More processes than devices is refused; more than CPU cores runs (slower) with
+    --force or when the user confirms at a terminal."""
+    from lightning_bridge.experiment._engine_settings import oversubscription
+
+    found = oversubscription(plan)
+    if found is None:
+        return True
+    if not found.allowed:
+        print(
+            f"lightning-bridge: error: {found.message}; lower resources.slots_per_trial "
+            "(or pass --devices N) to at most that.",
+            file=sys.stderr,
+        )
+        return False
+    if args.force:
+        logger.warning("%s: running them oversubscribed (--force), slower.", found.message)
+        return True
+    if sys.stdin is not None and sys.stdin.isatty():
+        try:
+            answer = input(
+                f"lightning-bridge: {found.message}; they will share the cores (slower). "
+                "Run anyway? [y/N] "
+            )
+        except EOFError:
+            answer = ""
+        if answer.strip().lower() in ("y", "yes"):
+            return True
+    print(
+        f"lightning-bridge: error: {found.message}; lower resources.slots_per_trial (or pass "
+        "--devices N), or pass --force to run them oversubscribed.",
+        file=sys.stderr,
+    )
+    return False
 
 
 def _trial(args: argparse.Namespace, from_command_line: bool) -> int:
@@ -393,4 +447,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     _logging.configure()
     args.from_command_line = argv is None
-    return int(args.handler(args, from_command_line=argv is None))
+    try:
+        return int(args.handler(args, from_command_line=argv is None))
+    except KeyboardInterrupt:  # outside training: a fit stops on SIGINT by itself
+        print("lightning-bridge: interrupted (no training was running)", file=sys.stderr)
+        return 128 + signal.SIGINT

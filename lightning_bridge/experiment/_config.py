@@ -23,6 +23,7 @@ import yaml
 from pydantic import BaseModel
 
 from lightning_bridge._errors import InvalidArgumentError
+from lightning_bridge.checkpoint._bounded import check_expanded_size
 from lightning_bridge.contract._units import Batch, Epoch, TrainUnit
 from lightning_bridge.experiment._config_schema import (
     IGNORED_KEYS,
@@ -377,6 +378,7 @@ def parse_config(config: Any, overrides: list[str] | None = None) -> ResolvedCon
     """Validate an experiment config (a dict, after `overrides`) and resolve its values."""
     if config is None:
         config = {}
+    check_expanded_size(config, "the experiment config")
     if not isinstance(config, dict):
         raise InvalidArgumentError(
             f"the experiment config must be a mapping of keys to values; got {_describe(config)}"

@@ -30,6 +30,7 @@ USED_KEYS = frozenset(
         "min_validation_period",
         "optimizations",
         "perform_initial_validation",
+        "preemption_timeout",
         "profiling",
         "records_per_epoch",
         "reproducibility",
@@ -50,7 +51,6 @@ IGNORED_KEYS = frozenset(
         "internal",
         "log_policies",
         "pbs",
-        "preemption_timeout",
         "retention_policy",
         "security",
         "slurm",
@@ -162,6 +162,8 @@ class ExperimentConfig(BaseModel):
     min_checkpoint_period: Period | None = None
     scheduling_unit: Annotated[StrictInt, Field(ge=1)] = 100
     perform_initial_validation: StrictBool = False
+    # Seconds a script entrypoint gets to checkpoint and exit after a stop signal.
+    preemption_timeout: Annotated[StrictInt, Field(gt=0)] | None = None
     optimizations: Optimizations = Field(default_factory=Optimizations)
     resources: Resources = Field(default_factory=Resources)
     checkpoint_storage: CheckpointStorage | None = None

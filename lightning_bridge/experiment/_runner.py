@@ -22,7 +22,6 @@ import os
 import pathlib
 import shlex
 import shutil
-import subprocess
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -32,10 +31,14 @@ from lightning_bridge._errors import InvalidArgumentError, InvalidTrialError
 from lightning_bridge.contract import _cluster_info
 from lightning_bridge.contract._units import Batch, Epoch, TrainUnit
 from lightning_bridge.experiment import _import_map
+from lightning_bridge.experiment._child import EntrypointFailed, run_child
 from lightning_bridge.experiment._config import ResolvedConfig, load_config
 from lightning_bridge.experiment._entrypoint import Entrypoint, parse_entrypoint
 
 logger = logging.getLogger("lightning_bridge")
+
+# Seconds a script entrypoint gets to stop after SIGTERM / SIGINT (config: preemption_timeout).
+DEFAULT_STOP_TIMEOUT = 300
 
 
 @dataclasses.dataclass
@@ -60,6 +63,7 @@ class Plan:
     context_dir: pathlib.Path
     entrypoint: Entrypoint
     options: Options
+    accelerator: str | None = None  # the accelerator Lightning will use (set by the checks)
 
     @property
     def processes(self) -> int:
@@ -70,6 +74,11 @@ class Plan:
 
     def experiment_config(self) -> dict[str, Any]:
         return self.config.experiment_config(self.context_dir)
+
+    @property
+    def stop_timeout(self) -> int:
+        """Seconds a script entrypoint gets to stop after a signal before it is killed."""
+        return self.config.model.preemption_timeout or DEFAULT_STOP_TIMEOUT
 
 
 @dataclasses.dataclass
@@ -251,7 +260,8 @@ def _length_record(unit: TrainUnit | None) -> list[Any] | None:
 
 def script_command(plan: Plan) -> list[str]:
     """The command a script entrypoint runs as: this interpreter for `python`, under torchrun
-    (`python -m torch.distributed.run --standalone --nproc_per_node N`) for N > 1 processes."""
+    (`--standalone --nproc_per_node N`, through `_torchrun` so that a stop signal ends the run
+    like one process's) for N > 1 processes."""
     command = list(plan.entrypoint.command)
     n = plan.processes
     if not plan.entrypoint.python:
@@ -265,7 +275,8 @@ def script_command(plan: Plan) -> list[str]:
     if n <= 1:
         return [sys.executable, *command[1:]]
     rest = command[1:]
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    torchrun = [sys.executable, "-m", "lightning_bridge.experiment._torchrun"]
+    torchrun += [f"--stop-timeout={plan.stop_timeout}", "--", "--standalone"]
     torchrun.append(f"--nproc_per_node={n}")
     if rest and rest[0] == "-m":
         return [*torchrun, "-m", *rest[1:]]
@@ -337,14 +348,21 @@ def _run_script(plan: Plan, trial: TrialRun) -> int:
     env["PYTHONPATH"] = os.pathsep.join(path)
     command = script_command(plan)
     logger.info("Running %s in %s", shlex.join(command), plan.context_dir)
+    # Under torchrun the agent enforces the timeout on the workers; the margin is its own.
+    margin = 30 if plan.processes > 1 else 0
     try:
-        return subprocess.call(command, cwd=plan.context_dir, env=env)
+        ended = run_child(
+            command, cwd=plan.context_dir, env=env, timeout=plan.stop_timeout, margin=margin
+        )
     except FileNotFoundError as exc:
         raise InvalidArgumentError(
             f"entrypoint: cannot run {command[0]!r} ({exc.strerror}); check the command."
         ) from None
     finally:
         shutil.rmtree(shim, ignore_errors=True)
+    if ended.killed or ended.code < 0 or (ended.forwarded and ended.code):
+        raise EntrypointFailed(ended.describe_failure(plan.stop_timeout), ended.exit_code)
+    return ended.code
 
 
 def execute(plan: Plan, trial: TrialRun) -> int:

@@ -4,8 +4,10 @@ After every batch it checks the four boundaries in Determined's order (training 
 validation period, checkpoint period, reporting period). When any is reached the reporting
 window closes, then validation, checkpoint and the stop request are handled in that order;
 when the training length is reached, a final validation and checkpoint run (unless current)
-and Lightning is told to stop. In a search, the trial also validates at its rung lengths and
-reports each validation to the searcher, whose stop ends the fit like a preemption.
+and Lightning is told to stop. A SIGTERM / SIGINT stop (agreed by every process, see `_stop`)
+comes after the batch's boundaries, so a stopped run has validated and checkpointed exactly
+what an uninterrupted one had at that batch. In a search, the trial also validates at its rung
+lengths and reports each validation to the searcher, whose stop ends the fit like a preemption.
 """
 
 from __future__ import annotations
@@ -14,14 +16,15 @@ import enum
 import logging
 import pathlib
 import signal
-import threading
 from typing import Any
 
 import lightning.pytorch as pl
 
-from lightning_bridge._errors import TrialRuntimeError
-from lightning_bridge.checkpoint._layout import remove_partial_checkpoints
+from lightning_bridge._errors import CheckpointWriteError, InvalidArgumentError, TrialRuntimeError
+from lightning_bridge.checkpoint._claim import DirectoryClaim
+from lightning_bridge.checkpoint._layout import EXTRAS_KEY
 from lightning_bridge.checkpoint._retention import CheckpointRetention
+from lightning_bridge.checkpoint._writable import directory_bytes, space_shortfall, write_failure
 from lightning_bridge.contract._units import Batch, Epoch, TrainUnit
 from lightning_bridge.translation._lightning_compat import (
     disable_scheduled_validation,
@@ -29,11 +32,16 @@ from lightning_bridge.translation._lightning_compat import (
 )
 from lightning_bridge.translation._metrics import searcher_value
 from lightning_bridge.translation._module import TrialModule
-from lightning_bridge.translation._payload import save_checkpoint
+from lightning_bridge.translation._payload import capture_rng_state, save_checkpoint
 from lightning_bridge.translation._run_record import RunRecord
 from lightning_bridge.translation._search_report import SearchReport
+from lightning_bridge.translation._stop import StopRequest
 
 logger = logging.getLogger("lightning_bridge")
+
+
+# The checkpoints kept before a checkpoint (retention), in the payload's bridge entry.
+RETENTION_KEY = "retention"
 
 
 class _Kind(enum.Enum):
@@ -84,7 +92,9 @@ class TrialBoundaries(pl.Callback):
         self.checkpoints: list[pathlib.Path] = []
         self.stopped_early = False
         self.preempted_by: str | None = None
-        self._previous_handlers: dict[int, Any] = {}
+        # SIGTERM / SIGINT: the handlers are installed by the Trainer for the whole fit.
+        self.stop = StopRequest()
+        self._claim = DirectoryClaim(checkpoint_dir)
 
     # ----- Lightning hooks -----
 
@@ -92,8 +102,8 @@ class TrialBoundaries(pl.Callback):
         module = self._module(pl_module)
         module._on_trial_schedule = True
         disable_scheduled_validation(trainer)
-        remove_partial_checkpoints(self._checkpoint_dir)
-        self._install_signal_handlers()
+        self._hold_directory(module)
+        self.stop.begin()
         if self._run_record is not None and module.is_chief:
             self._run_record.started()
         module.begin_training()
@@ -111,61 +121,71 @@ class TrialBoundaries(pl.Callback):
         batch_idx: int,
     ) -> None:
         module = self._module(pl_module)
-        if self.preempted_by is not None:
-            # A search's rung is not left for after the resume: validated before stopping.
-            rung = self._search is not None and _Kind.VALIDATE in self._reached(module)
-            self._preempt(trainer, module, validate=rung)
-            return
+        # Every process polls after every batch (the agreement is a collective).
+        stop_signal = self.stop.poll()
         reached = self._reached(module)
-        if not reached:
-            return
-        self._report_training(module, module.close_training_window())
-        state = module.state
-        for kind in reached:
-            if kind is _Kind.VALIDATE and not state.validation_is_current:
-                self._validate(trainer, module)
-            elif kind is _Kind.CHECKPOINT and not state.checkpoint_is_current:
-                self._checkpoint(module)
-            elif kind in (_Kind.TRAIN, _Kind.REPORT):
-                logger.debug("Trained %d batches", state.batches_trained)
-            if module.context.get_stop_requested() or self.search_stopped:
-                if not state.checkpoint_is_current:
+        if reached:
+            self._report_training(module, module.close_training_window())
+            state = module.state
+            for kind in reached:
+                if kind is _Kind.VALIDATE and not state.validation_is_current:
+                    self._validate(trainer, module)
+                elif kind is _Kind.CHECKPOINT and not state.checkpoint_is_current:
                     self._checkpoint(module)
-                self.stopped_early = True
-                trainer.should_stop = True
-                return
+                elif kind in (_Kind.TRAIN, _Kind.REPORT):
+                    logger.debug("Trained %d batches", state.batches_trained)
+                if module.context.get_stop_requested() or self.search_stopped:
+                    if not state.checkpoint_is_current:
+                        self._checkpoint(module)
+                    self.stopped_early = True
+                    trainer.should_stop = True
+                    return
         if self._remaining(module) <= 0:
             self._finish(trainer, module)
+        elif stop_signal:
+            self._preempt(trainer, module, stop_signal)
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._restore_signal_handlers()
+        self.stop.end()
+        self._claim.release()
 
     def on_exception(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
     ) -> None:
-        self._restore_signal_handlers()
+        self.stop.end(wait=False)
+        self._claim.release()
+
+    # ----- the checkpoint directory -----
+
+    def _hold_directory(self, module: TrialModule) -> None:
+        """The chief holds the checkpoint directory for the fit (removing what interrupted
+        saves left, unless another run uses it) and checks a checkpoint fits there; every
+        process learns the outcome, so all fail together before training."""
+        problem = None
+        if module.is_chief:
+            try:
+                self._claim.acquire()
+            except OSError as exc:
+                problem = f"checkpoint directory {self._checkpoint_dir}: {exc}"
+            else:
+                # What every checkpoint holds at least (no callback's state: its hooks are
+                # called at a save, as in Determined, not here).
+                ctx = module.context
+                states = [m.state_dict() for m in ctx.models]
+                states += [o.state_dict() for o in ctx.optimizers]
+                states.append(capture_rng_state())
+                problem = space_shortfall(self._checkpoint_dir, states)
+        problem = module.context.distributed.broadcast(problem)
+        if problem:
+            raise InvalidArgumentError(problem)
 
     # ----- preemption -----
 
-    def _install_signal_handlers(self) -> None:
-        """SIGTERM / SIGINT finish the current batch, checkpoint and end the fit cleanly."""
-        if threading.current_thread() is not threading.main_thread():
-            return
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            self._previous_handlers[sig] = signal.signal(sig, self._on_signal)
-
-    def _restore_signal_handlers(self) -> None:
-        for sig, handler in self._previous_handlers.items():
-            signal.signal(sig, handler)
-        self._previous_handlers = {}
-
-    def _on_signal(self, signum: int, frame: Any) -> None:
+    def _preempt(self, trainer: pl.Trainer, module: TrialModule, signum: int) -> None:
+        """Checkpoint (unless this batch's boundaries just did) and end the fit."""
         self.preempted_by = signal.Signals(signum).name
-
-    def _preempt(self, trainer: pl.Trainer, module: TrialModule, validate: bool = False) -> None:
-        self._report_training(module, module.close_training_window())
-        if validate and not module.state.validation_is_current:
-            self._validate(trainer, module)
+        if module._window:
+            self._report_training(module, module.close_training_window())
         if not module.state.checkpoint_is_current:
             self._checkpoint(module)
         self.stopped_early = True
@@ -256,32 +276,61 @@ class TrialBoundaries(pl.Callback):
         return better
 
     def _checkpoint(self, module: TrialModule, metrics: dict[str, Any] | None = None) -> None:
-        """The chief writes the checkpoint; every process learns its id."""
-        storage_id = ""
+        """The chief writes the checkpoint; every process learns its id (or its failure)."""
+        storage_id, failure = "", None
         if module.is_chief:
-            path, storage_id = save_checkpoint(module, self._checkpoint_dir)
-            self._record(module, path, metrics)
+            if metrics is None and module.state.validation_is_current:
+                metrics = module.last_validation_metrics
+            value = None
+            if metrics and self._searcher_metric in metrics:
+                value = float(metrics[self._searcher_metric])
+            entries = None
+            if self._retention is not None:
+                entries = {RETENTION_KEY: [self._retention.history(), value]}
+            try:
+                path, storage_id = save_checkpoint(module, self._checkpoint_dir, entries)
+                self._record(module, path, metrics, value)
+            except CheckpointWriteError as exc:
+                failure = str(exc)
         else:
             module.state.last_ckpt = module.state.batches_trained
-        storage_id = module.context.distributed.broadcast(storage_id)
+        storage_id, failure = module.context.distributed.broadcast((storage_id, failure))
+        if failure:
+            raise CheckpointWriteError(failure)
         for cb in module.trial_callbacks.values():
             cb.on_checkpoint_upload_end(uuid=storage_id)
 
     def _record(
-        self, module: TrialModule, path: pathlib.Path, metrics: dict[str, Any] | None
+        self,
+        module: TrialModule,
+        path: pathlib.Path,
+        metrics: dict[str, Any] | None,
+        value: float | None,
     ) -> None:
         self.checkpoints.append(path)
-        if metrics is None and module.state.validation_is_current:
-            metrics = module.last_validation_metrics
         if self._run_record is not None:
             state = module.state
-            self._run_record.checkpoint(
-                path, path.name, state.batches_trained, state.epochs_trained, metrics
-            )
+            try:
+                self._run_record.checkpoint(
+                    path, path.name, state.batches_trained, state.epochs_trained, metrics
+                )
+            except OSError as exc:  # moving it into checkpoint storage (a full disk there)
+                where = pathlib.Path(self._run_record.storage.root)
+                raise write_failure(where, exc, directory_bytes(path)) from None
         if self._retention is not None:
-            value = None
-            if metrics and self._searcher_metric in metrics:
-                value = float(metrics[self._searcher_metric])
             for removed in self._retention.record(path, value):
                 if removed in self.checkpoints:  # not one an earlier run of the trial kept
                     self.checkpoints.remove(removed)
+
+    def continue_retention(self, checkpoint: pathlib.Path, payload: dict[str, Any]) -> None:
+        """A run continued from `checkpoint` (in this checkpoint directory) applies the
+        retention policy to the checkpoints the run that wrote it kept, too."""
+        if self._retention is None:
+            return
+        if checkpoint.resolve().parent != self._checkpoint_dir.resolve():
+            return
+        recorded = (payload.get(EXTRAS_KEY) or {}).get(RETENTION_KEY)
+        if isinstance(recorded, list) and len(recorded) == 2:
+            history, value = recorded
+            metric = float(value) if isinstance(value, (int, float)) else None
+            self._retention.resume(checkpoint.resolve(), history, metric)

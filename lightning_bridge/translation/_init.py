@@ -19,10 +19,13 @@ import numpy as np
 import torch
 
 from lightning_bridge import _logging
-from lightning_bridge._errors import is_invalid_hp
+from lightning_bridge._errors import InvalidArgumentError, is_invalid_hp
+from lightning_bridge.checkpoint._bounded import check_expanded_size
 from lightning_bridge.contract import _cluster_info
 from lightning_bridge.contract._context import PyTorchTrialContext
+from lightning_bridge.contract._determined_compat import is_determined_object
 from lightning_bridge.contract._distributed import DistributedContext
+from lightning_bridge.translation._engine_check import check_engine
 from lightning_bridge.translation._search_report import end_invalid_hp
 
 
@@ -138,6 +141,24 @@ def init(
     hparams, exp_conf = given["hparams"], given["exp_conf"]
     aggregation_frequency, accelerator = given["aggregation_frequency"], given["accelerator"]
     devices, strategy, precision = given["devices"], given["strategy"], given["precision"]
+    if distributed is not None and not (
+        isinstance(distributed, DistributedContext)
+        or is_determined_object(distributed, "DistributedContext")
+    ):
+        raise InvalidArgumentError(
+            "init(distributed=...) takes a DistributedContext (e.g. "
+            "DistributedContext.from_torch_distributed()) or None (the launcher's processes); "
+            f"got {distributed!r}."
+        )
+    if exp_conf is not None:
+        check_expanded_size(exp_conf, "init(exp_conf=...)")
+    check_engine(
+        accelerator=accelerator,
+        devices=devices,
+        num_nodes=num_nodes,
+        strategy=strategy,
+        precision=precision,
+    )
     code_dir = given["code_dir"]
     dist = distributed if distributed is not None else DistributedContext()
     devices, num_nodes, strategy = _launch_settings(distributed, devices, num_nodes, strategy)

@@ -1,4 +1,4 @@
-"""The two places where the bridge reaches into Lightning's fit loop.
+"""The places where the bridge reaches into Lightning's fit loop.
 
 Determined validates at batch boundaries that Lightning's `val_check_interval` cannot express
 (schedules, epoch periods, "validate unless already current"), and in a fixed order with
@@ -6,6 +6,9 @@ checkpoints. So under `lightning_bridge.Trainer` Lightning's own validation sche
 off and the bridge runs Lightning's validation loop itself at Determined's moments. Both steps
 use the fit loop's attributes that have been stable across Lightning 2.x; if they move, the
 check below fails with a clear message instead of validating at the wrong time.
+
+Lightning's SIGTERM handler is also kept out: the bridge stops on signals itself (`_stop`),
+at a batch every process agrees on.
 """
 
 from __future__ import annotations
@@ -42,3 +45,14 @@ def run_validation(trainer: pl.Trainer) -> None:
         trainer.training = True
         if first_loop_iter is not None:
             connector._first_loop_iter = first_loop_iter
+
+
+def keep_signal_handlers(trainer: pl.Trainer) -> None:
+    """Keep Lightning from installing its SIGTERM handler for this fit.
+
+    Its handler broadcasts a tensor from inside the signal handler, which pairs with whatever
+    collective the other processes are in, and it ends the fit without a checkpoint; the
+    bridge's handlers (installed for the whole fit) stay in place instead."""
+    connector = getattr(trainer, "_signal_connector", None)
+    if connector is not None and hasattr(connector, "register_signal_handlers"):
+        connector.register_signal_handlers = lambda: None

@@ -160,11 +160,14 @@ def apply_payload(module: PayloadSource, payload: dict[str, Any]) -> None:
         _restore_gradients(module, grads)
 
 
-def save_checkpoint(module: PayloadSource, base_dir: pathlib.Path) -> tuple[pathlib.Path, str]:
+def save_checkpoint(
+    module: PayloadSource, base_dir: pathlib.Path, entries: dict[str, Any] | None = None
+) -> tuple[pathlib.Path, str]:
     """Write the trial's checkpoint under `base_dir/<uuid>`; returns its path and id.
 
     Fires the trial callbacks' save and write hooks in Determined's order (the caller fires
-    `on_checkpoint_upload_end` on every process once the id is shared).
+    `on_checkpoint_upload_end` on every process once the id is shared). `entries` join the
+    bridge's own entry of the payload (the boundaries' retention record).
     """
     state = module.state
     state.last_ckpt = state.batches_trained
@@ -175,7 +178,7 @@ def save_checkpoint(module: PayloadSource, base_dir: pathlib.Path) -> tuple[path
     extras = payload.pop(EXTRAS_KEY)
     for cb in module.trial_callbacks.values():
         cb.on_checkpoint_save_start(payload)
-    payload[EXTRAS_KEY] = extras
+    payload[EXTRAS_KEY] = {**extras, **(entries or {})}
     ctx = module.context
     final, storage_id = write_checkpoint(
         base_dir,

@@ -20,10 +20,12 @@ from lightning_bridge._errors import BridgeError, InvalidArgumentError, TrialTyp
 from lightning_bridge.checkpoint._layout import resolve_checkpoint
 from lightning_bridge.checkpoint._retention import CheckpointRetention
 from lightning_bridge.checkpoint._safe_load import read_checkpoint
+from lightning_bridge.checkpoint._writable import check_writable
 from lightning_bridge.contract import _cluster_info
 from lightning_bridge.contract._context import PyTorchTrialContext
 from lightning_bridge.contract._units import Batch, TrainUnit, check_length, check_period
 from lightning_bridge.translation._boundaries import TrialBoundaries
+from lightning_bridge.translation._lightning_compat import keep_signal_handlers
 from lightning_bridge.translation._module import TrialModule
 from lightning_bridge.translation._resume import starts_new_run
 from lightning_bridge.translation._run_record import RunRecord
@@ -158,11 +160,14 @@ class Trainer:
 
         engine: Any = getattr(ctx, "_engine", None)
         ckpt_dir = checkpoint_dir(ctx, engine.checkpoint_dir if engine else None)
+        check_writable(ckpt_dir)
         if latest_checkpoint is not None:
             latest_checkpoint = str(resolve_checkpoint(latest_checkpoint, ckpt_dir))
         module = TrialModule(
             self._trial, ctx, test_mode=test_mode, latest_checkpoint=latest_checkpoint
         )
+        payload: dict[str, Any] = {}
+        warm = False
         if latest_checkpoint is not None:
             payload, state = read_checkpoint(
                 latest_checkpoint, trusted=trust_checkpoint, trust_hint=TRUST_HINT
@@ -191,6 +196,10 @@ class Trainer:
             record=record,
             search=search,
         )
+        if latest_checkpoint is not None and record is None and not warm:
+            # A run continued outside the command: retention covers the checkpoints the run
+            # it continues kept (the command's record knows them itself).
+            boundaries.continue_retention(pathlib.Path(latest_checkpoint), payload)
         _logging.adopt_lightning()
         trainer = pl.Trainer(
             **lightning_settings(
@@ -202,6 +211,8 @@ class Trainer:
             )
         )
         self.lightning_trainer = trainer
+        keep_signal_handlers(trainer)
+        boundaries.stop.install()
         try:
             with warnings.catch_warnings():
                 for pattern in _ENGINE_WARNINGS:
@@ -219,6 +230,7 @@ class Trainer:
                 search.failed(exc)
             raise
         finally:
+            boundaries.stop.restore()
             module.shutdown()
             self.checkpoints = list(boundaries.checkpoints)
             self.last_validation_metrics = module.last_validation_metrics
