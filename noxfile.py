@@ -21,12 +21,24 @@ Sessions:
 - ``typecheck``: mypy on the package (configured in pyproject.toml).
 - ``interop``: the tests marked ``interop``, with determined==0.38.1 in the same venv.
 - ``examples``: every example end to end in test mode.
+- ``postgres``: the tests marked ``postgres`` against a PostgreSQL server the session starts on
+  127.0.0.1 (Debian's ``postgresql`` package, installed with apt-get when missing); skipped,
+  with the reason, when no server can be started.
+
+The end-to-end search tests (marker ``search``: trials as subprocesses) run in the tests
+session of the latest lightning only: they exercise the search's processes, not Lightning,
+whose side (validations at the rungs, the searcher's stop) every tests session checks in
+process.
 """
 
 from __future__ import annotations
 
 import os
+import pwd
 import shutil
+import socket
+import subprocess
+import tempfile
 import tomllib
 from collections.abc import Iterable
 from pathlib import Path
@@ -81,18 +93,22 @@ def _install_torch(session: nox.Session, lightning: str | None = None) -> str:
     constraints = Path(session.create_tmp()) / "constraints.txt"
     lines = [f"torch=={TORCH}"]
     if lightning is not None:
+        # lightning depends on the standalone pytorch_lightning package, whose modules the
+        # adapter accepts too: it must be the same release as the session's lightning.
         lines.append(f"lightning=={lightning}.*")
+        lines.append(f"pytorch-lightning=={lightning}.*")
     constraints.write_text("\n".join(lines) + "\n")
     return str(constraints)
 
 
 def _check_versions(session: nox.Session, lightning: str | None = None) -> None:
-    """Fail at once if an install replaced torch or lightning; log what is installed."""
+    """Fail at once if an install replaced torch or lightning (or pytorch-lightning, which
+    must match it); log what is installed."""
     out = session.run(
         "python",
         "-c",
         "import importlib.metadata as m\n"
-        "for name in ('torch', 'lightning'):\n"
+        "for name in ('torch', 'lightning', 'pytorch-lightning'):\n"
         "    try: print(name, m.version(name))\n"
         "    except m.PackageNotFoundError: print(name, '-')",
         silent=True,
@@ -101,8 +117,9 @@ def _check_versions(session: nox.Session, lightning: str | None = None) -> None:
     session.log("installed: " + ", ".join(f"{k} {v}" for k, v in versions.items()))
     if versions.get("torch", "-").split("+")[0] != TORCH:
         session.error(f"torch {versions.get('torch')} installed, torch=={TORCH} expected")
-    if lightning is not None and not versions.get("lightning", "-").startswith(lightning + "."):
-        session.error(f"lightning {versions.get('lightning')} installed, {lightning}.* expected")
+    for name in ("lightning", "pytorch-lightning"):
+        if lightning is not None and not versions.get(name, "-").startswith(lightning + "."):
+            session.error(f"{name} {versions.get(name)} installed, {lightning}.* expected")
 
 
 def _data_home(session: nox.Session) -> dict[str, str]:
@@ -130,9 +147,7 @@ def _pytest(
     session.run("pytest", *args, *session.posargs, env=env, success_codes=success)
 
 
-@nox.session(python=PYTHON)
-@nox.parametrize("lightning", LIGHTNING_MINORS, ids=[f"lightning-{v}" for v in LIGHTNING_MINORS])
-def tests(session: nox.Session, lightning: str) -> None:
+def _tests(session: nox.Session, lightning: str) -> None:
     """Unit and integration tests against one lightning minor version."""
     constraints = _install_torch(session, lightning)
     session.install("-c", constraints, f"lightning=={lightning}.*", "torchmetrics", *_extra("test"))
@@ -143,12 +158,24 @@ def tests(session: nox.Session, lightning: str) -> None:
         return
     # Exit code 5 is accepted only while the repository has no test file at all.
     allow_empty = None if _test_files() else "no test files under tests/ yet"
-    _pytest(
-        session,
-        ["-m", "not interop and not examples", "-q"],
-        _data_home(session),
-        allow_empty,
-    )
+    marks = "not interop and not examples and not postgres"
+    if lightning != LATEST_LIGHTNING:
+        marks += " and not search"
+    _pytest(session, ["-m", marks, "-q"], _data_home(session), allow_empty)
+
+
+def _register_tests(lightning: str) -> None:
+    """The session `tests-<minor>` (e.g. `./test -s tests-2.6`)."""
+
+    def tests(session: nox.Session) -> None:
+        _tests(session, lightning)
+
+    tests.__doc__ = f"Unit and integration tests against lightning {lightning}."
+    nox.session(python=PYTHON, name=f"tests-{lightning}")(tests)
+
+
+for _minor in LIGHTNING_MINORS:
+    _register_tests(_minor)
 
 
 @nox.session(python=PYTHON)
@@ -165,7 +192,8 @@ def lint(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def typecheck(session: nox.Session) -> None:
-    """mypy on the package, with torch, lightning, torchmetrics and numpy installed for types."""
+    """mypy on the package, with torch, lightning, torchmetrics, numpy and optuna installed for
+    types."""
     if not any((ROOT / "lightning_bridge").rglob("*.py")):
         session.log("no Python files in lightning_bridge/ yet: nothing to type-check")
         return
@@ -177,6 +205,7 @@ def typecheck(session: nox.Session) -> None:
         "torchmetrics",
         "numpy",
         *_extra("typecheck"),
+        *_extra("search"),
     )
     _check_versions(session, LATEST_LIGHTNING)
     session.run("mypy", "lightning_bridge")
@@ -213,12 +242,17 @@ def interop(session: nox.Session) -> None:
 # experiment config a Determined user submits) and a README.md. This session runs, with the
 # folder as working directory:
 #   lightning-bridge run const.yaml --test        (every example)
+#   lightning-bridge run OTHER.yaml --test        (each other experiment config of the folder)
 #   python train.py --test                        (where a Trainer-API train.py exists)
 #   torchrun --nproc_per_node=2 train.py --test   (the same script under torchrun)
 # and fails if any of them fails. A folder whose name starts with "_" or "." is not an example
 # (shared data, helpers); any other folder without a const.yaml is an error.
 def _example_commands(folder: Path, python: str) -> list[list[str]]:
     commands = [[python, "-m", "lightning_bridge", "run", "const.yaml", "--test"]]
+    # Every other experiment config of the folder too (a search trains its first trial).
+    for config in sorted(folder.glob("*.yaml")):
+        if config.name != "const.yaml" and "entrypoint" in config.read_text(encoding="utf-8"):
+            commands.append([python, "-m", "lightning_bridge", "run", config.name, "--test"])
     if (folder / "train.py").is_file():
         commands.append([python, "train.py", "--test"])
         commands.append(
@@ -281,3 +315,101 @@ def examples(session: nox.Session) -> None:
     session.log(f"examples: {len(failed)} command(s) failed")
     if failed:
         session.error(f"examples failed: {', '.join(failed)}")
+
+
+# The PostgreSQL server of the postgres session: Debian's binaries, a data directory of its
+# own, the loopback address, a free port. PostgreSQL refuses to run as root, so as root the
+# server runs as a dedicated system user.
+POSTGRES_USER = "lightning-bridge-pg"
+
+
+def _postgres_bin() -> Path | None:
+    """The newest installed PostgreSQL's bin folder (Debian's layout), or None."""
+    found = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"), key=lambda p: p.parent)
+    return found[-1].parent if found else None
+
+
+def _install_postgres(session: nox.Session) -> str | None:
+    """Install Debian's postgresql with apt-get when it is missing; a reason when it cannot."""
+    if _postgres_bin() is not None:
+        return None
+    if shutil.which("apt-get") is None:
+        return "PostgreSQL is not installed and there is no apt-get to install it"
+    if os.geteuid() != 0:
+        return "PostgreSQL is not installed and installing it with apt-get needs root"
+    env = {"DEBIAN_FRONTEND": "noninteractive"}
+    for command in (
+        ["apt-get", "update", "-qq"],
+        ["apt-get", "install", "-y", "-qq", "postgresql"],
+    ):
+        try:
+            session.run(*command, env=env, external=True)
+        except nox.command.CommandFailed:
+            return f"{' '.join(command)} failed"
+    return None if _postgres_bin() is not None else "apt-get installed no PostgreSQL server"
+
+
+def _as_server_user(command: list[str]) -> list[str]:
+    if os.geteuid() != 0:
+        return command
+    return ["runuser", "-u", POSTGRES_USER, "--", *command]
+
+
+def _start_postgres(session: nox.Session, folder: Path) -> tuple[str | None, str]:
+    """Start a server with its data in `folder`; (its URL, "") or (None, why not)."""
+    reason = _install_postgres(session)
+    binaries = _postgres_bin()
+    if reason is not None or binaries is None:
+        return None, reason or "no PostgreSQL server binaries"
+    if os.geteuid() == 0:
+        try:
+            pwd.getpwnam(POSTGRES_USER)
+        except KeyError:
+            session.run(
+                "useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin",
+                POSTGRES_USER, external=True,
+            )  # fmt: skip
+        shutil.chown(folder, user=POSTGRES_USER)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    data = folder / "data"
+    steps = [
+        [str(binaries / "initdb"), "-D", str(data), "-U", "postgres", "--auth=trust", "-E", "UTF8"],
+        [
+            str(binaries / "pg_ctl"), "-D", str(data), "-l", str(folder / "server.log"), "-w",
+            "-o", f"-h 127.0.0.1 -p {port} -k {folder}", "start",
+        ],
+    ]  # fmt: skip
+    for step in steps:
+        done = subprocess.run(_as_server_user(step), capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            return None, f"{Path(step[0]).name} failed: {(done.stderr or done.stdout).strip()}"
+    return f"postgresql://postgres@127.0.0.1:{port}/postgres", ""
+
+
+@nox.session(python=PYTHON)
+def postgres(session: nox.Session) -> None:
+    """The tests marked ``postgres``, against a PostgreSQL server started for the session."""
+    folder = Path(tempfile.mkdtemp(prefix="lightning-bridge-pg-"))
+    folder.chmod(0o755)
+    url, reason = _start_postgres(session, folder)
+    if url is None:
+        shutil.rmtree(folder, ignore_errors=True)
+        session.skip(f"no PostgreSQL server could be started: {reason}")
+    try:
+        constraints = _install_torch(session, LATEST_LIGHTNING)
+        session.install(
+            "-c", constraints, f"lightning=={LATEST_LIGHTNING}.*", "torchmetrics", *_extra("test")
+        )
+        session.install("-c", constraints, "-e", ".")
+        _check_versions(session, LATEST_LIGHTNING)
+        session.log(f"PostgreSQL server at {url}")
+        env = {**_data_home(session), "LIGHTNING_BRIDGE_TEST_POSTGRES": url}
+        _pytest(session, ["-m", "postgres", "-q", "-rs"], env, None)
+    finally:
+        binaries = _postgres_bin()
+        if binaries is not None:
+            stop = [str(binaries / "pg_ctl"), "-D", str(folder / "data"), "-m", "fast", "stop"]
+            subprocess.run(_as_server_user(stop), capture_output=True, check=False)
+        shutil.rmtree(folder, ignore_errors=True)

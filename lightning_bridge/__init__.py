@@ -4,56 +4,103 @@
 names, the same semantics, with Lightning's engine (strategies, precision, loggers, progress
 bars, profilers) underneath. `TrialModule` is the generated LightningModule, usable with any
 `lightning.Trainer`.
+
+The public names are loaded on first use: `import lightning_bridge` costs nothing, so the
+`lightning-bridge` command answers `--help`, `--version` and config errors at once and imports
+torch and Lightning only when a trial trains.
 """
 
+from __future__ import annotations
+
+import importlib
 from typing import TYPE_CHECKING, Any
 
-from lightning_bridge import samplers
 from lightning_bridge._errors import (
     BridgeError,
+    CheckpointWriteError,
     InvalidArgumentError,
     InvalidCheckpointError,
+    InvalidHP,
     InvalidTrialError,
 )
 from lightning_bridge._version import __version__
-from lightning_bridge.contract._callback import PyTorchCallback
-from lightning_bridge.contract._context import PyTorchTrialContext
-from lightning_bridge.contract._data import DataLoader, TorchData, data_length, to_device
-from lightning_bridge.contract._distributed import DistributedContext
-from lightning_bridge.contract._experimental import PyTorchExperimentalContext
-from lightning_bridge.contract._load import load_trial_from_checkpoint_path
-from lightning_bridge.contract._lr_scheduler import LRScheduler
-from lightning_bridge.contract._reducer import MetricReducer, Reducer
-from lightning_bridge.contract._trial import PyTorchTrial
-from lightning_bridge.contract._units import Batch, Epoch, TrainUnit
-from lightning_bridge.translation._init import init
-from lightning_bridge.translation._module import TrialModule
-from lightning_bridge.translation._trainer import Trainer
+from lightning_bridge.contract._code_import import on_missing_determined
+from lightning_bridge.experiment import _import_map
+
+# Trial code in a checkpoint's code/ folder imports `determined`; where Determined is not
+# installed, load_trial_from_checkpoint_path maps it onto the bridge, as `lightning-bridge run`
+# does.
+on_missing_determined(_import_map.install)
 
 if TYPE_CHECKING:
+    from lightning_bridge import samplers
     from lightning_bridge.adapter._classes import LightningAdapter, lightning_trial
+    from lightning_bridge.contract._callback import PyTorchCallback
+    from lightning_bridge.contract._context import PyTorchTrialContext
+    from lightning_bridge.contract._data import DataLoader, TorchData, data_length, to_device
+    from lightning_bridge.contract._distributed import DistributedContext
+    from lightning_bridge.contract._experimental import PyTorchExperimentalContext
+    from lightning_bridge.contract._load import load_trial_from_checkpoint_path
+    from lightning_bridge.contract._lr_scheduler import LRScheduler
+    from lightning_bridge.contract._reducer import MetricReducer, Reducer
+    from lightning_bridge.contract._trial import PyTorchTrial
+    from lightning_bridge.contract._units import Batch, Epoch, TrainUnit
+    from lightning_bridge.translation._init import init
+    from lightning_bridge.translation._module import TrialModule
+    from lightning_bridge.translation._trainer import Trainer
 
-# The Lightning adapter reuses Lightning's private helpers; it is imported on first use so
-# that a Lightning release which moved one breaks only the adapter, with its own message.
-_LAZY = {"LightningAdapter", "lightning_trial"}
+# Public name -> the module that defines it. The Lightning adapter reuses Lightning's private
+# helpers, so a Lightning release which moved one breaks only the adapter, with its message.
+_LAZY = {
+    "Batch": "lightning_bridge.contract._units",
+    "DataLoader": "lightning_bridge.contract._data",
+    "DistributedContext": "lightning_bridge.contract._distributed",
+    "Epoch": "lightning_bridge.contract._units",
+    "LightningAdapter": "lightning_bridge.adapter._classes",
+    "LRScheduler": "lightning_bridge.contract._lr_scheduler",
+    "MetricReducer": "lightning_bridge.contract._reducer",
+    "PyTorchCallback": "lightning_bridge.contract._callback",
+    "PyTorchExperimentalContext": "lightning_bridge.contract._experimental",
+    "PyTorchTrial": "lightning_bridge.contract._trial",
+    "PyTorchTrialContext": "lightning_bridge.contract._context",
+    "Reducer": "lightning_bridge.contract._reducer",
+    "TorchData": "lightning_bridge.contract._data",
+    "TrainUnit": "lightning_bridge.contract._units",
+    "Trainer": "lightning_bridge.translation._trainer",
+    "TrialModule": "lightning_bridge.translation._module",
+    "data_length": "lightning_bridge.contract._data",
+    "init": "lightning_bridge.translation._init",
+    "lightning_trial": "lightning_bridge.adapter._classes",
+    "load_trial_from_checkpoint_path": "lightning_bridge.contract._load",
+    "to_device": "lightning_bridge.contract._data",
+}
 
 
 def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        from lightning_bridge.adapter import _classes
+    if name == "samplers":
+        return importlib.import_module("lightning_bridge.samplers")
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'lightning_bridge' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
 
-        return getattr(_classes, name)
-    raise AttributeError(f"module 'lightning_bridge' has no attribute {name!r}")
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
 
 
 __all__ = [
     "Batch",
     "BridgeError",
+    "CheckpointWriteError",
     "DataLoader",
     "DistributedContext",
     "Epoch",
     "InvalidArgumentError",
     "InvalidCheckpointError",
+    "InvalidHP",
     "InvalidTrialError",
     "LightningAdapter",
     "LRScheduler",

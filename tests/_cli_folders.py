@@ -16,10 +16,14 @@ import yaml
 from lightning_bridge.experiment import _import_map
 
 # A trial written for Determined: it imports `determined.pytorch`, nothing of the bridge. It
-# appends one line per validation to events.jsonl in the working directory.
+# appends one line per validation to events.jsonl in the working directory. For the stop and
+# upload tests: `STOP_AT_BATCH=N` in the environment sends the trial's own process SIGTERM
+# while it trains batch N; hyperparameter `ballast: N` adds an N-float buffer to the model
+# (a checkpoint that takes a while to upload).
 MODEL_DEF = """
 import json
 import os
+import signal
 
 import torch
 from determined import pytorch
@@ -54,7 +58,10 @@ class LinearTrial(pytorch.PyTorchTrial):
         torch.manual_seed(0)
         if context.get_hparams().get("fail") == "init":
             raise RuntimeError("deliberate failure in __init__")
-        self.model = context.wrap_model(torch.nn.Linear(4, 1))
+        model = torch.nn.Linear(4, 1)
+        if context.get_hparams().get("ballast"):
+            model.register_buffer("ballast", torch.zeros(int(context.get_hparam("ballast"))))
+        self.model = context.wrap_model(model)
         self.opt = context.wrap_optimizer(
             torch.optim.SGD(self.model.parameters(), lr=context.get_hparam("lr"))
         )
@@ -86,6 +93,8 @@ class LinearTrial(pytorch.PyTorchTrial):
         return pytorch.DataLoader(Data(32, 1), batch_size=16)
 
     def train_batch(self, batch, epoch_idx, batch_idx):
+        if os.environ.get("STOP_AT_BATCH") == str(batch_idx):
+            os.kill(os.getpid(), signal.SIGTERM)
         x, y = batch
         loss = torch.nn.functional.mse_loss(self.model(x), y)
         self.context.backward(loss)
@@ -196,3 +205,23 @@ def isolated_imports() -> Iterator[None]:
     _import_map.uninstall()
     sys.path[:] = path
     sys.modules.pop("model_def", None)
+
+
+def kept_checkpoints(
+    experiment_id: int | None = None, workspace: pathlib.Path | None = None
+) -> list[pathlib.Path]:
+    """The checkpoint directories the record keeps for an experiment (default: the newest),
+    oldest batch first; local storage only."""
+    from lightning_bridge.experiment._checkpoints import storage_of
+    from lightning_bridge.record._registry import Registry
+
+    with Registry(workspace) as registry:
+        if experiment_id is None:
+            experiment_id = registry.experiments()[-1].id
+        experiment = registry.experiment(experiment_id)
+        found = []
+        for checkpoint in registry.checkpoints(experiment_id=experiment_id):
+            path = storage_of(registry, experiment, checkpoint.trial_id).local_path(checkpoint.uuid)
+            assert path is not None and path.is_dir(), checkpoint
+            found.append(path)
+    return found

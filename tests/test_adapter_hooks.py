@@ -9,7 +9,15 @@ import torch
 from torch.utils.data import DataLoader
 
 import lightning_bridge as bridge
-from tests._adapter_modules import BRIDGE_INIT, Net, make_data, run_lightning, run_trial, weights
+from tests._adapter_modules import (
+    BRIDGE_INIT,
+    ManualNet,
+    Net,
+    make_data,
+    run_lightning,
+    run_trial,
+    weights,
+)
 
 HPARAMS = {"global_batch_size": 8, "lr": 0.1}
 HOOKS = [
@@ -79,15 +87,6 @@ class Recording(Net):
         return DataLoader(make_data(8, 2), batch_size=8)
 
 
-def _epoch_end_before_validation(calls: list[str]) -> list[str]:
-    """Lightning's order with on_train_epoch_end moved before the epoch's validation."""
-    out = list(calls)
-    i = out.index("on_train_epoch_end")
-    out.pop(i)
-    out.insert(out.index("on_validation_model_eval"), "on_train_epoch_end")
-    return out
-
-
 def test_hooks_run_in_lightnings_order() -> None:
     expected = Recording()
     run_lightning(expected, epochs=1, gradient_clip_val=0.5)
@@ -99,7 +98,9 @@ def test_hooks_run_in_lightnings_order() -> None:
         **BRIDGE_INIT,
     )
     got = trial.lightning_module
-    assert got.calls == _epoch_end_before_validation(expected.calls)
+    # Validation at the epoch's end runs before on_train_epoch_end, as in Lightning.
+    assert got.calls == expected.calls
+    assert got.calls.index("on_validation_end") < got.calls.index("on_train_epoch_end")
     assert got.seen == expected.seen == [(0, 0, True), (0, 1, True)]
     assert torch.allclose(got.body.weight, expected.body.weight)
 
@@ -172,19 +173,12 @@ class ReadsTrainer(Net):
 
 
 def test_stand_in_trainer_answers_and_names_what_it_lacks() -> None:
-    with pytest.raises(AttributeError, match=r"self\.trainer\.estimated_stepping_batches"):
+    # Without an experiment config the trial's length is unknown when the module asks.
+    with pytest.raises(
+        bridge.InvalidTrialError,
+        match=r"self\.trainer\.estimated_stepping_batches`, but the trial's length is not known",
+    ):
         run_trial(bridge, bridge.lightning_trial(ReadsTrainer), HPARAMS, **BRIDGE_INIT)
-
-
-class NoValidation(Net):
-    validation_step = None  # type: ignore[assignment]
-
-
-class WithCallbacks(Net):
-    def configure_callbacks(self) -> Any:
-        import lightning.pytorch as pl
-
-        return [pl.callbacks.EarlyStopping(monitor="val_loss")]
 
 
 class LBFGSNet(Net):
@@ -207,30 +201,82 @@ class NeedsArg(Net):
         super().__init__(lr=lr)
 
 
+class Pruned(Net):
+    def configure_callbacks(self) -> Any:
+        from lightning.pytorch.callbacks import BackboneFinetuning
+
+        return [BackboneFinetuning(unfreeze_backbone_at_epoch=1)]
+
+
+class BatchNormSWA(Net):
+    def __init__(self, lr: float = 0.1, batch_size: int = 8) -> None:
+        super().__init__(lr=lr, batch_size=batch_size)
+        self.norm = torch.nn.BatchNorm1d(6)
+
+    def configure_callbacks(self) -> Any:
+        from lightning.pytorch.callbacks import StochasticWeightAveraging
+
+        return StochasticWeightAveraging(swa_lrs=0.01)
+
+
+class Checkpointing(Net):
+    def configure_callbacks(self) -> Any:
+        from lightning.pytorch.callbacks import ModelCheckpoint
+
+        return [ModelCheckpoint(monitor="val_acc", mode="max")]
+
+
+class TrainLoaders(Net):
+    def train_dataloader(self) -> Any:
+        return [DataLoader(make_data(8, 2)), DataLoader(make_data(8, 3))]
+
+
+SEARCHER = {"searcher": {"metric": "val_loss", "smaller_is_better": True}}
+
+
 @pytest.mark.parametrize(
-    ("module_cls", "hparams", "match"),
+    ("module_cls", "hparams", "conf", "match"),
     [
-        (NoValidation, {}, "no validation_step"),
-        (WithCallbacks, {}, r"configure_callbacks\(\) returned Lightning callbacks"),
-        (LBFGSNet, {}, "LBFGS"),
-        (TwoOptimizersAutomatic, {}, "multiple optimizers is only supported with manual"),
-        (IterStep, {}, r"training_step\(dataloader_iter\)"),
-        (NeedsArg, {}, "needs 'depth'"),
+        (LBFGSNet, {}, None, "LBFGS"),
+        (TwoOptimizersAutomatic, {}, None, "multiple optimizers is only supported with manual"),
+        (IterStep, {}, None, r"training_step\(dataloader_iter\)"),
+        (NeedsArg, {}, None, "needs 'depth'"),
+        (NeedsArg, {"depth": None}, None, r"takes 'depth' without a default.*give null"),
+        (Pruned, {}, None, r"BackboneFinetuning is not supported by LightningAdapter: it adds"),
+        (BatchNormSWA, {}, None, r"StochasticWeightAveraging on a module with BatchNorm"),
+        (Checkpointing, {}, SEARCHER,
+         r"ModelCheckpoint\(monitor='val_acc', mode='max'\).*set searcher\.metric: val_acc"),
+        (Net, {"max_epochs": 3}, None,
+         r"hparams\['max_epochs'\] is a lightning\.Trainer argument.*searcher\.max_length"),
+        (Net, {"val_check_interval": 3}, None, r"min_validation_period"),
+        (Net, {"precision": "8-bit"}, None, r"hparams\['precision'\] is '8-bit'"),
+        (ManualNet, {"accumulate_grad_batches": 2}, None,
+         r"Automatic gradient accumulation is not supported for manual optimization"),
+        (ManualNet, {"gradient_clip_val": 0.5}, None,
+         r"Automatic gradient clipping is not supported for manual optimization"),
     ],
-)
+)  # fmt: skip
 def test_unsupported_modules_fail_at_construction(
-    module_cls: type, hparams: dict[str, Any], match: str
+    module_cls: type, hparams: dict[str, Any], conf: dict[str, Any] | None, match: str
 ) -> None:
-    with bridge.init(hparams={**HPARAMS, **hparams}, **BRIDGE_INIT) as ctx:
+    exp_conf = None if conf is None else {**conf, "hyperparameters": HPARAMS}
+    with bridge.init(hparams={**HPARAMS, **hparams}, exp_conf=exp_conf, **BRIDGE_INIT) as ctx:
         with pytest.raises(bridge.InvalidTrialError, match=match):
             bridge.lightning_trial(module_cls)(ctx)
 
 
-def test_aggregation_frequency_is_refused() -> None:
-    conf = {"optimizations": {"aggregation_frequency": 2}, "hyperparameters": HPARAMS}
-    with bridge.init(hparams=HPARAMS, exp_conf=conf, **BRIDGE_INIT) as ctx:
-        with pytest.raises(bridge.InvalidTrialError, match="aggregation_frequency"):
-            bridge.lightning_trial(Net)(ctx)
+def test_aggregation_frequency_must_divide_the_epoch() -> None:
+    # Net's epoch is 8 batches: an aggregation of 3 cannot step where Lightning steps.
+    with bridge.init(hparams=HPARAMS, aggregation_frequency=3, **BRIDGE_INIT) as ctx:
+        trial = bridge.lightning_trial(Net)(ctx)
+        assert trial.lightning_module.trainer.accumulate_grad_batches == 3
+        with pytest.raises(bridge.InvalidTrialError, match="aggregation_frequency is 3 but an"):
+            trial.build_training_data_loader()
+
+
+def test_several_training_loaders_are_refused() -> None:
+    with pytest.raises(bridge.InvalidTrialError, match=r"train_dataloader\(\) returned 2 data"):
+        run_trial(bridge, bridge.lightning_trial(TrainLoaders), HPARAMS, **BRIDGE_INIT)
 
 
 def test_lightning_trial_checks_its_arguments() -> None:
@@ -238,16 +284,8 @@ def test_lightning_trial_checks_its_arguments() -> None:
         bridge.lightning_trial(torch.nn.Linear)
     with pytest.raises(bridge.InvalidTrialError, match="base"):
         bridge.lightning_trial(Net, base=object)
-
-
-class TwoLoaders(Net):
-    def val_dataloader(self) -> Any:
-        return [DataLoader(make_data(8, 2)), DataLoader(make_data(8, 3))]
-
-
-def test_several_validation_loaders_are_refused() -> None:
-    with pytest.raises(bridge.InvalidTrialError, match=r"val_dataloader\(\) returned 2 data"):
-        run_trial(bridge, bridge.lightning_trial(TwoLoaders), HPARAMS, **BRIDGE_INIT)
+    with pytest.raises(bridge.InvalidTrialError, match="callbacks"):
+        bridge.lightning_trial(Net, callbacks="EarlyStopping")  # type: ignore[arg-type]
 
 
 class Stateful(Net):

@@ -54,7 +54,7 @@ def test_malicious_state_dict_is_refused_and_never_runs(
     state["callbacks"] = {"evil": _RunsCode(marker)}
     torch.save(state, checkpoint / "state_dict.pth")
     err = _resume(checkpoint)
-    assert "not loaded and nothing in it ran" in str(err) and "trusted=True" in str(err)
+    assert "not loaded and nothing in it ran" in str(err) and "trust_checkpoint=True" in str(err)
     assert not marker.exists()
     with pytest.raises(pytorch.InvalidCheckpointError):
         pytorch.load_trial_from_checkpoint_path(checkpoint)

@@ -12,14 +12,17 @@ from typing import Any
 
 import pytest
 import torch
+import yaml
 
 import lightning_bridge as pytorch
 from lightning_bridge.experiment import _import_map
 from lightning_bridge.experiment._cli import main
+from lightning_bridge.experiment._config import parse_config
 from tests._cli_folders import (  # isolated_imports: an autouse fixture
     BASE_CONFIG,
     checkpoint_weights,
     isolated_imports,  # noqa: F401
+    kept_checkpoints,
     steps_completed,
     validations,
     write_folder,
@@ -35,16 +38,15 @@ def _config(**changes: Any) -> dict[str, Any]:
 
 
 def _checkpoints(folder: pathlib.Path) -> list[pathlib.Path]:
-    return sorted(
-        (p for p in (folder / "checkpoints").iterdir() if p.is_dir()),
-        key=steps_completed,
-    )
+    """The checkpoints the newest experiment kept (the folder's run wrote none beside it)."""
+    assert not (folder / "checkpoints").exists()
+    return sorted(kept_checkpoints(), key=steps_completed)
 
 
 def test_runs_an_unchanged_trial_folder(
     tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    config = write_folder(tmp_path, _config(max_restarts=0, environment={"image": "x"}))
+    config = write_folder(tmp_path, _config(max_restarts=3, environment={"image": "x"}))
     folder = config.parent
     assert main(["run", str(config)]) == 0
     out, err = capsys.readouterr()
@@ -61,16 +63,26 @@ def test_runs_an_unchanged_trial_folder(
         "size": 1,
         "metric": "validation_loss",
     }
-    # The table: last validation metric, the checkpoint directory and its checkpoints.
+    # The summary: last validation metric, the best checkpoint, the logs and TensorBoard.
+    workspace = tmp_path / "xdg" / "lightning-bridge"
+    assert "Experiment 1 (linear)" in out
+    assert "Trial 1: COMPLETED after 16 batches (2 epochs)" in out
     assert "Last validation metrics" in out
     assert f"validation_loss  {losses[-1]:.6f}" in out
-    assert f"Checkpoint directory: {folder / 'checkpoints'}" in out
     kept = _checkpoints(folder)
-    assert kept and all(str(p) in out for p in kept)
-    assert steps_completed(kept[-1]) == 16
+    assert len(kept) == 1 and steps_completed(kept[-1]) == 16  # latest = best: one kept
+    assert f"Best checkpoint: {kept[-1].name} (batch 16, validation_loss" in out
+    assert f"Log directory: {workspace / 'experiments' / '1'}" in out
+    assert f"TensorBoard: tensorboard --logdir {workspace / 'experiments' / '1'}\n" in out
+    assert (workspace / "experiments" / "1" / "trials" / "1" / "tensorboard").is_dir()
+    # Nothing is written beside the code: no log folder can shadow a package there.
+    assert sorted(p.name for p in folder.iterdir()) == [
+        "const.yaml", "events.jsonl", "model_def.py", "seen.json", "train.py",
+    ]  # fmt: skip
     # One warning lists the Determined keys the run does not use.
     assert err.count("not used by lightning-bridge") == 1
-    assert "environment, max_restarts" in err
+    assert "environment, max_restarts (a failed trial is not restarted" in err
+    assert "Tip:" not in out + err
 
 
 def test_matches_the_same_trial_trained_directly(tmp_path: pathlib.Path) -> None:
@@ -173,7 +185,10 @@ def test_checkpoint_storage_and_policy(tmp_path: pathlib.Path) -> None:
     store = config.parent / "store" / "ckpts"
     kept = [p for p in store.iterdir() if p.is_dir()]
     assert len(kept) == 1 and steps_completed(kept[0]) == 16
-    assert not (config.parent / "checkpoints").exists()
+    assert kept == _checkpoints(config.parent)
+    # Written in the trial's folder, then moved into the storage: nothing left behind.
+    staging = tmp_path / "xdg" / "lightning-bridge" / "experiments" / "1" / "trials" / "1"
+    assert not [p for p in (staging / "checkpoints").iterdir() if p.is_dir()]
 
 
 def test_bad_config_exits_2_with_the_key_path(
@@ -190,19 +205,33 @@ def test_bad_config_exits_2_with_the_key_path(
     assert not validations(config.parent)
 
 
-def test_search_form_names_the_key_and_the_set_fix(
+def test_a_search_in_test_mode_trains_its_first_configuration(
     tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     hparams = {
         "global_batch_size": 8,
         "lr": {"type": "log", "base": 10, "minval": -3, "maxval": -1},
     }
-    config = write_folder(tmp_path, _config(hyperparameters=hparams))
-    assert main(["run", str(config)]) == 2
-    err = capsys.readouterr().err
-    assert "hyperparameters.lr: a log search range" in err
-    assert "--set hyperparameters.lr=VALUE" in err
-    assert main(["run", str(config), "--set", "hyperparameters.lr=0.05", "--test"]) == 0
+    searcher = {"name": "random", "metric": "validation_loss", "max_trials": 4}
+    config = write_folder(
+        tmp_path,
+        _config(hyperparameters=hparams, searcher={**BASE_CONFIG["searcher"], **searcher}),
+    )
+    # Test mode (Determined's runs one trial): the configuration the search draws first.
+    assert main(["run", str(config), "--test"]) == 0
+    seen = json.loads((config.parent / "seen.json").read_text())
+    resolved = parse_config(yaml.safe_load(config.read_text()))
+    assert seen["hparams"]["lr"] == resolved.first_configuration().hparams["lr"]
+    # One trial: the single searcher samples the range once, from the experiment seed.
+    assert main(["run", str(config), "--set", "searcher.name=single", "--test"]) == 0
+    seen = json.loads((config.parent / "seen.json").read_text())
+    expected = parse_config(yaml.safe_load(config.read_text()), ["searcher.name=single"])
+    assert seen["hparams"]["lr"] == expected.hparams["lr"]
+    assert 1e-3 <= seen["hparams"]["lr"] <= 1e-1
+    # --storage is a search's; a config of one trial refuses it.
+    capsys.readouterr()
+    assert main(["run", str(config), "--set", "searcher.name=single", "--storage", "s"]) == 2
+    assert "--storage keeps the state of a hyperparameter search" in capsys.readouterr().err
 
 
 def test_trial_errors_exit_1(tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -215,7 +244,7 @@ def test_trial_errors_exit_1(tmp_path: pathlib.Path, capsys: pytest.CaptureFixtu
     # A bridge error (bad input at run time): its message only.
     assert main(["run", str(config), "--resume", "latest"]) == 2
     err = capsys.readouterr().err
-    assert "holds no checkpoint yet" in err and "Traceback" not in err
+    assert "no checkpoint of an earlier run" in err and "Traceback" not in err
 
 
 def test_entrypoint_errors(tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:

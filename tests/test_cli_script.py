@@ -10,7 +10,13 @@ import subprocess
 import sys
 from typing import Any
 
-from tests._cli_folders import BASE_CONFIG, steps_completed, validations, write_folder
+from tests._cli_folders import (
+    BASE_CONFIG,
+    kept_checkpoints,
+    steps_completed,
+    validations,
+    write_folder,
+)
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -52,14 +58,22 @@ def test_script_learns_its_run_like_on_a_cluster(tmp_path: pathlib.Path) -> None
     assert seen["trainer_class"] == "lightning_bridge.translation._trainer"
     assert seen["batches"] == 1
     assert "Last validation metrics" in first.stdout
+    # One log format for the runner and the script's process; no advertising.
+    assert "lightning-bridge: INFO: Experiment 1, trial 1: python3 train.py" in first.stderr
+    assert "lightning-bridge: INFO: GPU available" in first.stderr
+    assert "Tip:" not in first.stdout + first.stderr
     assert f"{validations(folder)[-1]:.6f}" in first.stdout
 
     # --resume hands the checkpoint to the script as info.latest_checkpoint.
     second = _cli(tmp_path, str(config), "--resume", "latest")
     assert second.returncode == 0, second.stdout + second.stderr
     seen = json.loads((folder / "script.0.json").read_text())
-    assert pathlib.Path(seen["latest_checkpoint"]).parent == folder / "checkpoints"
+    trial_dir = tmp_path / "xdg" / "lightning-bridge" / "experiments" / "1" / "trials" / "1"
+    assert pathlib.Path(seen["latest_checkpoint"]).parent == trial_dir / "checkpoints"
     assert seen["batches"] == 6
+    # The script's own process recorded its metrics and checkpoints as a trial class does.
+    assert "Experiment 2" in second.stdout and "Trial 2: COMPLETED after 6 batches" in second.stdout
+    assert [steps_completed(p) for p in kept_checkpoints(2)] == [6]
 
 
 def test_failing_script_exit_code(tmp_path: pathlib.Path) -> None:
@@ -85,5 +99,4 @@ def test_torch_distributed_launcher_runs_slots_per_trial_processes(
     assert ranks[0]["batches"] == 6
     assert len(validations(folder)) == 2
     assert result.stdout.count("Last validation metrics") == 1
-    kept = [p for p in (folder / "checkpoints").iterdir() if p.is_dir()]
-    assert max(steps_completed(p) for p in kept) == 6
+    assert max(steps_completed(p) for p in kept_checkpoints()) == 6

@@ -15,7 +15,7 @@ from lightning_bridge import InvalidArgumentError
 from lightning_bridge.experiment import _import_map
 from lightning_bridge.experiment._cli import main
 from lightning_bridge.experiment._config import load_config, parse_config
-from lightning_bridge.experiment._runner import Entrypoint, parse_entrypoint
+from lightning_bridge.experiment._entrypoint import Entrypoint, parse_entrypoint
 
 
 def _error(config: Any, overrides: list[str] | None = None) -> str:
@@ -62,8 +62,7 @@ def _error(config: Any, overrides: list[str] | None = None) -> str:
         ),
         (
             {"searcher": {"name": "adaptive_asha", "max_trials": 4}},
-            "searcher.name: lightning-bridge runs one trial, so only the single searcher is "
-            "supported, got 'adaptive_asha'; use --set searcher.name=single",
+            "searcher.metric: required (the validation metric that ranks trials",
         ),
         (
             {"hyperparameters": {"opt": {"type": "adam", "lr": 1}}},
@@ -108,19 +107,26 @@ def test_hyperparameter_forms() -> None:
         "layers": [64, 32],
         "optimizer": {"name": "sgd", "momentum": 0.9},
     }
-    for form in (
-        {"type": "int", "minval": 1, "maxval": 4},
-        {"type": "double", "minval": 0.1, "maxval": 0.5},
-        {"type": "log", "base": 10, "minval": -4, "maxval": -1},
-        {"type": "categorical", "vals": ["a", "b"]},
+    # The single searcher samples ranges once (as Determined's does), from the experiment seed.
+    for form, inside in (
+        ({"type": "int", "minval": 1, "maxval": 4}, lambda v: v in (1, 2, 3, 4)),
+        ({"type": "double", "minval": 0.1, "maxval": 0.5}, lambda v: 0.1 <= v <= 0.5),
+        ({"type": "log", "base": 10, "minval": -4, "maxval": -1}, lambda v: 1e-4 <= v <= 0.1),
+        ({"type": "categorical", "vals": [[1, 2], {"a": 1}]}, lambda v: v in ([1, 2], {"a": 1})),
     ):
-        message = _error({"hyperparameters": {"group": {"x": form}}})
-        assert f"hyperparameters.group.x: a {form['type']} search range" in message
-        assert "--set hyperparameters.group.x=VALUE" in message
-        fixed = parse_config(
-            {"hyperparameters": {"group": {"x": form}}}, ["hyperparameters.group.x=3"]
-        )
+        config = {"hyperparameters": {"group": {"x": form}}}
+        sampled = parse_config(config, ["reproducibility.experiment_seed=7"]).hparams
+        assert inside(sampled["group"]["x"]), (form, sampled)
+        assert parse_config(config, ["reproducibility.experiment_seed=7"]).hparams == sampled
+        fixed = parse_config(config, ["hyperparameters.group.x=3"])
         assert fixed.hparams == {"group": {"x": 3}}
+    # A search of several trials has no one set of values; the runner says how to run one.
+    search = parse_config(
+        {"searcher": {"name": "random", "metric": "loss", "max_trials": 3}},
+        ["hyperparameters.lr={type: double, minval: 0.1, maxval: 0.5}"],
+    )
+    with pytest.raises(InvalidArgumentError, match="--set searcher.name=single"):
+        search.require_one_trial()
 
 
 def test_set_overrides() -> None:
@@ -166,24 +172,54 @@ def test_unused_keys_and_checkpoint_storage(tmp_path: pathlib.Path) -> None:
             "max_restarts": 3,
             "environment": {"image": "img"},
             "resources": {"slots_per_trial": 1, "resource_pool": "gpu"},
-            "searcher": {"source_trial_id": 4},
+            "searcher": {"max_concurrent_trials": 4, "source_trial_id": 4},
             "checkpoint_storage": {"type": "s3", "bucket": "b", "save_trial_best": 2},
         }
     )
     assert conf.unused_keys == [
-        "checkpoint_storage.bucket",
-        "checkpoint_storage.type (s3: written to a local folder)",
         "environment",
-        "max_restarts",
+        "max_restarts (a failed trial is not restarted: continue it with `lightning-bridge "
+        "experiment continue ID`)",
         "resources.resource_pool",
-        "searcher.source_trial_id",
+        "searcher.max_concurrent_trials",  # searcher.source_trial_id is used (warm start)
     ]
-    storage = conf.experiment_config(tmp_path)["checkpoint_storage"]
-    assert storage == {
-        "type": "shared_fs",
-        "host_path": str(tmp_path / "checkpoints"),
+    # The storage is kept as given (the run uploads to it), Determined's retention defaults
+    # filled in; keys another storage type reads are reported.
+    assert conf.experiment_config(tmp_path)["checkpoint_storage"] == {
+        "type": "s3",
+        "bucket": "b",
         "save_trial_best": 2,
+        "save_trial_latest": 1,
+        "save_experiment_best": 0,
     }
+    shared = parse_config(
+        {"checkpoint_storage": {"type": "shared_fs", "host_path": "ck", "bucket": "b"}}
+    )
+    assert shared.unused_keys == ["checkpoint_storage.bucket"]
+    assert shared.experiment_config(tmp_path)["checkpoint_storage"]["host_path"] == str(
+        tmp_path / "ck"
+    )
+    # No checkpoint_storage: Determined's defaults, checkpoints in the trial's folder.
+    assert parse_config({}).experiment_config(tmp_path)["checkpoint_storage"] == {
+        "save_experiment_best": 0,
+        "save_trial_best": 1,
+        "save_trial_latest": 1,
+    }
+    assert parse_config({"max_restarts": 0}).unused_keys == []
+
+
+def test_checkpoint_storage_types_need_their_keys() -> None:
+    cases = {
+        "s3": "checkpoint_storage: type s3 needs bucket",
+        "directory": "checkpoint_storage: type directory needs container_path",
+        "azure": "checkpoint_storage: type azure needs container",
+        "nfs": "checkpoint_storage.type: expected 'shared_fs', 'directory', 's3', 'gcs' or",
+    }
+    for kind, message in cases.items():
+        with pytest.raises(InvalidArgumentError, match=message):
+            parse_config({"checkpoint_storage": {"type": kind}})
+    with pytest.raises(InvalidArgumentError, match="connection_string, or account_url"):
+        parse_config({"checkpoint_storage": {"type": "azure", "container": "c"}})
 
 
 def test_load_config_file_errors(tmp_path: pathlib.Path) -> None:

@@ -93,13 +93,6 @@ class ListMetrics(LinearTrial):
         return [1.0]
 
 
-class StringMetric(LinearTrial):
-    def train_batch(self, batch: Any, epoch_idx: int, batch_idx: int) -> Any:
-        out = super().train_batch(batch, epoch_idx, batch_idx)
-        out["note"] = "fine"
-        return out
-
-
 class TensorValidation(LinearTrial):
     def evaluate_batch(self, batch: Any, batch_idx: int) -> Any:
         return torch.tensor(1.0)
@@ -109,11 +102,6 @@ def test_non_dict_training_metrics() -> None:
     err = _fit_error(ListMetrics)
     assert "train_batch() must return the loss tensor or a dict" in str(err)
     assert "list" in str(err)
-
-
-def test_non_scalar_metric_value() -> None:
-    err = _fit_error(StringMetric)
-    assert "'note'" in str(err) and "str" in str(err)
 
 
 def test_non_dict_validation_metrics() -> None:

@@ -257,19 +257,25 @@ BAD_MODULES = {
     "raises": "raise RuntimeError('boom at import')",
     "needs_dep": "import not_installed_dependency_xyz",
     "not_a_class": "def build():\n    return None",
-    "required_args": """
+    "bad_callback": """
         import lightning.pytorch as pl
+        import torch
+        from lightning.pytorch.callbacks import ModelPruning
+        from torch.utils.data import DataLoader, TensorDataset
 
         class Model(pl.LightningModule):
-            def __init__(self, num_classes, width, depth: int = 2):
+            def __init__(self):
                 super().__init__()
-        """,
-    "no_validation": """
-        import lightning.pytorch as pl
+                self.layer = torch.nn.Linear(1, 1)
 
-        class Model(pl.LightningModule):
             def training_step(self, batch, batch_idx):
-                return None
+                return self.layer(batch[0]).sum()
+
+            def configure_callbacks(self):
+                return [ModelPruning("l1_unstructured")]
+
+            def train_dataloader(self):
+                return DataLoader(TensorDataset(torch.zeros(4, 1)), batch_size=2)
         """,
     "logs_nothing": """
         import lightning.pytorch as pl
@@ -324,9 +330,8 @@ BAD_MODULES = {
          r"is the class TinyData, not a LightningModule subclass"),
         ("", "{target}", "{target}", InvalidTrialError,
          r"--datamodule .*TinyModule is the class TinyModule, not a LightningDataModule"),
-        ("required_args", "{m}:Model", None, InvalidTrialError,
-         r"Model.__init__ has arguments without a default value: num_classes, width\. "),
-        ("no_validation", "{m}:Model", None, InvalidTrialError, r"has no validation_step\(\)"),
+        ("bad_callback", "{m}:Model", None, InvalidTrialError,
+         r"ModelPruning is not supported by LightningAdapter: it changes the module's"),
         ("", "{target}", None, InvalidTrialError,
          r"has no train_dataloader\(\).*or pass --datamodule"),
         ("logs_nothing", "{m}:Model", None, InvalidTrialError,
@@ -460,3 +465,154 @@ def test_installed_code_is_installed_by_the_hook_not_copied() -> None:
     bridge_dependency = importlib.import_module("lightning.pytorch.demos.boring_classes")
     assert _sources([Loaded("_pytest.python:Class", object, installed)]) == ([], ["pytest"])
     assert _sources([Loaded("x:BoringModel", object, bridge_dependency)]) == ([], [])
+
+
+REAL_WORLD = """
+import pytorch_lightning as pl
+import torch
+from torch.nn import functional as F
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def data(n, seed):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 2, generator=g)
+    return TensorDataset(x, (x[:, 0] > 0).long())
+
+
+class Classifier(pl.LightningModule):
+    # pytorch_lightning, ModelCheckpoint on val_acc.
+
+    def __init__(self, lr: float = 0.1, batch_size: int = 4):
+        super().__init__()
+        self.save_hyperparameters()
+        self.layer = torch.nn.Linear(2, 2)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return F.cross_entropy(self.layer(x), y)
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        self.log("val_loss", F.cross_entropy(self.layer(x), y))
+        self.log("val_acc", (self.layer(x).argmax(1) == y).float().mean())
+
+    def configure_callbacks(self):
+        return [pl.callbacks.ModelCheckpoint(monitor="val_acc", mode="max")]
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=self.hparams.lr)
+
+    def train_dataloader(self):
+        return DataLoader(data(16, 0), batch_size=self.hparams.batch_size)
+
+    def val_dataloader(self):
+        return DataLoader(data(8, 1), batch_size=self.hparams.batch_size)
+
+
+class Pretrain(Classifier):
+    # No validation: the searcher metric is the first value logged in training.
+
+    validation_step = None
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        loss = F.cross_entropy(self.layer(x), y)
+        self.log("pretrain_loss", loss, on_step=True, on_epoch=True)
+        return loss
+
+    def configure_callbacks(self):
+        return []
+
+
+class NeedsClasses(Classifier):
+    # Constructor arguments without defaults: written to const.yaml to fill in.
+
+    def __init__(self, num_classes, width: int, lr: float = 0.1):
+        super().__init__(lr=lr)
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        self.log("val_error", F.cross_entropy(self.layer(x), y))
+"""
+
+
+@pytest.fixture
+def real_world(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    name = f"tiny{next(_counter)}_real"
+    folder = tmp_path / "project"
+    folder.mkdir()
+    (folder / f"{name}.py").write_text(textwrap.dedent(REAL_WORLD).lstrip())
+    monkeypatch.chdir(folder)
+    yield name
+    for module in [m for m in sys.modules if m.startswith((name, "model_def"))]:
+        del sys.modules[module]
+
+
+def _train_folder(out: pathlib.Path, config: dict[str, Any]) -> list[dict[str, Any]]:
+    """Build the folder's trial and train it for two batches on the bridge."""
+    sys.path.insert(0, str(out))
+    try:
+        sys.modules.pop("model_def", None)
+        model_def = importlib.import_module("model_def")
+        trial_cls = next(
+            v for k, v in vars(model_def).items() if k.endswith("Trial") and k != "PyTorchTrial"
+        )
+        return _validation_history(lightning_bridge, trial_cls, config)
+    finally:
+        sys.path.remove(str(out))
+
+
+def test_pytorch_lightning_module_with_model_checkpoint(
+    real_world: str, tmp_path: pathlib.Path
+) -> None:
+    out = write_trial_folder(f"{real_world}:Classifier", tmp_path / "out")
+    config = read_config(out)
+    # ModelCheckpoint(monitor="val_acc", mode="max") is the searcher metric and the policy.
+    assert config["searcher"]["metric"] == "val_acc"
+    assert config["searcher"]["smaller_is_better"] is False
+    assert config["checkpoint_policy"] == "best"
+    assert "ModelCheckpoint's monitor and mode" in (out / "const.yaml").read_text()
+    history = _train_folder(out, config)
+    assert len(history) == 2 and "val_acc" in history[-1]
+
+
+def test_module_without_validation_searches_on_a_training_value(
+    real_world: str, tmp_path: pathlib.Path
+) -> None:
+    out = write_trial_folder(f"{real_world}:Pretrain", tmp_path / "out")
+    config = read_config(out)
+    assert config["searcher"]["metric"] == "pretrain_loss"
+    assert "checkpoint_policy" not in config
+    history = _train_folder(out, config)
+    assert len(history) == 2 and "pretrain_loss" in history[-1]
+
+
+def test_arguments_without_defaults_are_written_to_fill_in(
+    real_world: str, tmp_path: pathlib.Path
+) -> None:
+    out = write_trial_folder(f"{real_world}:NeedsClasses", tmp_path / "out")
+    text = (out / "const.yaml").read_text()
+    config = yaml.safe_load(text)
+    # batch_size's default (4, of the parent's constructor) is not visible: to fill in too.
+    assert config["hyperparameters"] == {
+        "global_batch_size": None,
+        "num_classes": None,
+        "width": None,
+        "lr": 0.1,
+    }
+    assert "  num_classes: null  # fill in: NeedsClasses.num_classes has no default" in text
+    assert "  width: null  # fill in: NeedsClasses.width has no default" in text
+    # Nothing could run: the metric is read from validation_step's source, to be checked.
+    assert config["searcher"]["metric"] == "val_error"
+    assert "read from the source" in text
+    # The trial refuses to start until the values are filled in.
+    with lightning_bridge.init(hparams=config["hyperparameters"]) as ctx:
+        sys.path.insert(0, str(out))
+        try:
+            sys.modules.pop("model_def", None)
+            trial_cls = importlib.import_module("model_def").NeedsClassesTrial
+            with pytest.raises(InvalidTrialError, match=r"'num_classes', 'width' without a"):
+                trial_cls(ctx)
+        finally:
+            sys.path.remove(str(out))

@@ -4,40 +4,44 @@ The adapter is a `PyTorchTrial` that uses only the trial contract (`wrap_model`,
 `wrap_optimizer`, `wrap_lr_scheduler`, `wrap_reducer`, `backward`, `step_optimizer`, callbacks),
 so the same class trains on `lightning_bridge.Trainer` and, built on
 `determined.pytorch.PyTorchTrial`, on Determined's own `Trainer`. The module gets a stand-in
-trainer (`_adapter_trainer`); `self.log` goes to the trial's metrics (`_adapter_logging`);
-`configure_optimizers` is parsed by Lightning's helpers (`_adapter_optim`); the trainer meets the
-module through `_adapter_callback`. docs/lightning.md
-lists every hook and what happens to it.
+trainer (`_trainer`) answering the Trainer settings of `_settings`; `self.log` goes to the
+trial's metrics (`_logging`); `configure_optimizers` is parsed by Lightning's helpers
+(`_optim`); training and validation batches run as Lightning runs them (`_steps`,
+`_validation`); Lightning callbacks run at Lightning's moments (`_trainer_callbacks`); the
+trainer meets the module through `_callback`. Modules of the `lightning.pytorch` and the
+`pytorch_lightning` packages are both accepted (`_packages`). docs/lightning.md lists every
+hook and what happens to it.
 """
 
 from __future__ import annotations
 
+import copy
 import importlib
-import inspect
-import types
 from typing import Any
 
-import lightning.pytorch as pl
-import torch
 from lightning.pytorch.core.optimizer import LightningOptimizer
-from lightning.pytorch.trainer.states import RunningStage
-from lightning.pytorch.utilities.model_helpers import is_overridden
 
 from lightning_bridge._errors import InvalidTrialError
 from lightning_bridge.adapter._callback import adapter_callback, adapter_reducer
 from lightning_bridge.adapter._data import (
     RepeatingLoader,
     build_from_hparams,
+    constructor_arguments,
     distributed_loader,
     hook_owner,
-    single_loader,
+    loaders_of,
 )
-from lightning_bridge.adapter._logging import LogRouter, combine_training, combine_validation
+from lightning_bridge.adapter._hooks import has_validation, refusals
+from lightning_bridge.adapter._logging import LogRouter
+from lightning_bridge.adapter._metric_values import combine_training, combine_validation
 from lightning_bridge.adapter._optim import parse_optimizers, step_schedulers
+from lightning_bridge.adapter._packages import is_a, overrides, package_of, submodule
+from lightning_bridge.adapter._settings import config_of, precision_plugin, read_settings
+from lightning_bridge.adapter._steps import TrainingSteps
 from lightning_bridge.adapter._trainer import StandInTrainer, _distributed
+from lightning_bridge.adapter._trainer_callbacks import TrainerCallbacks, merge, model_callbacks
+from lightning_bridge.adapter._validation import ValidationSteps
 from lightning_bridge.contract._trial import is_determined_trial_base
-
-_CLIP_HPARAMS = ("gradient_clip_val", "gradient_clip_algorithm")
 
 
 def _api_of(cls: type) -> Any:
@@ -47,20 +51,23 @@ def _api_of(cls: type) -> Any:
     return importlib.import_module("lightning_bridge")
 
 
-class AdapterMixin:
+class AdapterMixin(TrainingSteps, ValidationSteps):
     """The trial logic of `LightningAdapter`, independent of the `PyTorchTrial` base."""
 
     _lb_module_class: type | None = None
     _lb_datamodule_class: type | None = None
+    _lb_callbacks: list[Any] | None = None
 
     def __init__(
         self,
         context: Any,
-        lightning_module: pl.LightningModule | None = None,
-        datamodule: pl.LightningDataModule | None = None,
+        lightning_module: Any = None,
+        datamodule: Any = None,
+        callbacks: list[Any] | None = None,
     ) -> None:
         self.context = context
         hparams = dict(context.get_hparams())
+        constructor_args: set[str] | None = None
         if lightning_module is None:
             if self._lb_module_class is None:
                 raise InvalidTrialError(
@@ -70,60 +77,75 @@ class AdapterMixin:
             lightning_module = build_from_hparams(
                 self._lb_module_class, hparams, context, "LightningModule"
             )
+            constructor_args = set(constructor_arguments(self._lb_module_class))
         if datamodule is None and self._lb_datamodule_class is not None:
             datamodule = build_from_hparams(
                 self._lb_datamodule_class, hparams, context, "LightningDataModule"
             )
-        if not isinstance(lightning_module, pl.LightningModule):
+            if constructor_args is not None:
+                constructor_args |= set(constructor_arguments(self._lb_datamodule_class))
+        if callbacks is None and self._lb_callbacks is not None:
+            callbacks = copy.deepcopy(self._lb_callbacks)  # each trial gets its own state
+        if not is_a(lightning_module, "LightningModule"):
             raise InvalidTrialError(
-                f"LightningAdapter takes a lightning.pytorch.LightningModule; got "
-                f"{type(lightning_module).__name__}."
+                "LightningAdapter takes a LightningModule (of lightning.pytorch or "
+                f"pytorch_lightning); got {type(lightning_module).__name__}."
             )
-        if datamodule is not None and not isinstance(datamodule, pl.LightningDataModule):
+        if datamodule is not None and not is_a(datamodule, "LightningDataModule"):
             raise InvalidTrialError(
-                f"datamodule must be a lightning.pytorch.LightningDataModule; got "
-                f"{type(datamodule).__name__}."
+                "datamodule must be a LightningDataModule (of lightning.pytorch or "
+                f"pytorch_lightning); got {type(datamodule).__name__}."
             )
         self.lightning_module = lightning_module
         self.datamodule = datamodule
-        self._check_supported(context)
-        api = _api_of(type(self))
-        self._api = api
+        self._settings = read_settings(context, hparams, constructor_args)
+        self._api = _api_of(type(self))
         context.experimental.disable_dataset_reproducibility_checks()
         context.experimental.disable_auto_to_device()
-        algo = hparams.get("gradient_clip_algorithm")
-        self._trainer = StandInTrainer(self, hparams.get("gradient_clip_val"), algo)
+        package = package_of(lightning_module)
+        device_type = str(getattr(context, "device", "cpu")).split(":")[0]
+        self._precision = precision_plugin(package, self._settings.precision, device_type)
+        self._trainer = StandInTrainer(self, self._settings, self._precision)
         self._log = LogRouter(lambda: _distributed() and self.context.distributed.size > 1)
         self._epoch_len: int | None = None
-        self._pending_plateau = False
-        lightning_module.trainer = self._trainer  # type: ignore[assignment]
+        self._train_loader: Any = None
+        self._pending: list[str] = []
+        self._accumulating = False
+        self._in_epoch = 0
+        lightning_module.trainer = self._trainer
         if datamodule is not None:
-            datamodule.trainer = self._trainer  # type: ignore[assignment]
-        router = self._log
-        lightning_module.log = types.MethodType(  # type: ignore[method-assign]
-            lambda module, *args, **kwargs: router.log(module, *args, **kwargs), lightning_module
+            datamodule.trainer = self._trainer
+        self._route_log()
+        # As lightning.Trainer: the model's callbacks join the Trainer's before setup.
+        merged = merge(list(callbacks or []), model_callbacks(lightning_module, self._call))
+        problems = refusals(
+            lightning_module, datamodule, merged, self._settings, config_of(context)
         )
+        if problems:
+            raise InvalidTrialError(problems[0])
+        self._callbacks = TrainerCallbacks(
+            merged, lightning_module, self._trainer, self._log.add_logged
+        )
+        self._has_validation = has_validation(lightning_module, datamodule)
         self._setup()
-        self.model = context.wrap_model(lightning_module)
-        optimizers, configs = parse_optimizers(lightning_module, self._call("configure_optimizers"))
-        self.optimizers = [context.wrap_optimizer(opt) for opt in optimizers]
-        manual = api.LRScheduler.StepMode.MANUAL_STEP
-        for config in configs:
-            context.wrap_lr_scheduler(config.scheduler, step_mode=manual)
-        self._trainer.optimizers = list(optimizers)
-        self._trainer.lr_scheduler_configs = configs
-        self._trainer.strategy._lightning_optimizers = [
-            LightningOptimizer._to_lightning_optimizer(opt, self._trainer.strategy)  # type: ignore[arg-type]
-            for opt in optimizers
-        ]
+        self.model = context.wrap_model(self._precision.convert_module(lightning_module))
+        self._configure_optimizers(package)
         self._train_reducer = context.wrap_reducer(
-            adapter_reducer(api, router.training_state, router.reset_window, combine_training),
+            adapter_reducer(
+                self._api, self._log.training_state, self._log.reset_window, combine_training
+            ),
             name=None,
             for_training=True,
             for_validation=False,
         )
+        state = self._log.validation_state if self._has_validation else None
         self._val_reducer = context.wrap_reducer(
-            adapter_reducer(api, router.validation_state, router.val.reset, combine_validation),
+            adapter_reducer(
+                self._api,
+                state or self._log.training_as_validation,
+                self._log.val.reset,
+                combine_validation,
+            ),
             name=None,
             for_training=False,
             for_validation=True,
@@ -131,14 +153,16 @@ class AdapterMixin:
 
     # ----- construction -----
 
-    def _check_supported(self, context: Any) -> None:
-        from lightning_bridge.adapter._hooks import refusals
+    def _route_log(self) -> None:
+        import types
 
-        problems = refusals(self.lightning_module, self.datamodule, context)
-        if problems:
-            raise InvalidTrialError(problems[0])
+        router, module = self._log, self.lightning_module
+        module.log = types.MethodType(
+            lambda mod, *args, **kwargs: router.log(mod, *args, **kwargs), module
+        )
 
     def _setup(self) -> None:
+        """`prepare_data`, then `setup("fit")` of the data module, callbacks and module."""
         module, dm = self.lightning_module, self.datamodule
         if self.context.distributed.local_rank == 0:
             if dm is not None:
@@ -148,10 +172,34 @@ class AdapterMixin:
             self.context.distributed.allgather(None)  # the others wait for the data
         if dm is not None:
             dm.setup(stage="fit")
+        self._callbacks.call("setup", "fit")
         self._call("setup", "fit")
         self._call("configure_model")
-        if is_overridden("configure_sharded_model", module):
+        if overrides(module, "configure_sharded_model", "LightningModule"):
             self._call("configure_sharded_model")
+
+    def _configure_optimizers(self, package: Any) -> None:
+        module, context, trainer = self.lightning_module, self.context, self._trainer
+        optimizers, configs = parse_optimizers(module, self._call("configure_optimizers"))
+        # With the trial's gradient aggregation the loss is divided as Lightning divides it,
+        # so the aggregated gradients are not averaged again.
+        average = False if self._settings.aggregation else None
+        self.optimizers = [
+            context.wrap_optimizer(opt, average_aggregated_gradients=average) for opt in optimizers
+        ]
+        manual = self._api.LRScheduler.StepMode.MANUAL_STEP
+        for config in configs:
+            context.wrap_lr_scheduler(config.scheduler, step_mode=manual)
+        trainer.optimizers = list(optimizers)
+        trainer.lr_scheduler_configs = configs
+        wrapper = (
+            LightningOptimizer
+            if package.__name__ == "lightning.pytorch"
+            else submodule(package, "core.optimizer").LightningOptimizer
+        )
+        trainer.strategy._lightning_optimizers = [
+            wrapper._to_lightning_optimizer(opt, trainer.strategy) for opt in optimizers
+        ]
 
     def _call(self, hook: str, *args: Any, **kwargs: Any) -> Any:
         """Run a module hook with its name as `_current_fx_name` (what `self.log` checks)."""
@@ -163,225 +211,89 @@ class AdapterMixin:
         finally:
             module._current_fx_name = previous
 
-    # ----- data -----
+    def _hook(self, hook: str, *args: Any) -> Any:
+        """The Lightning callbacks' `hook`, then the module's (Lightning's order)."""
+        self._callbacks.call(hook, *args)
+        return self._call(hook, *args)
 
-    def _loader(self, hook: str, *, shuffle: bool) -> Any:
-        owner = hook_owner(hook, self.lightning_module, self.datamodule)
-        if owner is self.lightning_module:
-            loader = self._call(hook)
-        else:
-            loader = getattr(owner, hook)()
-        loader = single_loader(loader, hook)
-        dist = self.context.distributed
-        return distributed_loader(loader, dist.rank, dist.size, shuffle=shuffle)
+    def _overrides(self, hook: str) -> bool:
+        return overrides(self.lightning_module, hook, "LightningModule")
+
+    # ----- training data -----
+
+    def _training_loader(self) -> Any:
+        """The module's (or data module's) training loader, built once."""
+        if self._train_loader is None:
+            module, dm = self.lightning_module, self.datamodule
+            if not (
+                overrides(module, "train_dataloader", "LightningModule")
+                or overrides(dm, "train_dataloader", "LightningDataModule")
+            ):
+                raise InvalidTrialError(
+                    f"{type(module).__name__} has no train_dataloader(): define it on the "
+                    "module or pass a LightningDataModule that defines it."
+                )
+            owner = hook_owner("train_dataloader", module, dm)
+            returned = (
+                self._call("train_dataloader") if owner is module else owner.train_dataloader()
+            )
+            (loader,) = loaders_of(returned, "train_dataloader", several=False)
+            dist = self.context.distributed
+            self._train_loader = distributed_loader(loader, dist.rank, dist.size, shuffle=True)
+            try:
+                self._epoch_len = len(self._train_loader)
+            except TypeError:
+                self._epoch_len = None
+            self._check_aggregation()
+        return self._train_loader
+
+    def _training_epoch_len(self) -> int | None:
+        self._training_loader()
+        return self._epoch_len
+
+    def _check_aggregation(self) -> None:
+        k = self._settings.accumulate_grad_batches
+        if self._settings.aggregation and self._epoch_len and self._epoch_len % k:
+            raise InvalidTrialError(
+                f"optimizations.aggregation_frequency is {k} but an epoch has {self._epoch_len} "
+                "batches: Lightning steps the optimizer on each epoch's last batch, the trial's "
+                f"aggregation every {k} batches. Choose an aggregation_frequency that divides "
+                "the epoch, or remove it and set hparams['accumulate_grad_batches'] (the "
+                "adapter then accumulates as Lightning does)."
+            )
 
     def build_training_data_loader(self) -> Any:
-        if not is_overridden("train_dataloader", self.lightning_module) and not (
-            self.datamodule is not None and is_overridden("train_dataloader", self.datamodule)
-        ):
-            raise InvalidTrialError(
-                f"{type(self.lightning_module).__name__} has no train_dataloader(): define it on "
-                "the module or pass a LightningDataModule that defines it."
-            )
-        loader = self._loader("train_dataloader", shuffle=True)
-        try:
-            self._epoch_len = len(loader)
-            self._trainer.num_training_batches = self._epoch_len
-        except TypeError:
-            self._epoch_len = None
-        return RepeatingLoader(loader, self.context.get_initial_batch)
+        return RepeatingLoader(self._training_loader(), self.context.get_initial_batch)
 
-    def build_validation_data_loader(self) -> Any:
-        return self._loader("val_dataloader", shuffle=False)
+    # ----- the moments after a batch (called by the callback and the batch methods) -----
 
-    def _transfer(self, batch: Any) -> Any:
-        """Lightning's batch transfer hooks, then the batch is on the module's device."""
-        module, dm = self.lightning_module, self.datamodule
-        device = self.lightning_module.device
-        for hook, args in (
-            ("on_before_batch_transfer", (0,)),
-            ("transfer_batch_to_device", (device, 0)),
-            ("on_after_batch_transfer", (0,)),
-        ):
-            owner = hook_owner(hook, module, dm)
-            if owner is module:
-                batch = self._call(hook, batch, *args)
+    def _flush(self) -> None:
+        """Run what waited for a validation: plateau steps, then the epoch's end."""
+        pending, self._pending = self._pending, []
+        for what in pending:
+            if what == "step_plateau":
+                self._step_plateau()
             else:
-                batch = getattr(owner, hook)(batch, *args)
-        return batch
+                self._end_epoch()
 
-    # ----- training -----
-
-    def _step_args(self, fn: Any, batch: Any, batch_idx: int) -> tuple:
-        params = inspect.signature(fn).parameters
-        takes_idx = (
-            "batch_idx" in params
-            or len(params) > 1
-            or any(p.kind is p.VAR_POSITIONAL for p in params.values())
-        )
-        return (batch, batch_idx) if takes_idx else (batch,)
-
-    def train_batch(self, batch: Any, epoch_idx: int, batch_idx: int) -> dict[str, Any]:
-        module, trainer = self.lightning_module, self._trainer
-        in_epoch = batch_idx % self._epoch_len if self._epoch_len else batch_idx
-        trainer.current_epoch = epoch_idx
-        trainer.state.stage = RunningStage.TRAINING
-        if self._pending_plateau:
-            self._flush_plateau()
-        batch = self._transfer(batch)
-        self._log.start_batch(self._log.train, batch)
-        if self._call("on_train_batch_start", batch, in_epoch) == -1:
-            raise InvalidTrialError(
-                "on_train_batch_start() returned -1 to skip the rest of the epoch; a trial "
-                "cannot end an epoch early. Stop training with self.trainer.should_stop = True."
-            )
-        args = self._step_args(module.training_step, batch, in_epoch)
-        if module.automatic_optimization:
-            outputs, loss = self._automatic_step(args, epoch_idx, in_epoch)
-        else:
-            outputs = self._call("training_step", *args)
-            loss = _loss_of(outputs, automatic=False)
-        configs, metrics = trainer.lr_scheduler_configs, self._log.callback_metrics
-        step_schedulers(
-            module, self._call, configs, metrics, interval="step", plateau=False, index=in_epoch
-        )
-        last = self._epoch_len is not None and in_epoch == self._epoch_len - 1
-        if last:
-            step_schedulers(
-                module,
-                self._call,
-                configs,
-                metrics,
-                interval="epoch",
-                plateau=False,
-                index=epoch_idx,
-            )
-        self._call("on_train_batch_end", outputs, batch, in_epoch)
-        step_schedulers(
-            module, self._call, configs, metrics, interval="step", plateau=True, index=in_epoch
-        )
-        self._log.end_batch(self._log.train)
-        self._log.finish_training_batch(loss)
-        return {}
-
-    def _automatic_step(self, args: tuple, epoch_idx: int, in_epoch: int) -> tuple[Any, Any]:
-        trainer = self._trainer
-        result: dict[str, Any] = {}
-        optimizer = trainer.optimizers[0] if trainer.optimizers else None
-
-        @torch.enable_grad()
-        def closure() -> Any:
-            out = self._call("training_step", *args)
-            loss = _loss_of(out, automatic=True)
-            result["out"], result["loss"] = out, loss
-            if optimizer is not None:
-                self._call("on_before_zero_grad", optimizer)
-                self._call("optimizer_zero_grad", epoch_idx, in_epoch, optimizer)
-                if loss is not None:
-                    trainer.strategy.backward(loss, optimizer)
-            return loss
-
-        if optimizer is None:
-            closure()
-        else:
-            lopt = trainer.strategy._lightning_optimizers[0]
-            self._call("optimizer_step", epoch_idx, in_epoch, lopt, closure)
-        out = result.get("out")
-        return (out.detach() if isinstance(out, torch.Tensor) else out), result.get("loss")
-
-    def _backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
-        self._call("on_before_backward", loss)
-        if is_overridden("backward", self.lightning_module):
-            self._call("backward", loss, *args, **kwargs)
-        else:
-            names = ("gradient", "retain_graph", "create_graph")
-            kwargs.update(dict(zip(names, args, strict=False)))
-            if set(kwargs) - set(names):
-                raise InvalidTrialError(
-                    f"manual_backward() got {sorted(set(kwargs) - set(names))}; a trial's "
-                    "backward takes gradient, retain_graph and create_graph."
-                )
-            self.context.backward(loss, **kwargs)
-        self._call("on_after_backward")
-
-    def _optimizer_step(self, optimizer: Any, closure: Any, **kwargs: Any) -> Any:
-        if kwargs:
-            raise InvalidTrialError(
-                f"optimizer.step() got {sorted(kwargs)}; a trial steps optimizers without "
-                "extra arguments."
-            )
-        result = closure()
-        module, trainer = self.lightning_module, self._trainer
-
-        def before_step(params: Any) -> None:
-            self._call("on_before_optimizer_step", optimizer)
-            if module.automatic_optimization:
-                self._call(
-                    "configure_gradient_clipping",
-                    optimizer,
-                    gradient_clip_val=trainer.gradient_clip_val,
-                    gradient_clip_algorithm=trainer.gradient_clip_algorithm,
-                )
-
-        self.context.step_optimizer(optimizer, clip_grads=before_step, auto_zero_grads=False)
-        trainer.global_step += 1
-        return result
-
-    # ----- validation -----
-
-    def evaluate_batch(self, batch: Any, batch_idx: int) -> dict[str, Any]:
-        module = self.lightning_module
-        self._trainer.state.stage = RunningStage.VALIDATING
-        batch = self._transfer(batch)
-        self._log.start_batch(self._log.val, batch)
-        self._call("on_validation_batch_start", batch, batch_idx)
-        out = self._call(
-            "validation_step", *self._step_args(module.validation_step, batch, batch_idx)
-        )
-        self._call("on_validation_batch_end", out, batch, batch_idx)
-        self._log.end_batch(self._log.val)
-        return {}
-
-    # ----- epoch-level moments (called by the adapter's PyTorchCallback) -----
-
-    def _flush_plateau(self) -> None:
-        self._pending_plateau = False
+    def _end_epoch(self) -> None:
+        """Lightning's end of a training epoch: hooks, epoch values, plateau schedulers."""
+        trainer, log = self._trainer, self._log
+        log.epoch_end_reached()
+        self._callbacks.call("on_train_epoch_end", monitoring=False)
+        self._call("on_train_epoch_end")
+        self._callbacks.call("on_train_epoch_end", monitoring=True)
+        log.finish_training_epoch()
         step_schedulers(
             self.lightning_module,
             self._call,
-            self._trainer.lr_scheduler_configs,
-            self._log.callback_metrics,
+            trainer.lr_scheduler_configs,
+            log.callback_metrics,
             interval="epoch",
             plateau=True,
-            index=self._trainer.current_epoch,
+            index=trainer.current_epoch,
         )
+        trainer.current_epoch += 1
 
     def build_callbacks(self) -> dict[str, Any]:
         return {"lightning_adapter": adapter_callback(self._api, self)}
-
-    def get_batch_length(self, batch: Any) -> int:
-        from lightning.pytorch.utilities.data import extract_batch_size
-
-        return int(extract_batch_size(batch))
-
-
-def _loss_of(out: Any, *, automatic: bool) -> torch.Tensor | None:
-    """The loss in `training_step`'s output (a tensor, a dict with "loss", or None)."""
-    if out is None:
-        return None
-    if isinstance(out, torch.Tensor):
-        return out
-    if isinstance(out, dict):
-        loss = out.get("loss")
-        if loss is None and automatic:
-            raise InvalidTrialError(
-                'training_step() returned a dict without a "loss" key; under automatic '
-                'optimization return the loss tensor, a dict with "loss", or None.'
-            )
-        return loss if isinstance(loss, torch.Tensor) else None
-    if automatic:
-        raise InvalidTrialError(
-            "training_step() must return a Tensor, a dict with a 'loss' key, or None under "
-            f"automatic optimization; got {type(out).__name__}."
-        )
-    return None

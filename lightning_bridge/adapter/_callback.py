@@ -2,7 +2,10 @@
 
 Both are built on the classes of the API the trial runs on (`lightning_bridge` or
 `determined.pytorch`), since each trainer checks for its own classes. The callback runs the
-module's fit, epoch, validation and checkpoint hooks at the trainer's moments.
+module's (and its Lightning callbacks') fit, epoch, validation and checkpoint hooks at the
+trainer's moments, in Lightning's order: when validation falls at the end of a training epoch,
+the epoch's end (`on_train_epoch_end`, its epoch-level values, plateau schedulers) waits until
+that validation is over, as in `lightning.Trainer`.
 """
 
 from __future__ import annotations
@@ -33,67 +36,69 @@ def adapter_reducer(api: Any, state: Any, reset: Any, combine: Any) -> Any:
 
 def adapter_callback(api: Any, adapter: AdapterHost) -> Any:
     """The `PyTorchCallback` that runs the module's fit, epoch and checkpoint hooks."""
-    call, log, trainer = adapter._call, adapter._log, adapter._trainer
-    module, dm = adapter.lightning_module, adapter.datamodule
+    hook, call, log, trainer = adapter._hook, adapter._call, adapter._log, adapter._trainer
+    dm = adapter.datamodule
 
     class _Hooks(api.PyTorchCallback):
         def on_training_start(self) -> None:
-            call("on_fit_start")
-            call("on_train_start")
+            hook("on_fit_start")
+            hook("on_train_start")
 
         def on_training_epoch_start(self, epoch_idx: int) -> None:
-            if adapter._pending_plateau:
-                adapter._flush_plateau()
+            adapter._flush()
             trainer.current_epoch = epoch_idx
             trainer.state.stage = RunningStage.TRAINING
-            call("on_train_epoch_start")
+            hook("on_train_epoch_start")
 
         def on_training_epoch_end(self, epoch_idx: int) -> None:
-            call("on_train_epoch_end")
-            log.finish_training_epoch()
-            adapter._pending_plateau = True
+            if adapter._has_validation:
+                # Lightning validates first when validation falls at the epoch's end.
+                adapter._pending.append("epoch_end")
+                log.epoch_pending = True
+            else:
+                adapter._flush()
+                adapter._end_epoch()
 
         def on_validation_start(self) -> None:
-            trainer.state.stage = RunningStage.VALIDATING
-            call("on_validation_model_zero_grad")
-            call("on_validation_model_eval")
-            call("on_validation_start")
-
-        def on_validation_epoch_start(self) -> None:
-            call("on_validation_epoch_start")
+            adapter._validation_start()
 
         def on_validation_epoch_end(self, outputs: list) -> None:
-            call("on_validation_epoch_end")
-            log.finish_validation_epoch()
+            adapter._validation_epoch_end()
 
         def on_validation_end(self, metrics: dict[str, Any]) -> None:
-            call("on_validation_end")
-            call("on_validation_model_train")
-            trainer.state.stage = RunningStage.TRAINING
-            if adapter._pending_plateau:
-                adapter._flush_plateau()
+            adapter._validation_end()
 
         def on_trial_shutdown(self) -> None:
-            call("on_train_end")
-            call("on_fit_end")
+            adapter._flush()
+            hook("on_train_end")
+            hook("on_fit_end")
             if dm is not None:
                 dm.teardown(stage="fit")
+            adapter._callbacks.call("teardown", "fit")
             call("teardown", "fit")
 
         def state_dict(self) -> dict[str, Any]:
+            adapter._flush()
             checkpoint: dict[str, Any] = {}
+            callbacks = adapter._callbacks.state_dict()
+            adapter._callbacks.call("on_save_checkpoint", checkpoint)
             call("on_save_checkpoint", checkpoint)
             return {
                 "module_checkpoint": checkpoint,
                 "datamodule": dm.state_dict() if dm is not None else {},
+                "callbacks": callbacks,
                 "global_step": trainer.global_step,
+                "current_epoch": trainer.current_epoch,
             }
 
         def load_state_dict(self, state_dict: dict[str, Any]) -> None:
             trainer.global_step = int(state_dict.get("global_step", 0))
+            trainer.current_epoch = int(state_dict.get("current_epoch", 0))
+            checkpoint = dict(state_dict.get("module_checkpoint", {}))
+            call("on_load_checkpoint", checkpoint)
             if dm is not None:
                 dm.load_state_dict(state_dict.get("datamodule", {}))
-            call("on_load_checkpoint", dict(state_dict.get("module_checkpoint", {})))
+            adapter._callbacks.load_state_dict(dict(state_dict.get("callbacks", {})))
+            adapter._callbacks.call("on_load_checkpoint", checkpoint)
 
-    del module
     return _Hooks()

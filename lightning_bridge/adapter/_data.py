@@ -3,8 +3,9 @@
 The module's (or data module's) `train_dataloader()` is handed to the trial's trainer as a
 loader that repeats epoch after epoch (a trial's training data never runs out), re-iterating
 the user's `DataLoader` each pass exactly as Lightning does, so shuffling draws the same
-permutations. Under several processes the loaders get a `DistributedSampler`, as Lightning's
-DDP strategy gives them.
+permutations. Several validation loaders become one loader that runs them one after another
+(Lightning's sequential mode), each batch tagged with its loader's index. Under several
+processes the loaders get a `DistributedSampler`, as Lightning's DDP strategy gives them.
 """
 
 from __future__ import annotations
@@ -15,26 +16,34 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
-from lightning.pytorch.utilities.model_helpers import is_overridden
 
 from lightning_bridge._errors import InvalidTrialError
 from lightning_bridge.adapter._lightning_private import _set_sampler_epoch
+from lightning_bridge.adapter._packages import overrides
 
 _MISSING = inspect.Parameter.empty
 
 
-def build_from_hparams(cls: type, hparams: dict[str, Any], context: Any, what: str) -> Any:
-    """`cls(**matching hparams)`; `batch_size` defaults to the per-process batch size."""
+def constructor_arguments(cls: type) -> dict[str, inspect.Parameter]:
+    """The named arguments of `cls.__init__` (not `*args` / `**kwargs`)."""
     try:
         params = inspect.signature(cls).parameters
     except (TypeError, ValueError):  # pragma: no cover - builtins without a signature
-        params = {}  # type: ignore[assignment]
+        return {}
+    return {
+        name: p for name, p in params.items() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+    }
+
+
+def build_from_hparams(cls: type, hparams: dict[str, Any], context: Any, what: str) -> Any:
+    """`cls(**matching hparams)`; `batch_size` defaults to the per-process batch size."""
     kwargs: dict[str, Any] = {}
     missing: list[str] = []
-    for name, param in params.items():
-        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
-            continue
+    unfilled: list[str] = []
+    for name, param in constructor_arguments(cls).items():
         if name in hparams:
+            if hparams[name] is None and param.default is _MISSING:
+                unfilled.append(name)
             kwargs[name] = hparams[name]
         elif name == "batch_size" and "global_batch_size" in hparams:
             kwargs[name] = context.get_per_slot_batch_size()
@@ -46,30 +55,85 @@ def build_from_hparams(cls: type, hparams: dict[str, Any], context: Any, what: s
             "trial's hparams do not have: add them to hparams (constructor arguments are "
             "matched to hparams by name)."
         )
+    if unfilled:
+        raise InvalidTrialError(
+            f"{what} {cls.__name__}.__init__ takes {', '.join(map(repr, unfilled))} without a "
+            "default, and the hparams give null: fill in the value (lightning-bridge port "
+            "writes such arguments as null for you to fill)."
+        )
     return cls(**kwargs)
 
 
 def hook_owner(name: str, module: Any, datamodule: Any) -> Any:
     """Which object's shared data hook runs: the data module's when it overrides it."""
-    if datamodule is not None and is_overridden(name, datamodule):
+    if overrides(datamodule, name, "LightningDataModule"):
         return datamodule
     return module
 
 
-def single_loader(loader: Any, hook: str) -> Any:
-    """Refuse what a trial cannot iterate: several loaders, or nothing."""
-    if loader is None:
+def loaders_of(returned: Any, hook: str, *, several: bool) -> list[Any]:
+    """The loaders `hook` returned (one, or with `several` a list / tuple / dict of them)."""
+    if returned is None:
         raise InvalidTrialError(f"{hook}() returned None; return a torch DataLoader.")
-    if isinstance(loader, (list, tuple, dict)):
-        raise InvalidTrialError(
-            f"{hook}() returned {len(loader)} data loaders; a trial trains and validates on one "
-            "loader. Return a single DataLoader (combine datasets with ConcatDataset)."
-        )
-    if not hasattr(loader, "__iter__"):
-        raise InvalidTrialError(
-            f"{hook}() returned a {type(loader).__name__}; return a torch DataLoader."
-        )
-    return loader
+    if isinstance(returned, (list, tuple, dict)):
+        if not several:
+            raise InvalidTrialError(
+                f"{hook}() returned {len(returned)} data loaders; a trial trains on one loader. "
+                "Return a single DataLoader (combine datasets with ConcatDataset)."
+            )
+        loaders = list(returned.values() if isinstance(returned, dict) else returned)
+        if not loaders:
+            raise InvalidTrialError(f"{hook}() returned no data loader; return a DataLoader.")
+    else:
+        loaders = [returned]
+    for loader in loaders:
+        if not hasattr(loader, "__iter__"):
+            raise InvalidTrialError(
+                f"{hook}() returned a {type(loader).__name__}; return a torch DataLoader."
+            )
+    return loaders
+
+
+class Tagged:
+    """A validation batch from one of several loaders, with its loader and batch index."""
+
+    def __init__(self, batch: Any, dataloader_idx: int, batch_idx: int) -> None:
+        self.batch = batch
+        self.dataloader_idx = dataloader_idx
+        self.batch_idx = batch_idx
+
+
+class _Sequential(torch.utils.data.IterableDataset):
+    """Several validation loaders one after another, as Lightning's sequential mode runs them."""
+
+    def __init__(self, loaders: list[Any]) -> None:
+        self.loaders = loaders
+
+    def __iter__(self) -> Iterator[Tagged]:
+        for dataloader_idx, loader in enumerate(self.loaders):
+            for batch_idx, batch in enumerate(loader):
+                yield Tagged(batch, dataloader_idx, batch_idx)
+
+    def __len__(self) -> int:
+        return sum(len(loader) for loader in self.loaders)
+
+
+def sequential_loader(loaders: list[Any]) -> Any:
+    """One torch DataLoader (what trainers expect) that runs `loaders` in order."""
+    return torch.utils.data.DataLoader(_Sequential(loaders), batch_size=None, collate_fn=_keep)
+
+
+def _keep(item: Any) -> Any:
+    return item
+
+
+class NoValidation:
+    """The one batch of a module without validation_step: validation reports training values."""
+
+
+def no_validation_loader() -> Any:
+    items: Any = [NoValidation()]
+    return torch.utils.data.DataLoader(items, batch_size=None, collate_fn=_keep)
 
 
 def distributed_loader(loader: Any, rank: int, size: int, *, shuffle: bool) -> Any:

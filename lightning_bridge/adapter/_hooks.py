@@ -1,7 +1,8 @@
-"""What `LightningAdapter` refuses, checked when the trial is built.
+"""What `LightningAdapter` refuses, checked when the trial is built (and by the port tool).
 
-Each refusal names the hook or setting and says what to do instead. docs/lightning.md has
-the full table of LightningModule / LightningDataModule hooks and their status.
+Each refusal names the hook, setting or callback and says what to do instead.
+docs/lightning.md has the full table of LightningModule / LightningDataModule hooks, Trainer
+arguments and callbacks, and their status.
 """
 
 from __future__ import annotations
@@ -9,20 +10,22 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-from lightning.pytorch.utilities.model_helpers import is_overridden
+from lightning_bridge.adapter._packages import overrides
+from lightning_bridge.adapter._settings import TrainerSettings
+from lightning_bridge.adapter._trainer_callbacks import callback_problems
 
 
-def _aggregation_frequency(context: Any) -> int:
-    try:
-        config = context.get_experiment_config() or {}
-    except Exception:  # no experiment config given: Determined's default applies
-        return 1
-    return int((config.get("optimizations") or {}).get("aggregation_frequency", 1) or 1)
+def has_validation(module: Any, datamodule: Any) -> bool:
+    """Whether Lightning would validate: a `validation_step` and a validation loader."""
+    loader = overrides(module, "val_dataloader", "LightningModule") or overrides(
+        datamodule, "val_dataloader", "LightningDataModule"
+    )
+    return overrides(module, "validation_step", "LightningModule") and loader
 
 
-def refusals(module: Any, datamodule: Any, context: Any) -> list[str]:
-    """Messages for everything in `module` / `datamodule` a trial cannot run."""
-    name = type(module).__name__
+def signature_refusals(module: Any) -> list[str]:
+    """What the module's `training_step` signature alone rules out (class or instance)."""
+    name = module.__name__ if isinstance(module, type) else type(module).__name__
     out: list[str] = []
     params = inspect.signature(module.training_step).parameters
     if "dataloader_iter" in params:
@@ -35,29 +38,32 @@ def refusals(module: Any, datamodule: Any, context: Any) -> list[str]:
             f"{name}.training_step(optimizer_idx) is Lightning 1.x's multiple-optimizer API; "
             "set self.automatic_optimization = False and step self.optimizers() yourself."
         )
-    if not is_overridden("validation_step", module):
-        out.append(
-            f"{name} has no validation_step(): a Determined trial always validates. Define "
-            "validation_step() and val_dataloader() (on the module or the data module)."
-        )
-    has_val = is_overridden("val_dataloader", module) or (
-        datamodule is not None and is_overridden("val_dataloader", datamodule)
-    )
-    if not has_val:
-        out.append(
-            f"{name} has no val_dataloader(): a Determined trial always validates. Define it "
-            "on the module or pass a LightningDataModule that defines it."
-        )
-    if is_overridden("configure_callbacks", module) and module.configure_callbacks():
-        out.append(
-            f"{name}.configure_callbacks() returned Lightning callbacks; a trial has no "
-            "lightning.Trainer to run them. Move their logic into the module's hooks, or "
-            "write a PyTorchCallback."
-        )
-    if _aggregation_frequency(context) > 1:
-        out.append(
-            "LightningAdapter does not support optimizations.aggregation_frequency > 1: the "
-            "module's own optimizer_zero_grad / optimizer_step hooks decide when gradients are "
-            "cleared. Set aggregation_frequency to 1."
-        )
+    return out
+
+
+def refusals(
+    module: Any,
+    datamodule: Any,
+    callbacks: list[Any],
+    settings: TrainerSettings,
+    config: dict[str, Any],
+) -> list[str]:
+    """Messages for everything in the module, data module, settings and callbacks a trial
+    cannot run (empty when it can run all of it)."""
+    out = signature_refusals(module)
+    if not module.automatic_optimization:
+        # lightning.Trainer refuses both under manual optimization, with these messages.
+        if settings.accumulate_grad_batches != 1:
+            out.append(
+                "Automatic gradient accumulation is not supported for manual optimization. "
+                f"Remove accumulate_grad_batches={settings.accumulate_grad_batches} (hparams or "
+                "optimizations.aggregation_frequency) or switch to automatic optimization."
+            )
+        if settings.gradient_clip_val is not None:
+            out.append(
+                "Automatic gradient clipping is not supported for manual optimization. Remove "
+                "gradient_clip_val from the hparams or switch to automatic optimization "
+                "(call self.clip_gradients() in training_step instead)."
+            )
+    out.extend(callback_problems(callbacks, module, config, settings.aggregation))
     return out

@@ -10,6 +10,9 @@ the bridge does not import this module.
 
 from __future__ import annotations
 
+import importlib
+import types
+
 import lightning.pytorch as pl
 
 try:
@@ -40,6 +43,15 @@ except ImportError as exc:  # pragma: no cover - depends on the installed Lightn
         "Lightning release the adapter supports: pip install 'lightning>=2.4,<2.7'."
     ) from exc
 
+
+def optimizer_helpers(package: types.ModuleType) -> types.ModuleType:
+    """`core.optimizer` of the module's own Lightning package (`lightning.pytorch` or
+    `pytorch_lightning`): its `configure_optimizers` checks look for that package's classes."""
+    if package is pl:
+        return importlib.import_module("lightning.pytorch.core.optimizer")
+    return importlib.import_module(f"{package.__name__}.core.optimizer")
+
+
 __all__ = [
     "_FxValidator",
     "_ResultCollection",
@@ -55,4 +67,5 @@ __all__ = [
     "_validate_multiple_optimizers_support",
     "_validate_optimizers_attached",
     "_validate_scheduler_api",
+    "optimizer_helpers",
 ]

@@ -2,14 +2,17 @@
 
 Values are kept in Lightning's own result collections, so the step values, the epoch
 aggregates (`reduce_fx` mean weighted by batch size, sum, max, min) and torchmetrics objects
-(`compute()` at epoch end, then `reset()`) are exactly what Lightning would log. They reach the
-trial through two metric reducers registered with `context.wrap_reducer`, which both
-Determined's and the bridge's trainers reduce across processes:
+(`compute()` at epoch end, then `reset()`) are exactly what Lightning would log, under the
+names Lightning gives them (`_metric_values`). They reach the trial through two metric reducers
+registered with `context.wrap_reducer`, which both Determined's and the bridge's trainers
+reduce across processes:
 
 - training: the mean of each step value over the reporting window (plus `loss`, the training
-  step's loss, unless the module logs a metric of that name), and the epoch-level values of
-  the epoch that ended in the window;
-- validation: the epoch-level values of the validation pass.
+  step's loss, unless the module logs a metric of that name, and what callbacks such as
+  LearningRateMonitor log), and the epoch-level values of the epoch that ended in the window;
+- validation: the epoch-level values of the validation pass; for a module without
+  `validation_step`, the values of the last training epoch (epoch-level values, and the epoch
+  mean of each step value and of the loss), so the searcher has a metric.
 """
 
 from __future__ import annotations
@@ -27,14 +30,17 @@ from lightning_bridge.adapter._lightning_private import (
     _get_default_dtype,
     _ResultCollection,
 )
+from lightning_bridge.adapter._metric_values import (
+    Partial,
+    epoch_values,
+    live_items,
+    partial_results,
+    scalar,
+)
 
 
 def _is_validation_hook(fx: str) -> bool:
     return "validation" in fx
-
-
-def _scalar(value: Any) -> torch.Tensor:
-    return value.detach().to("cpu", copy=True) if isinstance(value, torch.Tensor) else value
 
 
 class LogRouter:
@@ -43,13 +49,32 @@ class LogRouter:
     def __init__(self, distributed: Callable[[], bool]) -> None:
         self.train = _ResultCollection(training=True)
         self.val = _ResultCollection(training=False)
-        self.callback_metrics: dict[str, torch.Tensor] = {}
+        self._callback: dict[str, torch.Tensor] = {}
+        self._epoch_end_reached = False
         self._distributed = distributed
         self._logged_now: set[str] = set()
         # Training reporting window: step values (sum, count) and finished-epoch values.
         self.window_steps: dict[str, list[float]] = {}
         self.window_epoch: dict[str, torch.Tensor] = {}
         self.window_loss: list[float] = [0.0, 0]
+        self.window_plain: dict[str, str] = {}
+        # The epoch's end is deferred (validation first, as in Lightning): a report in between
+        # takes the epoch values computed so far; these are not reported twice.
+        self.epoch_pending = False
+        self._reported_early: set[str] = set()
+        # Step values (sum, count) and loss of the running epoch, and the last epoch's values:
+        # a module without validation_step reports these as its validation metrics.
+        self._epoch_steps: dict[str, list[float]] = {}
+        self._epoch_loss: list[float] = [0.0, 0]
+        self.last_epoch: dict[str, Partial] | None = None
+
+    @property
+    def callback_metrics(self) -> dict[str, torch.Tensor]:
+        """What `trainer.callback_metrics` holds; once the training epoch's end is reached,
+        its epoch values are computed when read (as Lightning computes them)."""
+        if self._epoch_end_reached:
+            self._callback.update(epoch_values(self.train)[1])
+        return self._callback
 
     # ----- self.log -----
 
@@ -120,9 +145,12 @@ class LogRouter:
 
     # ----- batches -----
 
-    def start_batch(self, results: _ResultCollection, batch: Any) -> None:
+    def start_batch(
+        self, results: _ResultCollection, batch: Any, dataloader_idx: int | None = None
+    ) -> None:
         results.batch = batch
         results.batch_size = None
+        results.dataloader_idx = dataloader_idx
 
     def end_batch(self, results: _ResultCollection) -> None:
         results.batch = None
@@ -130,39 +158,71 @@ class LogRouter:
 
     def finish_training_batch(self, loss: torch.Tensor | None) -> None:
         """Add this batch's step values to the window and to `callback_metrics`."""
-        for key, metric in self.train.valid_items():
+        for metric in live_items(self.train):
+            key = f"{metric.meta.fx}.{metric.meta.name}"
             if key not in self._logged_now or not metric.meta.on_step:
                 continue
             value = metric._forward_cache
             if not isinstance(value, torch.Tensor):
                 continue
             value = value.detach()
-            self.callback_metrics[metric.meta.name] = value
-            self.callback_metrics[metric.meta.forked_name(True)] = value
+            name, forked = self.train._forked_name(metric, True)
+            self._callback[name] = value
+            self._callback[forked] = value
             if metric.meta.logger:
-                self._add_step(metric.meta.forked_name(True), float(value))
+                self._add(self.window_steps, forked, float(value))
+                if forked != name:
+                    self.window_plain[forked] = name
+                else:
+                    self._add(self._epoch_steps, name, float(value))
         self._logged_now.clear()
         if loss is not None:
-            self.window_loss[0] += float(loss.detach())
-            self.window_loss[1] += 1
+            for totals in (self.window_loss, self._epoch_loss):
+                totals[0] += float(loss.detach())
+                totals[1] += 1
 
-    def _add_step(self, name: str, value: float) -> None:
-        entry = self.window_steps.setdefault(name, [0.0, 0])
+    @staticmethod
+    def _add(sums: dict[str, list[float]], name: str, value: float) -> None:
+        entry = sums.setdefault(name, [0.0, 0])
         entry[0] += value
         entry[1] += 1
 
+    def add_logged(self, metrics: dict[str, Any]) -> None:
+        """Values a callback logged through `trainer.loggers` (LearningRateMonitor)."""
+        for name, value in metrics.items():
+            self._add(self.window_steps, name, float(value))
+
+    # ----- training epochs -----
+
+    def epoch_end_reached(self) -> None:
+        """From now until the epoch's values are final, `callback_metrics` includes them."""
+        self._epoch_end_reached = True
+
     def finish_training_epoch(self) -> None:
         """Epoch-level training values (after `on_train_epoch_end`); then reset, as Lightning."""
-        log, callback = _epoch_values(self.train)
-        self.window_epoch.update(log)
-        self.callback_metrics.update(callback)
+        reported, callback = epoch_values(self.train)
+        self.window_epoch.update(
+            {k: v for k, v in reported.items() if k not in self._reported_early}
+        )
+        self._callback.update(callback)
+        self._epoch_end_reached = False
+        last: dict[str, Partial] = {k: ("value", scalar(v), None) for k, v in reported.items()}
+        for name, (total, count) in self._epoch_steps.items():
+            last.setdefault(name, ("mean", total, count))
+        if "loss" not in last and self._epoch_loss[1]:
+            last["loss"] = ("mean", self._epoch_loss[0], self._epoch_loss[1])
+        self.last_epoch = last
+        self._epoch_steps, self._epoch_loss = {}, [0.0, 0]
         self.train.reset()
         self._logged_now.clear()
+        self.epoch_pending = False
+        self._reported_early = set()
+
+    # ----- validation -----
 
     def finish_validation_epoch(self) -> None:
         """`callback_metrics` from the validation pass (after `on_validation_epoch_end`)."""
-        _, callback = _epoch_values(self.val)
-        self.callback_metrics.update(callback)
+        self._callback.update(epoch_values(self.val)[1])
         self._logged_now.clear()
 
     # ----- reducer states -----
@@ -172,98 +232,37 @@ class LogRouter:
         if "loss" not in steps and self.window_loss[1]:
             # The training step's loss, unless the module logs a "loss" of its own.
             steps["loss"] = (self.window_loss[0], self.window_loss[1])
+        epoch = dict(self.window_epoch)
+        if self.epoch_pending:
+            early = {k: v for k, v in epoch_values(self.train)[0].items()}
+            self._reported_early.update(early)
+            epoch.update(early)
         return {
             "steps": steps,
-            "epoch": {k: _scalar(v) for k, v in self.window_epoch.items()},
+            "epoch": {k: scalar(v) for k, v in epoch.items()},
+            "plain": dict(self.window_plain),
         }
 
     def reset_window(self) -> None:
         self.window_steps = {}
         self.window_epoch = {}
         self.window_loss = [0.0, 0]
+        self.window_plain = {}
 
-    def validation_state(self) -> dict[str, tuple[str, Any, Any]]:
+    def validation_state(self) -> dict[str, Partial]:
         """Per-process partial results of each epoch-level validation value."""
-        out: dict[str, tuple[str, Any, Any]] = {}
-        for _, metric in self.val.valid_items():
-            meta = metric.meta
-            if not meta.on_epoch or not meta.logger:
-                continue
-            name = meta.forked_name(False)
-            if not metric.is_tensor:
-                out[name] = ("value", _scalar(metric.compute()), None)
-            elif meta.is_mean_reduction:
-                out[name] = ("mean", _scalar(metric.value), _scalar(metric.cumulated_batch_size))
-            elif meta.is_sum_reduction:
-                out[name] = ("sum", _scalar(metric.value), None)
-            elif meta.is_max_reduction:
-                out[name] = ("max", _scalar(metric.value), None)
-            else:
-                out[name] = ("min", _scalar(metric.value), None)
-        return out
+        return partial_results(self.val)
 
-
-def _epoch_values(results: _ResultCollection) -> tuple[dict[str, Any], dict[str, Any]]:
-    log: dict[str, Any] = {}
-    callback: dict[str, Any] = {}
-    for _, metric in results.valid_items():
-        if not metric.meta.on_epoch:
-            continue
-        value = metric.compute()
-        if not isinstance(value, torch.Tensor):
-            raise InvalidTrialError(
-                f"The metric logged as {metric.meta.name!r} computed a "
-                f"{type(value).__name__}; its compute() must return a tensor."
-            )
-        value = value.detach()
-        forked = metric.meta.forked_name(False)
-        if metric.meta.logger:
-            log[forked] = value
-        callback[metric.meta.name] = value
-        callback[forked] = value
-    return log, callback
-
-
-def combine_training(per_slot: list[dict[str, Any]]) -> dict[str, Any]:
-    """Window means of step values and slot means of epoch values, across processes."""
-    sums: dict[str, list[float]] = {}
-    epoch: dict[str, list[Any]] = {}
-    for slot in per_slot:
-        for key, (total, count) in slot["steps"].items():
-            entry = sums.setdefault(key, [0.0, 0])
-            entry[0] += total
-            entry[1] += count
-        for key, value in slot["epoch"].items():
-            epoch.setdefault(key, []).append(value)
-    out: dict[str, Any] = {k: s / c for k, (s, c) in sums.items() if c}
-    for key, values in epoch.items():
-        out[key] = torch.stack([torch.as_tensor(v) for v in values]).mean(dim=0)
-    return out
-
-
-def combine_validation(per_slot: list[dict[str, tuple[str, Any, Any]]]) -> dict[str, Any]:
-    """Each epoch-level validation value over every process's batches."""
-    out: dict[str, Any] = {}
-    for key in per_slot[0] if per_slot else {}:
-        parts = [slot[key] for slot in per_slot if key in slot]
-        kind = parts[0][0]
-        values = [torch.as_tensor(p[1]) for p in parts]
-        if kind == "mean":
-            total = values[0]
-            count = torch.as_tensor(parts[0][2])
-            for value, part in zip(values[1:], parts[1:], strict=True):
-                total = total + value
-                count = count + torch.as_tensor(part[2])
-            out[key] = total / count
-        elif kind == "sum":
-            out[key] = torch.stack(values).sum(dim=0)
-        elif kind == "max":
-            out[key] = torch.stack(values).max(dim=0).values
-        elif kind == "min":
-            out[key] = torch.stack(values).min(dim=0).values
-        else:
-            out[key] = torch.stack(values).float().mean(dim=0)
-    return out
+    def training_as_validation(self) -> dict[str, Partial]:
+        """The last training epoch's values (before the first epoch ends: the running one's)."""
+        if self.last_epoch is not None:
+            return dict(self.last_epoch)
+        running = partial_results(self.train)
+        for name, (total, count) in self._epoch_steps.items():
+            running.setdefault(name, ("mean", total, count))
+        if "loss" not in running and self._epoch_loss[1]:
+            running["loss"] = ("mean", self._epoch_loss[0], self._epoch_loss[1])
+        return running
 
 
 def _no_sync(value: Any, *args: Any, **kwargs: Any) -> Any:

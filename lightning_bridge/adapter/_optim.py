@@ -6,7 +6,7 @@ list, two lists, a dict, a list of dicts, `None`), so the scheduler configs (`in
 `StepMode.MANUAL_STEP` (checkpointed with the trial) and stepped by the adapter at Lightning's
 moments: `"step"` after each optimizer step (frequency counting the batch within the epoch),
 `"epoch"` at the epoch's last batch, `ReduceLROnPlateau` with its monitored value from
-`callback_metrics` after the validation that ends the epoch.
+`callback_metrics` after the validation that ends the epoch (or the batch, for `"step"`).
 """
 
 from __future__ import annotations
@@ -18,31 +18,29 @@ import torch
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from lightning_bridge._errors import InvalidTrialError
-from lightning_bridge.adapter._lightning_private import (
-    _configure_optimizers,
-    _configure_schedulers_automatic_opt,
-    _configure_schedulers_manual_opt,
-    _validate_multiple_optimizers_support,
-    _validate_optimizers_attached,
-    _validate_scheduler_api,
-)
+from lightning_bridge.adapter._lightning_private import optimizer_helpers
+from lightning_bridge.adapter._packages import package_of, submodule
 
 
 def parse_optimizers(module: Any, conf: Any) -> tuple[list[torch.optim.Optimizer], list[Any]]:
     """Optimizers and `LRSchedulerConfig`s from `configure_optimizers()`'s return value."""
     if conf is None:
         return [], []
+    package = package_of(module)
+    helpers = optimizer_helpers(package)
+    errors: tuple[type[BaseException], ...] = (MisconfigurationException,)
+    errors += (submodule(package, "utilities.exceptions").MisconfigurationException,)
     try:
-        optimizers, schedulers, monitor = _configure_optimizers(conf)
+        optimizers, schedulers, monitor = helpers._configure_optimizers(conf)
         configs = (
-            _configure_schedulers_automatic_opt(schedulers, monitor)
+            helpers._configure_schedulers_automatic_opt(schedulers, monitor)
             if module.automatic_optimization
-            else _configure_schedulers_manual_opt(schedulers)
+            else helpers._configure_schedulers_manual_opt(schedulers)
         )
-        _validate_multiple_optimizers_support(optimizers, module)
-        _validate_optimizers_attached(optimizers, configs)
-        _validate_scheduler_api(configs, module)
-    except (MisconfigurationException, RuntimeError, TypeError, ValueError, KeyError) as exc:
+        helpers._validate_multiple_optimizers_support(optimizers, module)
+        helpers._validate_optimizers_attached(optimizers, configs)
+        helpers._validate_scheduler_api(configs, module)
+    except (RuntimeError, TypeError, ValueError, KeyError, *errors) as exc:  # type: ignore[misc]
         raise InvalidTrialError(f"configure_optimizers(): {exc}") from None
     for opt in optimizers:
         if not isinstance(opt, torch.optim.Optimizer):
@@ -64,7 +62,6 @@ def step_schedulers(
     call: Any,
     configs: list[Any],
     callback_metrics: dict[str, Any],
-    *,
     interval: str,
     plateau: bool,
     index: int,

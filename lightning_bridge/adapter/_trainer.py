@@ -2,10 +2,12 @@
 
 A module running under `LightningAdapter` is never attached to a `lightning.Trainer`: the
 trial runs on whichever Determined-style `Trainer` drives it. `module.trainer` is a
-`StandInTrainer` that answers what modules commonly read (epoch and step counters, phase flags,
-optimizers and scheduler configs, rank and world size, `callback_metrics`, `log_dir`, ...), and
-whose `strategy` routes `manual_backward` and `optimizer.step()` into the trial context.
-Anything else fails with a message naming the attribute.
+`StandInTrainer` that answers what modules and callbacks commonly read (epoch and step
+counters, phase flags, optimizers and scheduler configs, rank and world size,
+`callback_metrics`, the Trainer settings of `_settings` such as `max_epochs` and
+`estimated_stepping_batches`, ...), and whose `strategy` routes `manual_backward` and
+`optimizer.step()` into the trial context. Anything else fails with a message naming the
+attribute.
 """
 
 from __future__ import annotations
@@ -14,7 +16,6 @@ import os
 from typing import TYPE_CHECKING, Any
 
 import torch
-from lightning.pytorch.plugins.precision import Precision
 from lightning.pytorch.profilers import PassThroughProfiler
 from lightning.pytorch.trainer.states import RunningStage, TrainerFn, TrainerState, TrainerStatus
 from lightning.pytorch.utilities import GradClipAlgorithmType
@@ -27,6 +28,7 @@ from lightning_bridge.adapter._lightning_private import (
 
 if TYPE_CHECKING:
     from lightning_bridge.adapter._host import AdapterHost
+    from lightning_bridge.adapter._settings import TrainerSettings
 
 
 def _distributed() -> bool:
@@ -38,10 +40,10 @@ class StandInStrategy:
 
     handles_gradient_accumulation = False
 
-    def __init__(self, adapter: AdapterHost) -> None:
+    def __init__(self, adapter: AdapterHost, precision_plugin: Any) -> None:
         self._adapter = adapter
         self._lightning_optimizers: list[Any] = []
-        self.precision_plugin = Precision()
+        self.precision_plugin = precision_plugin
 
     @property
     def lightning_module(self) -> Any:
@@ -90,6 +92,13 @@ class StandInStrategy:
     def all_gather(self, tensor: torch.Tensor, group: Any = None, sync_grads: bool = False) -> Any:
         return _all_gather_ddp_if_available(tensor, group=group, sync_grads=sync_grads)
 
+    def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:
+        """One decision for every process (EarlyStopping's): all agree, or any says yes."""
+        if not _distributed():
+            return bool(decision)
+        total = self.reduce(torch.tensor(int(decision), device=self.root_device), reduce_op="sum")
+        return bool(total == self.world_size) if all else bool(total)
+
     def barrier(self, name: str | None = None) -> None:
         if _distributed():
             torch.distributed.barrier()
@@ -102,44 +111,96 @@ class StandInStrategy:
         return self._adapter.context.distributed.broadcast(obj)
 
 
+class _Progress:
+    """`trainer.fit_loop.epoch_loop._batches_that_stepped`, which LearningRateMonitor reads."""
+
+    def __init__(self, trainer: StandInTrainer) -> None:
+        self._trainer = trainer
+        self.epoch_loop = self
+
+    @property
+    def _batches_that_stepped(self) -> int:
+        return int(self._trainer.global_step)
+
+    @property
+    def should_update_logs(self) -> bool:
+        # Every step's values go into the reporting window (which averages them).
+        return True
+
+
 class StandInTrainer:
     """`module.trainer` for a module running as a trial (see the module docstring)."""
 
-    def __init__(self, adapter: AdapterHost, gradient_clip_val: float | None, algo: Any) -> None:
+    def __init__(
+        self, adapter: AdapterHost, settings: TrainerSettings, precision_plugin: Any
+    ) -> None:
         self._adapter = adapter
-        self.strategy = StandInStrategy(adapter)
-        self.precision_plugin = self.strategy.precision_plugin
+        self._settings = settings
+        self.strategy = StandInStrategy(adapter, precision_plugin)
+        self.precision_plugin = precision_plugin
         self.state = TrainerState(status=TrainerStatus.RUNNING, fn=TrainerFn.FITTING)
         self.state.stage = RunningStage.TRAINING
         self.profiler = PassThroughProfiler()
-        self.gradient_clip_val = gradient_clip_val
+        self.gradient_clip_val = settings.gradient_clip_val
+        algo = settings.gradient_clip_algorithm
         self.gradient_clip_algorithm = None if algo is None else GradClipAlgorithmType(algo)
+        self.accumulate_grad_batches = settings.accumulate_grad_batches
+        self.val_check_interval = settings.val_check_interval
+        self.check_val_every_n_epoch = settings.check_val_every_n_epoch
+        self.precision = settings.precision
         self.optimizers: list[torch.optim.Optimizer] = []
         self.lr_scheduler_configs: list[Any] = []
         self.logged_metrics: dict[str, torch.Tensor] = {}
         self.progress_bar_metrics: dict[str, float] = {}
         self.current_epoch = 0
         self.global_step = 0
-        self.num_training_batches: float = float("inf")
         self.sanity_checking = False
         self.testing = False
         self.predicting = False
         self.barebones = False
+        self.fast_dev_run = False
         self.received_sigterm = False
-        self.accumulate_grad_batches = 1
-        self.logger = None
+        self.logger: Any = None
         self.loggers: list[Any] = []
         self.callbacks: list[Any] = []
-        self.checkpoint_callback = None
+        self.checkpoint_callback: Any = None
         self.checkpoint_callbacks: list[Any] = []
-        self.early_stopping_callback = None
+        self.early_stopping_callback: Any = None
+        self.early_stopping_callbacks: list[Any] = []
         self.progress_bar_callback = None
-        self.precision = "32-true"
         self.num_nodes = 1
         self.num_devices = 1
         self.node_rank = 0
-        self.max_epochs: int | None = None
-        self.max_steps = -1
+        self.fit_loop = _Progress(self)
+        self._logger_connector = self.fit_loop
+
+    # ----- the trial's length (from the experiment config) -----
+
+    @property
+    def num_training_batches(self) -> int | float:
+        """Batches per epoch of this process's training loader (built early if needed)."""
+        length = self._adapter._training_epoch_len()
+        return float("inf") if length is None else length
+
+    @property
+    def max_epochs(self) -> int:
+        return self._settings.max_epochs(self._adapter._training_epoch_len())
+
+    @property
+    def max_steps(self) -> int:
+        return self._settings.max_steps(
+            self._adapter._training_epoch_len(), self.accumulate_grad_batches
+        )
+
+    @property
+    def estimated_stepping_batches(self) -> int | float:
+        return self._settings.estimated_stepping_batches(
+            self._adapter._training_epoch_len(), self.accumulate_grad_batches
+        )
+
+    @property
+    def train_dataloader(self) -> Any:
+        return self._adapter._training_loader()
 
     # ----- phases -----
 

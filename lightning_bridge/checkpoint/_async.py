@@ -26,6 +26,7 @@ import uuid as uuid_lib
 from collections.abc import Callable
 from typing import Any
 
+from lightning_bridge._errors import BridgeError
 from lightning_bridge.checkpoint._layout import write_checkpoint
 from lightning_bridge.checkpoint._snapshot import Snapshotter
 
@@ -43,6 +44,7 @@ class _Save:
         load_data: dict[str, Any],
         storage_id: str,
         on_durable: list[Callable[[pathlib.Path], None]],
+        options: dict[str, Any],
     ) -> None:
         self.base_dir = base_dir
         self.payload: dict[str, Any] | None = payload
@@ -51,6 +53,7 @@ class _Save:
         self.storage_id = storage_id
         self.path = base_dir / storage_id
         self.on_durable = on_durable
+        self.options = options  # further arguments of `write_checkpoint`
         self.error: BaseException | None = None
         self.done = threading.Event()
         self.thread: threading.Thread | None = None
@@ -60,7 +63,12 @@ class _Save:
             payload, self.payload = self.payload, None
             assert payload is not None
             write_checkpoint(
-                self.base_dir, payload, self.trial_state, self.load_data, self.storage_id
+                self.base_dir,
+                payload,
+                self.trial_state,
+                self.load_data,
+                storage_id=self.storage_id,
+                **self.options,
             )
         except BaseException as exc:  # re-raised on the training thread
             self.error = exc
@@ -92,13 +100,17 @@ class CheckpointWriter:
         trial_state: dict[str, int],
         load_data: dict[str, Any],
         on_durable: Callable[[pathlib.Path], None] | None = None,
+        **options: Any,
     ) -> tuple[pathlib.Path, str]:
         """Queue a checkpoint (after the previous one is durable); returns its future path and
-        id. `start` begins the write; `on_durable(path)` runs once it is complete."""
+        id. `start` begins the write; `on_durable(path)` runs once it is complete; `options` go
+        to `write_checkpoint` (the code folder to copy)."""
         self.wait()
         storage_id = str(uuid_lib.uuid4())
         callbacks = [] if on_durable is None else [on_durable]
-        self._save = _Save(base_dir, payload, trial_state, load_data, storage_id, callbacks)
+        self._save = _Save(
+            base_dir, payload, trial_state, load_data, storage_id, callbacks, options
+        )
         return self._save.path, storage_id
 
     def on_durable(self, callback: Callable[[pathlib.Path], None]) -> None:
@@ -145,7 +157,8 @@ class CheckpointWriter:
     def _finish(self, save: _Save) -> None:
         self._save = None
         if save.error is not None:
-            save.error.add_note(f"(while writing checkpoint {save.path} in the background)")
+            if not isinstance(save.error, BridgeError):  # those name the path already
+                save.error.add_note(f"(while writing checkpoint {save.path} in the background)")
             raise save.error
         for callback in save.on_durable:
             callback(save.path)

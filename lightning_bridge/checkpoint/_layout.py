@@ -23,7 +23,9 @@ import torch
 
 from lightning_bridge._errors import InvalidArgumentError
 from lightning_bridge._version import __version__
+from lightning_bridge.checkpoint._code import CODE_DIR, copy_code
 from lightning_bridge.checkpoint._torch_save import save_state
+from lightning_bridge.checkpoint._writable import tensor_bytes, write_failure
 
 logger = logging.getLogger("lightning_bridge")
 
@@ -31,6 +33,8 @@ STATE_FILE = "state_dict.pth"
 EXTRAS_KEY = "lightning_bridge"  # the bridge's own entry in state_dict.pth
 LATEST_FILE = "latest"  # names the newest complete checkpoint in a checkpoint directory
 FORMAT_VERSION = 1  # metadata.json "lightning_bridge_format"; bumped on incompatible changes
+# metadata.json "determined_version": the Determined release whose checkpoints these match.
+DETERMINED_VERSION = "0.38.1"
 LEGACY_STATE_FILES = (
     ("state_dict.pth",),
     ("determined", "state_dict.pth"),
@@ -86,6 +90,23 @@ def resolve_checkpoint(
     return path
 
 
+def _pointer_target(base_dir: pathlib.Path, pointer: pathlib.Path) -> pathlib.Path | None:
+    """The checkpoint `latest` names: a directory name of `base_dir`, else None (a damaged
+    pointer is skipped with a warning; the newest complete checkpoint is used instead)."""
+    try:
+        name = pointer.read_bytes()[:256].decode("utf-8").strip()
+    except (OSError, UnicodeDecodeError):
+        name = ""
+    if not name or name in (".", "..") or "/" in name or "\\" in name or "\0" in name:
+        logger.warning(
+            "%s does not name a checkpoint of %s; using the newest complete checkpoint there.",
+            pointer,
+            base_dir,
+        )
+        return None
+    return base_dir / name
+
+
 def latest_checkpoint_in(base_dir: pathlib.Path) -> pathlib.Path | None:
     """The checkpoint to continue from in a checkpoint directory, if any.
 
@@ -95,8 +116,8 @@ def latest_checkpoint_in(base_dir: pathlib.Path) -> pathlib.Path | None:
     """
     pointer = base_dir / LATEST_FILE
     if pointer.is_file():
-        named = base_dir / pointer.read_text().strip()
-        if (named / "metadata.json").is_file():
+        named = _pointer_target(base_dir, pointer)
+        if named is not None and (named / "metadata.json").is_file():
             return named
 
     def steps(path: pathlib.Path) -> int:
@@ -113,18 +134,13 @@ def latest_checkpoint_in(base_dir: pathlib.Path) -> pathlib.Path | None:
     return max(complete, key=steps) if complete else None
 
 
-def remove_partial_checkpoints(base_dir: pathlib.Path) -> None:
-    """Delete what an interrupted save left behind (never a complete checkpoint)."""
-    if base_dir.is_dir():
-        for leftover in base_dir.glob(".*.partial"):
-            shutil.rmtree(leftover, ignore_errors=True)
-
-
 def write_checkpoint(
     base_dir: pathlib.Path,
     payload: dict[str, Any],
     trial_state: dict[str, int],
     load_data: dict[str, Any],
+    code_dir: pathlib.Path | None = None,
+    code_exclude: tuple[pathlib.Path, ...] = (),
     storage_id: str | None = None,
 ) -> tuple[pathlib.Path, str]:
     """Write one checkpoint under `base_dir/<storage_id>` (a new uuid by default) atomically;
@@ -132,14 +148,19 @@ def write_checkpoint(
 
     The files go to `.<uuid>.partial`, are fsynced, and the directory is renamed into place
     before `latest` is moved to it; an interrupted save leaves only the `.partial` directory.
+    `code_dir` (the experiment folder) is copied into the checkpoint's `code/` (see `_code`),
+    leaving out `base_dir` and `code_exclude`.
     """
     storage_id = storage_id or str(uuid_lib.uuid4())
-    base_dir.mkdir(parents=True, exist_ok=True)
     final = base_dir / storage_id
     tmp = base_dir / f".{storage_id}.partial"
-    tmp.mkdir()
     try:
-        save_state(payload, tmp / STATE_FILE)
+        base_dir.mkdir(parents=True, exist_ok=True)
+        tmp.mkdir()
+        # Through a Python file, so a failed write raises OSError with its errno (a full disk
+        # is ENOSPC), not torch's "unexpected pos" RuntimeError.
+        with open(tmp / STATE_FILE, "wb") as state_file:
+            save_state(payload, state_file)
         with open(tmp / "trial_state.pkl", "wb") as f:
             pickle.dump(trial_state, f)
         with open(tmp / "load_data.json", "w") as f:
@@ -152,14 +173,21 @@ def write_checkpoint(
                     "framework": f"torch-{torch.__version__}",
                     "format": "pickle",
                     "lightning_bridge_format": FORMAT_VERSION,
+                    "determined_version": DETERMINED_VERSION,
                 },
                 f,
                 indent=2,
             )
+        if code_dir is not None:
+            copy_code(code_dir, tmp / CODE_DIR, exclude=(base_dir, *code_exclude))
         _fsync_tree(tmp)
         os.replace(tmp, final)
         _fsync_dir(base_dir)
         _write_latest(base_dir, storage_id)
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        latest = latest_checkpoint_in(base_dir)
+        raise write_failure(base_dir, exc, tensor_bytes(payload), latest) from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from lightning_bridge._errors import InvalidCheckpointError
+from lightning_bridge._errors import CheckpointRuntimeError, InvalidCheckpointError
 
 
 def entries(payload: dict[str, Any], single: str, many: str) -> list[Any]:
@@ -20,7 +20,8 @@ def entries(payload: dict[str, Any], single: str, many: str) -> list[Any]:
 
 def check_count(what: str, states: list[Any], objects: list[Any]) -> None:
     if len(states) != len(objects):
-        raise InvalidCheckpointError(
+        # Determined raises RuntimeError here.
+        raise CheckpointRuntimeError(
             f"The checkpoint holds {len(states)} {what}(s) but the trial wraps {len(objects)}; "
             "load it into the trial class that wrote it."
         )

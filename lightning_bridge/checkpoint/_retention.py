@@ -4,6 +4,12 @@
 `save_experiment_best` keep the N best by the searcher metric (one trial is the whole
 experiment here, so the larger of the two applies); everything else is deleted once a newer
 checkpoint is complete. The newest checkpoint is always kept: it is what a run continues from.
+
+Each checkpoint records the ones kept before it (`history`), so a run continued from it
+(`resume`) applies the policy to those too, not only to the checkpoints it writes itself.
+
+A checkpoint is named by its local path (its name is its uuid); `remove` deletes it wherever it
+is stored (a local folder by default).
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ from __future__ import annotations
 import logging
 import pathlib
 import shutil
+from collections.abc import Callable
 from typing import Any
 
 logger = logging.getLogger("lightning_bridge")
@@ -19,14 +26,25 @@ logger = logging.getLogger("lightning_bridge")
 class CheckpointRetention:
     """Tracks written checkpoints and deletes those the policy no longer keeps."""
 
-    def __init__(self, keep_latest: int, keep_best: int, smaller_is_better: bool) -> None:
+    def __init__(
+        self,
+        keep_latest: int,
+        keep_best: int,
+        smaller_is_better: bool,
+        remove: Callable[[pathlib.Path], None] | None = None,
+    ) -> None:
+        self._remove = remove or (lambda p: shutil.rmtree(p, ignore_errors=True))
         self._keep_latest = keep_latest
         self._keep_best = keep_best
         self._smaller_is_better = smaller_is_better
         self._written: list[tuple[pathlib.Path, float | None]] = []
 
     @classmethod
-    def from_config(cls, exp_conf: dict[str, Any] | None) -> CheckpointRetention | None:
+    def from_config(
+        cls,
+        exp_conf: dict[str, Any] | None,
+        remove: Callable[[pathlib.Path], None] | None = None,
+    ) -> CheckpointRetention | None:
         """The config's policy; None (keep everything) when it has no checkpoint_storage."""
         storage = (exp_conf or {}).get("checkpoint_storage")
         if not isinstance(storage, dict):
@@ -39,7 +57,30 @@ class CheckpointRetention:
                 int(storage.get("save_experiment_best", 0)),
             ),
             smaller_is_better=bool(searcher.get("smaller_is_better", True)),
+            remove=remove,
         )
+
+    def history(self) -> list[list[Any]]:
+        """The checkpoints kept so far, `[directory name, searcher metric or None]` in the
+        order written: what a checkpoint records for a run continued from it."""
+        return [[p.name, m] for p, m in self._written]
+
+    def resume(self, checkpoint: pathlib.Path, recorded: Any, metric: float | None) -> None:
+        """Continue the record of the run that wrote `checkpoint`: the checkpoints its
+        `history` names that still exist beside it, then `checkpoint` itself."""
+        written: list[tuple[pathlib.Path, float | None]] = []
+        for entry in recorded if isinstance(recorded, list) else []:
+            if not (isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], str)):
+                continue
+            name, value = entry
+            path = checkpoint.parent / name
+            if "/" not in name and name != checkpoint.name and path.is_dir():
+                written.append((path, float(value) if isinstance(value, (int, float)) else None))
+        self._written = [*written, (checkpoint, metric)]
+
+    def track(self, path: pathlib.Path, metric: float | None) -> None:
+        """Note a checkpoint an earlier run of the trial kept (oldest first), without pruning."""
+        self._written.append((path, metric))
 
     def record(self, path: pathlib.Path, metric: float | None) -> list[pathlib.Path]:
         """Note a complete checkpoint (with its searcher metric, if validated); prune."""
@@ -51,7 +92,7 @@ class CheckpointRetention:
         keep.update(p for _, _, p in scored[: self._keep_best])
         removed = [p for p, _ in self._written if p not in keep]
         for p in removed:
-            shutil.rmtree(p, ignore_errors=True)
-            logger.info("Removed checkpoint %s (checkpoint_storage retention)", p)
+            self._remove(p)
+            logger.info("Removed checkpoint %s (checkpoint_storage retention)", p.name)
         self._written = [(p, m) for p, m in self._written if p in keep]
         return removed

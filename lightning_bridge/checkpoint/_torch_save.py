@@ -13,15 +13,16 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Any
+from typing import IO, Any
 
 import torch
 
 _LOCK = threading.Lock()
 
 
-def save_state(obj: Any, path: str | os.PathLike[str]) -> None:
-    """`torch.save(obj, path)` without per-record CRC32s (see the module docstring)."""
+def save_state(obj: Any, path: str | os.PathLike[str] | IO[bytes]) -> None:
+    """`torch.save(obj, path)` (a path or a binary file) without per-record CRC32s (see the
+    module docstring)."""
     serialization: Any = torch.serialization
     if not hasattr(serialization, "set_crc32_options"):  # torch without the switch
         torch.save(obj, path)

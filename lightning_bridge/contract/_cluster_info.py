@@ -1,11 +1,11 @@
 """What `lightning-bridge run` tells a script entrypoint, the way a cluster tells a trial.
 
 The runner writes the resolved run (experiment config, hyperparameters, trial seed, the
-checkpoint to continue from, and its command-line engine settings) to a JSON file and names it
-in `LIGHTNING_BRIDGE_EXPERIMENT`. `determined.get_cluster_info()` (mapped onto
-`get_cluster_info` here) answers from it, `init()` takes its values as defaults for the
-arguments a script leaves out, and `Trainer.fit` writes the last validation metrics and the
-checkpoints it wrote to the results file the runner prints at the end.
+checkpoint to continue from, its command-line engine settings, and the trial's record: its
+folder, log file and ids in the workspace's registry) to a JSON file and names it in
+`LIGHTNING_BRIDGE_EXPERIMENT`. `determined.get_cluster_info()` (mapped onto `get_cluster_info`
+here) answers from it, `init()` takes its values as defaults for the arguments a script leaves
+out, and `Trainer.fit` records the trial's metrics and checkpoints where it says.
 """
 
 from __future__ import annotations
@@ -26,8 +26,9 @@ class TrialInfo:
         self.hparams: dict[str, Any] = dict(run.get("hparams") or {})
         self.trial_seed: int = int(run.get("trial_seed") or 0)
         self.user_data: dict[str, Any] = dict((run.get("config") or {}).get("data") or {})
-        self.trial_id = 1
-        self.experiment_id = 1
+        record = run.get("record") or {}
+        self.trial_id = int(record.get("trial_id", 1))
+        self.experiment_id = int(record.get("experiment_id", 1))
         self._config: dict[str, Any] = dict(run.get("config") or {})
 
     @property
@@ -72,8 +73,9 @@ def get_cluster_info() -> ClusterInfo | None:
 
 def init_defaults(kwargs: dict[str, Any]) -> dict[str, Any]:
     """`init()`'s arguments with the runner's values filled in where the script left the
-    default: hparams, exp_conf, aggregation_frequency, accelerator, devices, strategy and
-    precision."""
+    default: hparams, exp_conf, aggregation_frequency, accelerator, devices, strategy,
+    precision, the trial's folders (run_dir for logs, checkpoint_dir) and code_dir (the
+    experiment folder checkpoints carry a copy of)."""
     run = runner_run()
     if run is None:
         return kwargs
@@ -92,6 +94,11 @@ def init_defaults(kwargs: dict[str, Any]) -> dict[str, Any]:
     ):
         if out.get(name, default) == default and engine.get(name) is not None:
             out[name] = engine[name]
+    for name in ("run_dir", "checkpoint_dir"):
+        if out.get(name) is None and run.get(name):
+            out[name] = run[name]
+    if out.get("code_dir") is None and run.get("context_dir"):
+        out["code_dir"] = run["context_dir"]
     return out
 
 
@@ -109,31 +116,15 @@ def fit_defaults(max_length: Any, test_mode: bool) -> tuple[Any, bool]:
     return max_length, (True if run.get("test_mode") else test_mode)
 
 
-def record_fit(metrics: dict[str, Any] | None, checkpoints: list[pathlib.Path]) -> None:
-    """Add a finished fit's last validation metrics and checkpoints to the runner's results
-    file (chief process only)."""
+def resume_defaults(trust: bool, warm_start: bool | None) -> tuple[bool, bool | None]:
+    """`fit()`'s `trust_checkpoint` (on when the runner was given `--trust-checkpoint`) and
+    `warm_start` (on when the run starts from `searcher.source_checkpoint_uuid` /
+    `source_trial_id` rather than a checkpoint of its own)."""
     run = runner_run()
-    if run is None or not run.get("results"):
-        return
-    if int(os.environ.get("RANK", "0") or 0) != 0 or int(os.environ.get("LOCAL_RANK", "0")) != 0:
-        return
-    path = pathlib.Path(run["results"])
-    previous: dict[str, Any] = {}
-    if path.is_file():
-        previous = json.loads(path.read_text())
-    result = {
-        "metrics": _plain(metrics) if metrics else previous.get("metrics"),
-        "checkpoints": [*previous.get("checkpoints", []), *(str(p) for p in checkpoints)],
-    }
-    path.write_text(json.dumps(result))
-
-
-def _plain(metrics: dict[str, Any]) -> dict[str, Any]:
-    """Metrics as JSON values (tensors and numpy scalars become numbers)."""
-    out: dict[str, Any] = {}
-    for key, value in metrics.items():
-        try:
-            out[str(key)] = float(value)
-        except (TypeError, ValueError):
-            out[str(key)] = str(value)
-    return out
+    if run is None:
+        return trust, warm_start
+    if run.get("trust_checkpoint"):
+        trust = True
+    if warm_start is None and run.get("warm_start"):
+        warm_start = True
+    return trust, warm_start

@@ -17,6 +17,7 @@ import torch
 from lightning_bridge._errors import InvalidArgumentError, InvalidTrialError
 from lightning_bridge.contract._amp import AutocastForward, warn_once
 from lightning_bridge.contract._data import to_device
+from lightning_bridge.contract._determined_compat import as_bridge_enum
 from lightning_bridge.contract._distributed import DistributedContext
 from lightning_bridge.contract._experimental import PyTorchExperimentalContext
 from lightning_bridge.contract._lr_scheduler import LRScheduler
@@ -43,6 +44,7 @@ class PyTorchTrialContext:
         device: torch.device | None = None,
         run_dir: pathlib.Path | None = None,
         slots: int | None = None,
+        code_dir: pathlib.Path | None = None,
     ) -> None:
         if (
             isinstance(aggregation_frequency, bool)
@@ -64,6 +66,8 @@ class PyTorchTrialContext:
         self._trial_seed = trial_seed
         self.device = device if device is not None else torch.device("cpu")
         self._run_dir = run_dir if run_dir is not None else pathlib.Path.cwd()
+        # The experiment folder checkpoints carry a copy of (None: no code/ copy).
+        self._code_dir = code_dir
         self._slots = slots
         self._per_slot_batch_size, self._global_batch_size = self._batch_sizes()
 
@@ -254,6 +258,8 @@ class PyTorchTrialContext:
         frequency: int = 1,
     ) -> Any:
         """Register an LR scheduler stepped by the bridge according to `step_mode`."""
+        # Determined's own StepMode members (a trial importing determined.pytorch) count.
+        step_mode = as_bridge_enum(step_mode, LRScheduler.StepMode)
         if isinstance(lr_scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau) and (
             step_mode is not LRScheduler.StepMode.MANUAL_STEP
         ):

@@ -12,6 +12,7 @@ This module imports only torch and numpy.
 from __future__ import annotations
 
 import logging
+import signal
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence, Sized
 from typing import Any, TypeAlias
 
@@ -59,6 +60,21 @@ def _length(batch_sampler: Iterable[Any]) -> int:
             "loader; give it a __len__ to let epochs be measured."
         )
     return len(batch_sampler)
+
+
+class _StopSignalsIgnored:
+    """A worker process's init: SIGTERM and SIGINT are for the training process, which stops
+    after its batch and shuts its workers down itself (a terminal's Ctrl-C reaches the whole
+    process group, workers included); then the user's `worker_init_fn`."""
+
+    def __init__(self, user_fn: Callable[[int], None] | None) -> None:
+        self.user_fn = user_fn
+
+    def __call__(self, worker_id: int) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        if self.user_fn is not None:
+            self.user_fn(worker_id)
 
 
 class DataLoader:
@@ -196,7 +212,7 @@ class DataLoader:
             collate_fn=self.collate_fn,
             pin_memory=self.pin_memory,
             timeout=self.timeout,
-            worker_init_fn=self.worker_init_fn,
+            worker_init_fn=_StopSignalsIgnored(self.worker_init_fn) if self.num_workers else None,
             multiprocessing_context=self.multiprocessing_context,
             generator=self.generator,
             prefetch_factor=self.prefetch_factor,

@@ -1,41 +1,86 @@
 """`load_trial_from_checkpoint_path`: rebuild a trial from a checkpoint, outside training.
 
-Reads `load_data.json` for the trial class, hyperparameters and experiment config, builds the
-trial with a standalone context and loads its models' weights, so a trained model can be used
-for inference or inspection.
+The trial class, hyperparameters and experiment config come from `load_data.json` (Determined
+>= 0.17.7 and the bridge) or, in older checkpoints, from `metadata.json` (the config's
+`entrypoint` names the class); the class is imported from the checkpoint's `code/` folder.
+The trial is built with a standalone context and its models' weights are loaded, so a trained
+model can be used for inference or inspection. Checkpoints of the pre-0.14 PyTorchTrial API
+(a trial with `build_model()`) give the bare `nn.Module`, as Determined does.
 """
 
 from __future__ import annotations
 
-import importlib
-import json
 import pathlib
+import warnings
 from typing import Any
 
+import torch
+
 from lightning_bridge._errors import InvalidCheckpointError
-from lightning_bridge.checkpoint._models import load_models
-from lightning_bridge.checkpoint._safe_load import load_state_file
+from lightning_bridge.checkpoint._bounded import read_load_data
+from lightning_bridge.checkpoint._models import entries, load_models
+from lightning_bridge.checkpoint._safe_load import load_state_file, read_metadata
+from lightning_bridge.contract._code_import import import_trial_class
 from lightning_bridge.contract._context import PyTorchTrialContext
 from lightning_bridge.contract._distributed import DistributedContext
+from lightning_bridge.contract._trial import is_trial_class
+
+TRUST_HINT = "load_trial_from_checkpoint_path(path, trust_checkpoint=True)"
 
 
-def _import_trial_class(spec: str) -> type:
-    module_name, _, qualname = spec.partition(":")
-    if not module_name or not qualname or "<locals>" in qualname:
-        raise InvalidCheckpointError(
-            f"The checkpoint's trial class {spec!r} cannot be imported by name; pass it with "
-            "load_trial_from_checkpoint_path(path, trial_class=MyTrial)."
-        )
-    try:
-        obj: Any = importlib.import_module(module_name)
-        for part in qualname.split("."):
-            obj = getattr(obj, part)
-    except (ImportError, AttributeError) as exc:
-        raise InvalidCheckpointError(
-            f"Could not import the checkpoint's trial class {spec!r} ({exc}); make its module "
-            "importable (e.g. add its folder to PYTHONPATH) or pass trial_class=MyTrial."
-        ) from None
-    return obj
+def _describe(ckpt: pathlib.Path) -> tuple[dict[str, Any], bool]:
+    """What the checkpoint says about its trial, and whether it may predate the 0.14 API.
+
+    Returns `trial_cls_spec`, `hparams`, `experiment_config` and `is_trainer` (Determined's
+    load_data.json keys).
+    """
+    load_data_file = ckpt / "load_data.json"
+    if load_data_file.is_file():
+        return read_load_data(load_data_file), False
+    metadata = read_metadata(ckpt)
+    config = metadata.get("experiment_config")
+    if isinstance(config, dict) and isinstance(config.get("entrypoint"), str):
+        # Before load_data.json (<= 0.17.6) every entrypoint named the trial class.
+        return {
+            "trial_cls_spec": config["entrypoint"],
+            "hparams": metadata.get("hparams"),
+            "experiment_config": config,
+            "is_trainer": False,
+        }, True
+    return {}, False
+
+
+def _context(description: dict[str, Any]) -> PyTorchTrialContext:
+    config = description.get("experiment_config")
+    aggregation = 1
+    if isinstance(config, dict) and not description.get("is_trainer", False):
+        optimizations = config.get("optimizations") or {}
+        aggregation = int(optimizations.get("aggregation_frequency", 1) or 1)
+    return PyTorchTrialContext(
+        hparams=description.get("hparams"),
+        exp_conf=config,
+        distributed=DistributedContext(rank=0, size=1, local_rank=0, local_size=1),
+        aggregation_frequency=aggregation,
+    )
+
+
+def _bare_model(trial: Any, payload: dict[str, Any]) -> torch.nn.Module | None:
+    """The pre-0.14 API: the trial built its model in `build_model()`; return it, loaded."""
+    build_model = getattr(trial, "build_model", None)
+    if not callable(build_model):
+        return None
+    states = entries(payload, "model_state_dict", "models_state_dict")
+    if not states:
+        raise InvalidCheckpointError("The checkpoint holds no model state to load.")
+    model = build_model()
+    load_models([model], {"models_state_dict": states[:1]})
+    return model
+
+
+def _kind(obj: Any) -> str:
+    if isinstance(obj, type):
+        return f"the class {obj.__module__}.{obj.__qualname__}"
+    return f"a {type(obj).__name__}"
 
 
 def load_trial_from_checkpoint_path(
@@ -43,33 +88,54 @@ def load_trial_from_checkpoint_path(
     trial_class: type | None = None,
     trial_kwargs: dict[str, Any] | None = None,
     torch_load_kwargs: dict[str, Any] | None = None,
+    trust_checkpoint: bool = False,
+    **kwargs: Any,
 ) -> Any:
     """The trial saved in checkpoint `path`, built with its hparams and its models' weights.
 
-    `trial_class` defaults to the class named in `load_data.json`; `trial_kwargs` are passed to
-    its constructor after the context; `torch_load_kwargs` go to `torch.load` (the default is a
-    weights-only load; `{"weights_only": False}` loads trusted files with arbitrary objects).
+    `trial_class` defaults to the class the checkpoint names (imported from its `code/`
+    folder); `trial_kwargs` are passed to its constructor after the context; `torch_load_kwargs`
+    go to `torch.load` (the default is a weights-only load). `trust_checkpoint=True` (or
+    `torch_load_kwargs={"weights_only": False}`) unpickles arbitrary objects: only for files
+    you trust, since unpickling can run code.
     """
+    if kwargs:
+        if torch_load_kwargs:
+            raise ValueError("kwargs may not be set if torch_load_kwargs is also set")
+        warnings.warn(
+            "Passing **kwargs to load_trial_from_checkpoint_path() is deprecated; pass "
+            "torch_load_kwargs={...} instead.",
+            FutureWarning,
+            stacklevel=2,
+        )
+        torch_load_kwargs = kwargs
     ckpt = pathlib.Path(path)
-    payload = load_state_file(ckpt, torch_load_kwargs=torch_load_kwargs)
-    load_data_file = ckpt / "load_data.json"
-    load_data: dict[str, Any] = {}
-    if load_data_file.is_file():
-        try:
-            load_data = json.loads(load_data_file.read_text())
-        except ValueError as exc:
-            raise InvalidCheckpointError(f"{load_data_file} is not valid JSON: {exc}") from None
-    if trial_class is None:
-        if "trial_cls_spec" not in load_data:
-            raise InvalidCheckpointError(
-                f"{ckpt} has no load_data.json naming its trial class; pass trial_class=MyTrial."
-            )
-        trial_class = _import_trial_class(load_data["trial_cls_spec"])
-    context = PyTorchTrialContext(
-        hparams=load_data.get("hparams"),
-        exp_conf=load_data.get("experiment_config"),
-        distributed=DistributedContext(rank=0, size=1, local_rank=0, local_size=1),
+    payload = load_state_file(
+        ckpt, trusted=trust_checkpoint, torch_load_kwargs=torch_load_kwargs, trust_hint=TRUST_HINT
     )
+    description, maybe_pre_014 = _describe(ckpt)
+    if trial_class is None:
+        spec = description.get("trial_cls_spec")
+        if not isinstance(spec, str):
+            raise InvalidCheckpointError(
+                f"{ckpt} has neither a load_data.json nor a metadata.json naming its trial "
+                "class (Determined <= 0.17.7 wrote them only on Checkpoint.download(); "
+                "Checkpoint.write_metadata_file('metadata.json') adds one). Pass the class: "
+                "load_trial_from_checkpoint_path(path, trial_class=MyTrial)."
+            )
+        trial_class = import_trial_class(spec, ckpt / "code")
+        if not is_trial_class(trial_class):
+            # load_data.json is data: what it names is only called once it is a trial class.
+            raise InvalidCheckpointError(
+                f"The checkpoint names {spec!r} as its trial class, but that is "
+                f"{_kind(trial_class)}, not a PyTorchTrial subclass, so it was not called; "
+                "pass trial_class=MyTrial."
+            )
+    context = _context(description)
     trial = trial_class(context, **(trial_kwargs or {}))
+    if maybe_pre_014:
+        model = _bare_model(trial, payload)
+        if model is not None:
+            return model
     load_models(context.models, payload)
     return trial

@@ -9,7 +9,7 @@ from __future__ import annotations
 import enum
 from typing import Any
 
-from lightning_bridge._errors import InvalidTrialError
+from lightning_bridge._errors import InvalidTrialError, TrialTypeError
 from lightning_bridge.contract._determined_compat import as_bridge_enum
 
 
@@ -27,7 +27,7 @@ class LRScheduler:
     def __init__(self, scheduler: Any, step_mode: StepMode, frequency: int = 1) -> None:
         step_mode = as_bridge_enum(step_mode, LRScheduler.StepMode)
         if not isinstance(step_mode, LRScheduler.StepMode):
-            raise InvalidTrialError(
+            raise TrialTypeError(
                 "step_mode must be an LRScheduler.StepMode member, e.g. "
                 "LRScheduler.StepMode.STEP_EVERY_BATCH; "
                 f"got {step_mode!r} of type {type(step_mode).__name__}."

@@ -77,12 +77,18 @@ def is_trial_class(obj: Any) -> bool:
     return isinstance(obj, type) and any(_is_base_trial_class(base) for base in obj.__mro__)
 
 
-def is_overridden(trial: Any, method: str) -> bool:
-    """Whether the trial's class (not a base trial class) defines `method`."""
-    for cls in type(trial).__mro__:
-        if method in vars(cls):
-            return not _is_base_trial_class(cls) and callable(getattr(trial, method, None))
-    return False
+def is_overridden(obj: Any, method: str, base_name: str = "PyTorchTrial") -> bool:
+    """Whether `obj.method` is the user's own, by Determined's test of "overridden".
+
+    The method counts as the base class's when its function was defined in a class named
+    `base_name` (the bridge's and Determined's `PyTorchTrial` alike): so a subclass that sets
+    `evaluate_batch = PyTorchTrial.evaluate_batch` switches a parent's `evaluate_batch` off,
+    and an attribute that is not callable (`evaluate_batch = None`) counts as not defined.
+    """
+    fn = getattr(obj, method, None)
+    if not callable(fn):
+        return False
+    return bool(getattr(fn, "__qualname__", "").partition(".")[0] != base_name)
 
 
 def takes_batch_idx(fn: Any) -> bool:

@@ -11,7 +11,7 @@ import sys
 from collections import abc
 from typing import Any
 
-from lightning_bridge._errors import InvalidArgumentError
+from lightning_bridge._errors import ArgumentTypeError, InvalidArgumentError
 from lightning_bridge.contract._determined_compat import is_determined_object
 
 
@@ -95,9 +95,22 @@ def check_period(name: str, unit: Any) -> TrainUnit:
             f"{name} must be a Batch or Epoch, e.g. {name}=Batch(100) or {name}=Epoch(1); "
             f"got {unit!r} of type {type(unit).__name__}."
         )
-    if isinstance(unit.value, bool) or not isinstance(unit.value, (int, abc.Container)):
+    value = unit.value
+    if isinstance(value, bool) or not isinstance(value, (int, abc.Container)):
         raise InvalidArgumentError(
             f"{name} must hold an int period or a container schedule such as a list; got {unit!r}."
+        )
+    # A string is a container too (`step in "4"` fails at the first batch), as is a list of
+    # strings; a range holds integers by construction (and may be too long to look through).
+    if isinstance(value, (str, bytes)) or (
+        isinstance(value, abc.Iterable)
+        and not isinstance(value, range)
+        and any(isinstance(v, bool) or not isinstance(v, int) for v in value)
+    ):
+        kind = "epochs" if isinstance(unit, Epoch) else "batches"
+        raise InvalidArgumentError(
+            f"{name} must count {kind} with integers, e.g. {name}={type(unit).__name__}(4) or "
+            f"{type(unit).__name__}([2, 5]); got {unit!r}."
         )
     return unit
 
@@ -115,7 +128,7 @@ def check_length(unit: Any) -> TrainUnit:
         or isinstance(unit.value, bool)
         or not isinstance(unit.value, int)
     ):
-        raise InvalidArgumentError(
+        raise ArgumentTypeError(
             "max_length must be a Batch(int) or an Epoch(int), e.g. max_length=Epoch(2); "
             f"got {unit!r}."
         )

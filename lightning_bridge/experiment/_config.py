@@ -23,32 +23,110 @@ import yaml
 from pydantic import BaseModel
 
 from lightning_bridge._errors import InvalidArgumentError
+from lightning_bridge.checkpoint._bounded import check_expanded_size
 from lightning_bridge.contract._units import Batch, Epoch, TrainUnit
 from lightning_bridge.experiment._config_schema import (
-    _HP_FORM,
-    HP_TYPES,
     IGNORED_KEYS,
     KNOWN_KEYS,
+    RETENTION_DEFAULTS,
     USED_KEYS,
     ExperimentConfig,
-    _ConstHP,
+)
+from lightning_bridge.search import (
+    HP_TYPES,
+    REMOVED,
+    SEARCHER_NAMES,
+    SearchSpec,
+    Space,
+    grid_points,
+    missing_counts,
+    parse_space,
+    trial_draw,
 )
 
 
 class ResolvedConfig:
-    """A validated experiment config and the values a run takes from it."""
+    """A validated experiment config and the values a run takes from it.
+
+    `space` is the hyperparameter space; `hparams` the one trial's values when the searcher is
+    `single` (ranges sampled once, reproducibly from `reproducibility.experiment_seed`, as
+    Determined's single searcher samples them); `search` what a search of several trials needs.
+    `hparams` given: the values of one trial already drawn (a recorded trial, or one trial of a
+    search), used as they are.
+    """
 
     def __init__(
-        self, raw: dict[str, Any], model: ExperimentConfig, hparams: dict[str, Any]
+        self,
+        raw: dict[str, Any],
+        model: ExperimentConfig,
+        space: Space,
+        hparams: dict[str, Any] | None = None,
     ) -> None:
         self.raw = raw
         self.model = model
-        self.hparams = hparams
+        self.space = space
+        self._hparams: dict[str, Any] | None = hparams
+        if hparams is None and not self.is_search:
+            seed = model.reproducibility.experiment_seed or 0
+            self._hparams = trial_draw(space, seed, 0)[1]
+
+    @property
+    def is_search(self) -> bool:
+        """Whether the searcher runs several trials (everything but `single`)."""
+        return self.model.searcher.name != "single"
+
+    @property
+    def search(self) -> SearchSpec:
+        """The searcher, hyperparameters and seed a `SearchDriver` runs."""
+        return SearchSpec(
+            self.model.searcher,
+            copy.deepcopy(self.raw.get("hyperparameters") or {}),
+            self.model.reproducibility.experiment_seed,
+        )
+
+    def require_one_trial(self) -> None:
+        """Refuse a searcher of several trials where one trial's values are needed (and were
+        not given: a search's trial has them)."""
+        if self.is_search and self._hparams is None:
+            name = self.model.searcher.name
+            raise InvalidArgumentError(
+                f"searcher.name: the {name} searcher runs several trials, each with its own "
+                "hyperparameters; run the search with `lightning-bridge run CONFIG`, or train "
+                "one configuration with --set searcher.name=single (hyperparameter ranges are "
+                "then sampled once from reproducibility.experiment_seed)"
+            )
+
+    def first_configuration(self) -> ResolvedConfig:
+        """The search's first trial as a config of its own (the hyperparameters the searcher
+        draws first, from `experiment_seed` or 0): what test mode trains, and what a search's
+        entrypoint and lengths are checked with before it starts."""
+        if not self.is_search:
+            return self
+        if self.model.searcher.name == "grid":
+            hparams = grid_points(self.space)[-1]  # Determined takes the grid from its end
+        else:
+            hparams = trial_draw(self.space, self.model.reproducibility.experiment_seed or 0, 0)[1]
+        return ResolvedConfig(self.raw, self.model, self.space, hparams)
+
+    @property
+    def hparams(self) -> dict[str, Any]:
+        """The one trial's hyperparameters (a single-trial config or a trial's drawn values;
+        see `require_one_trial`)."""
+        if self._hparams is None:
+            self.require_one_trial()
+        assert self._hparams is not None
+        return self._hparams
 
     @property
     def unused_keys(self) -> list[str]:
         """Dotted paths of Determined keys given in the config that the runner ignores."""
         found = [k for k in self.raw if k in IGNORED_KEYS]
+        searcher = self.model.searcher
+        # A legacy flag, parsed and not used (as in Determined 0.38); source_trial_id /
+        # source_checkpoint_uuid are used (the trial's warm start).
+        for key in ("stop_once",):
+            if getattr(searcher, key, None) is not None:
+                found.append(f"searcher.{key}")
         sections: list[tuple[str, BaseModel | None]] = [
             ("searcher", self.model.searcher),
             ("resources", self.model.resources),
@@ -61,28 +139,32 @@ class ResolvedConfig:
             if section is not None and section.model_extra:
                 found.extend(f"{name}.{key}" for key in section.model_extra)
         storage = self.model.checkpoint_storage
-        if storage is not None and storage.type != "shared_fs":
-            found.append(f"checkpoint_storage.type ({storage.type}: written to a local folder)")
+        if storage is not None:
+            found.extend(f"checkpoint_storage.{key}" for key in storage.unused())
+        if "max_restarts" in self.raw and self.model.max_restarts > 0:
+            found.append(
+                "max_restarts (a failed trial is not restarted: continue it with "
+                "`lightning-bridge experiment continue ID`)"
+            )
         return sorted(found)
 
     def experiment_config(self, base: pathlib.Path | None = None) -> dict[str, Any]:
-        """The config handed to the trial (`context.get_experiment_config()`): the searcher's
-        defaults filled in; `checkpoint_storage` as a local folder, a relative `host_path`
-        taken relative to `base` (the context directory)."""
+        """The config an experiment records and hands to the trial
+        (`context.get_experiment_config()`): the searcher's defaults filled in, and
+        `checkpoint_storage` with Determined's retention defaults (`save_trial_latest: 1`,
+        `save_trial_best: 1`, `save_experiment_best: 0`) where the config has none; a relative
+        `host_path` / `container_path` taken relative to `base` (the context directory)."""
         conf = copy.deepcopy(self.raw)
-        storage = self.model.checkpoint_storage
-        if storage is not None:
-            section = dict(conf["checkpoint_storage"])
-            if storage.type != "shared_fs" or storage.host_path is None:
-                # Cloud storage is not reachable from here: checkpoints go to ./checkpoints.
-                section = {k: v for k, v in section.items() if k.startswith("save_")}
-                section["type"] = "shared_fs"
-                section["host_path"] = "checkpoints"
-            host = pathlib.Path(os.path.expanduser(section["host_path"]))
-            if base is not None and not host.is_absolute():
-                host = base / host
-            section["host_path"] = str(host)
-            conf["checkpoint_storage"] = section
+        section = dict(conf.get("checkpoint_storage") or {})
+        for key, default in RETENTION_DEFAULTS.items():
+            section.setdefault(key, default)
+        for key in ("host_path", "container_path"):
+            if section.get(key):
+                path = pathlib.Path(os.path.expanduser(str(section[key])))
+                if base is not None and not path.is_absolute():
+                    path = base / path
+                section[key] = str(path)
+        conf["checkpoint_storage"] = section
         searcher = dict(conf.get("searcher") or {})
         searcher.setdefault("name", "single")
         searcher.setdefault("smaller_is_better", self.model.searcher.smaller_is_better)
@@ -143,6 +225,8 @@ def _expected(err: Any) -> str:
     ctx = err.get("ctx") or {}
     if kind == "greater_than" and ctx.get("gt") == 0:
         return "expected a positive integer"
+    if kind == "greater_than":
+        return f"expected a number greater than {ctx.get('gt'):g}"
     if kind == "greater_than_equal" and ctx.get("ge") == 0:
         return "expected a non-negative integer"
     if kind == "greater_than_equal":
@@ -174,6 +258,14 @@ def _expected(err: Any) -> str:
     return str(err["msg"])
 
 
+# What a required searcher key is for, added to its "required" message.
+_REQUIRED_HINTS = {
+    "searcher.metric": "the validation metric that ranks trials, e.g. metric: validation_loss",
+    "searcher.max_trials": "how many trials the search runs, e.g. max_trials: 16",
+    "searcher.num_rungs": "how many rungs trials are ranked at, e.g. num_rungs: 3",
+}
+
+
 def _format_errors(
     exc: pydantic.ValidationError, prefix: tuple[str, ...] = (), hparam: bool = False
 ) -> list[str]:
@@ -185,12 +277,16 @@ def _format_errors(
         loc = [p for p in loc if not (p.endswith("]") or p in ("str", "int", "list", "dict"))]
         if hparam and loc and loc[0] in HP_TYPES:
             loc = loc[1:]
+        if len(loc) > 1 and loc[0] == "searcher" and loc[1] in SEARCHER_NAMES:
+            del loc[1]  # the searcher's name, as pydantic tags its union branch
         value = err.get("input")
         if err["type"] == "union_tag_invalid":
             loc.append("type")
             value = (err.get("ctx") or {}).get("tag")
         path = ".".join([*prefix, *loc]) or "(config)"
         message = f"{path}: {_expected(err)}"
+        if err["type"] == "missing" and path in _REQUIRED_HINTS:
+            message += f" ({_REQUIRED_HINTS[path]})"
         if err["type"] not in ("missing", "extra_forbidden"):
             message += f", got {_describe(value)}"
         lines.append(message)
@@ -201,31 +297,49 @@ def _format_errors(
     return list(seen.values())
 
 
-def _resolve_hparams(values: dict[str, Any], path: str, errors: list[str]) -> dict[str, Any]:
-    """Plain values stay; `const` forms give their value; nested groups recurse; search forms
-    (int / double / log / categorical) are errors: one trial needs one value."""
-    out: dict[str, Any] = {}
-    for key, value in values.items():
-        where = f"{path}.{key}"
-        if isinstance(value, dict) and "type" in value:
-            try:
-                form = _HP_FORM.validate_python(value)
-            except pydantic.ValidationError as exc:
-                errors.extend(_format_errors(exc, tuple(where.split(".")), hparam=True))
-                continue
-            if isinstance(form, _ConstHP):
-                out[key] = form.val
-            else:
-                errors.append(
-                    f"{where}: a {form.type} search range needs a hyperparameter search, and "
-                    f"the single searcher runs one trial; give it one value, e.g. "
-                    f"--set {where}=VALUE"
-                )
-        elif isinstance(value, dict):
-            out[key] = _resolve_hparams(value, where, errors)
+def _check_searcher(searcher: Any, errors: list[str]) -> dict[str, Any] | Any:
+    """Name the searcher (`single` when absent, as the runner always did); a removed or
+    unknown name is one error, and the section is then checked as `single`."""
+    if not isinstance(searcher, dict):
+        return searcher
+    searcher = dict(searcher)
+    name = searcher.setdefault("name", "single")
+    if name in SEARCHER_NAMES:
+        return searcher
+    if isinstance(name, str) and name in REMOVED:
+        errors.append(f"searcher.name: {REMOVED[name]}")
+    else:
+        errors.append(
+            f"searcher.name: expected one of {', '.join(SEARCHER_NAMES)}, got {_describe(name)}"
+        )
+    return {k: v for k, v in searcher.items() if k in ("metric", "smaller_is_better")}
+
+
+def _check_space(raw: Any, model: ExperimentConfig | None, errors: list[str]) -> Space:
+    """The hyperparameter space, every malformed form reported; the grid searcher's needs."""
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        return {}
+    space, problems = parse_space(raw)
+    for where, problem in problems:
+        if isinstance(problem, str):
+            errors.append(f"{'.'.join(where)}: {problem}")
         else:
-            out[key] = value
-    return out
+            errors.extend(_format_errors(problem, where, hparam=True))
+    if model is not None and model.searcher.name == "grid" and not problems:
+        for path in missing_counts(space):
+            key = ".".join(("hyperparameters", *path))
+            errors.append(
+                f"{key}: the grid searcher needs count, the number of points of this range "
+                f"to try (e.g. --set {key}.count=4)"
+            )
+        if not space:
+            errors.append(
+                "hyperparameters: the grid searcher has no hyperparameter to search over; add "
+                "some or use the single searcher"
+            )
+    return space
 
 
 def apply_overrides(config: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
@@ -264,6 +378,7 @@ def parse_config(config: Any, overrides: list[str] | None = None) -> ResolvedCon
     """Validate an experiment config (a dict, after `overrides`) and resolve its values."""
     if config is None:
         config = {}
+    check_expanded_size(config, "the experiment config")
     if not isinstance(config, dict):
         raise InvalidArgumentError(
             f"the experiment config must be a mapping of keys to values; got {_describe(config)}"
@@ -277,27 +392,19 @@ def parse_config(config: Any, overrides: list[str] | None = None) -> ResolvedCon
     )
     # Empty sections (`searcher:` with nothing under it) read as absent, as in Determined.
     known = {k: v for k, v in raw.items() if k in USED_KEYS and v is not None}
-    searcher = known.get("searcher")
-    if isinstance(searcher, dict) and searcher.get("name", "single") != "single":
-        errors.append(
-            f"searcher.name: lightning-bridge runs one trial, so only the single searcher is "
-            f"supported, got {_describe(searcher.get('name'))}; use --set searcher.name=single "
-            "(and give each searched hyperparameter one value with --set)"
-        )
-        known["searcher"] = {k: v for k, v in searcher.items() if k != "name"}
+    if "searcher" in known:
+        known["searcher"] = _check_searcher(known["searcher"], errors)
     model: ExperimentConfig | None = None
     try:
         model = ExperimentConfig.model_validate(known)
     except pydantic.ValidationError as exc:
         errors.extend(_format_errors(exc))
-    hparams: dict[str, Any] = {}
-    if isinstance(known.get("hyperparameters"), dict):
-        hparams = _resolve_hparams(known["hyperparameters"], "hyperparameters", errors)
+    space = _check_space(known.get("hyperparameters"), model, errors)
     if errors or model is None:
         raise InvalidArgumentError(
             "invalid experiment config:\n" + "\n".join(f"  {line}" for line in errors)
         )
-    return ResolvedConfig(raw, model, hparams)
+    return ResolvedConfig(raw, model, space)
 
 
 def load_config(path: str | os.PathLike[str], overrides: list[str] | None = None) -> ResolvedConfig:

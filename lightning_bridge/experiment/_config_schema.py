@@ -1,9 +1,10 @@
 """The experiment config's schema: which keys the runner uses, and pydantic models of them.
 
 Determined's top-level keys sorted by what the runner does with each (used, descriptive,
-ignored), the models that check the sections the runner reads (strict types, Determined's
-bounds), and Determined's hyperparameter forms. Only declarations: loading a config, `--set`
-overrides and turning validation errors into messages are in `_config`.
+ignored) and the models that check the sections the runner reads (strict types, Determined's
+bounds). The `searcher` section and the hyperparameter forms are the search layer's
+(`lightning_bridge.search`). Only declarations: loading a config, `--set` overrides and
+turning validation errors into messages are in `_config`.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from typing import Annotated, Any, Literal
 
 import pydantic
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+
+from lightning_bridge.search._searchers import OneUnit, SearcherConfig, SingleSearcher
 
 # Every top-level key of Determined's experiment config (expconf v0), by what the runner does
 # with it. docs/config.md has the same table with the reasons.
@@ -22,10 +25,12 @@ USED_KEYS = frozenset(
         "data",
         "entrypoint",
         "hyperparameters",
+        "max_restarts",
         "min_checkpoint_period",
         "min_validation_period",
         "optimizations",
         "perform_initial_validation",
+        "preemption_timeout",
         "profiling",
         "records_per_epoch",
         "reproducibility",
@@ -45,9 +50,7 @@ IGNORED_KEYS = frozenset(
         "integrations",
         "internal",
         "log_policies",
-        "max_restarts",
         "pbs",
-        "preemption_timeout",
         "retention_policy",
         "security",
         "slurm",
@@ -56,8 +59,6 @@ IGNORED_KEYS = frozenset(
 )
 KNOWN_KEYS = USED_KEYS | DESCRIPTIVE_KEYS | IGNORED_KEYS
 
-HP_TYPES = ("const", "int", "double", "log", "categorical")
-
 
 class _Model(BaseModel):
     """Strict about the keys it names; other keys are kept and reported as unused."""
@@ -65,51 +66,12 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="allow", strict=True)
 
 
-class _Closed(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-
-class _OneUnit(_Closed):
-    """A length given in exactly one unit; subclasses declare the three with their bounds."""
-
-    @pydantic.model_validator(mode="after")
-    def _one_unit(self) -> _OneUnit:
-        if sum(getattr(self, unit) is not None for unit in ("batches", "records", "epochs")) != 1:
-            raise ValueError("expected exactly one of batches, records or epochs")
-        return self
-
-
-class MaxLength(_OneUnit):
-    """`{batches: N}`, `{records: N}` or `{epochs: N}` with N > 0."""
-
-    batches: Annotated[StrictInt, Field(gt=0)] | None = None
-    records: Annotated[StrictInt, Field(gt=0)] | None = None
-    epochs: Annotated[StrictInt, Field(gt=0)] | None = None
-
-
-class Period(_OneUnit):
+class Period(OneUnit):
     """A minimum period: one of batches / records / epochs, N >= 0 (0: never)."""
 
     batches: Annotated[StrictInt, Field(ge=0)] | None = None
     records: Annotated[StrictInt, Field(ge=0)] | None = None
     epochs: Annotated[StrictInt, Field(ge=0)] | None = None
-
-
-class Searcher(_Model):
-    name: Literal["single"] = "single"
-    metric: StrictStr | None = None
-    smaller_is_better: StrictBool = True
-    max_length: MaxLength | None = None
-    max_time: Annotated[StrictInt, Field(gt=0)] | None = None
-    time_metric: Literal["batches", "epochs", "records"] | None = None
-
-    @pydantic.model_validator(mode="after")
-    def _time_pair(self) -> Searcher:
-        if (self.max_time is None) != (self.time_metric is None):
-            raise ValueError("max_time and time_metric go together: set both or neither")
-        if self.max_time is not None and self.max_length is not None:
-            raise ValueError("set either max_length or max_time + time_metric, not both")
-        return self
 
 
 class Resources(_Model):
@@ -128,13 +90,61 @@ class Profiling(_Model):
     enabled: StrictBool = False
 
 
+# The keys each checkpoint_storage type reads (Determined's); the others are reported unused.
+STORAGE_KEYS = {
+    "shared_fs": ("host_path", "storage_path"),
+    "directory": ("container_path",),
+    "s3": ("bucket", "prefix", "access_key", "secret_key", "endpoint_url"),
+    "gcs": ("bucket", "prefix"),
+    "azure": ("container", "connection_string", "account_url", "credential"),
+}
+RETENTION_DEFAULTS = {"save_experiment_best": 0, "save_trial_best": 1, "save_trial_latest": 1}
+
+
 class CheckpointStorage(_Model):
-    type: StrictStr = "shared_fs"
+    """Determined's storage types with their keys; retention counts as Determined's defaults.
+    Without `type` (or `host_path` for shared_fs) checkpoints stay in the trial's folder."""
+
+    type: Literal["shared_fs", "directory", "s3", "gcs", "azure"] | None = None
     host_path: StrictStr | None = None
     storage_path: StrictStr | None = None
+    container_path: StrictStr | None = None
+    bucket: StrictStr | None = None
+    prefix: StrictStr | None = None
+    access_key: StrictStr | None = None
+    secret_key: StrictStr | None = None
+    endpoint_url: StrictStr | None = None
+    container: StrictStr | None = None
+    connection_string: StrictStr | None = None
+    account_url: StrictStr | None = None
+    credential: StrictStr | None = None
     save_experiment_best: Annotated[StrictInt, Field(ge=0)] = 0
     save_trial_best: Annotated[StrictInt, Field(ge=0)] = 1
     save_trial_latest: Annotated[StrictInt, Field(ge=0)] = 1
+
+    @pydantic.model_validator(mode="after")
+    def _required(self) -> CheckpointStorage:
+        needed = {
+            "shared_fs": ("host_path",),
+            "directory": ("container_path",),
+            "s3": ("bucket",),
+            "gcs": ("bucket",),
+            "azure": ("container",),
+        }
+        if self.type is None:
+            return self
+        missing = [key for key in needed[self.type] if getattr(self, key) is None]
+        if missing:
+            raise ValueError(f"type {self.type} needs {', '.join(missing)}")
+        if self.type == "azure" and not (self.connection_string or self.account_url):
+            raise ValueError("type azure needs connection_string, or account_url (+ credential)")
+        return self
+
+    def unused(self) -> list[str]:
+        """Keys given that this type does not read."""
+        reads = STORAGE_KEYS[self.type or "shared_fs"]
+        every = {key for keys in STORAGE_KEYS.values() for key in keys}
+        return sorted(k for k in every - set(reads) if getattr(self, k) is not None)
 
 
 class ExperimentConfig(BaseModel):
@@ -144,58 +154,21 @@ class ExperimentConfig(BaseModel):
 
     entrypoint: StrictStr | list[StrictStr] | None = None
     hyperparameters: dict[StrictStr, Any] = Field(default_factory=dict)
-    searcher: Searcher = Field(default_factory=Searcher)
+    searcher: Annotated[SearcherConfig, Field(discriminator="name")] = Field(
+        default_factory=SingleSearcher
+    )
     records_per_epoch: Annotated[StrictInt, Field(ge=0)] | None = None
     min_validation_period: Period | None = None
     min_checkpoint_period: Period | None = None
     scheduling_unit: Annotated[StrictInt, Field(ge=1)] = 100
     perform_initial_validation: StrictBool = False
+    # Seconds a script entrypoint gets to checkpoint and exit after a stop signal.
+    preemption_timeout: Annotated[StrictInt, Field(gt=0)] | None = None
     optimizations: Optimizations = Field(default_factory=Optimizations)
     resources: Resources = Field(default_factory=Resources)
     checkpoint_storage: CheckpointStorage | None = None
     checkpoint_policy: Literal["best", "all", "none"] = "best"
     data: dict[StrictStr, Any] | None = None
+    max_restarts: Annotated[StrictInt, Field(ge=0)] = 5
     reproducibility: Reproducibility = Field(default_factory=Reproducibility)
     profiling: Profiling = Field(default_factory=Profiling)
-
-
-# Hyperparameter forms (Determined's hyperparameter schemas): `type` picks the form.
-class _ConstHP(_Closed):
-    type: Literal["const"]
-    val: Any
-
-
-class _IntHP(_Closed):
-    type: Literal["int"]
-    minval: StrictInt
-    maxval: StrictInt
-    count: StrictInt | None = None
-
-
-class _DoubleHP(_Closed):
-    type: Literal["double"]
-    minval: float
-    maxval: float
-    count: StrictInt | None = None
-
-
-class _LogHP(_Closed):
-    type: Literal["log"]
-    base: float
-    minval: float
-    maxval: float
-    count: StrictInt | None = None
-
-
-class _CategoricalHP(_Closed):
-    type: Literal["categorical"]
-    vals: list[Any]
-
-
-_HP_FORM = pydantic.TypeAdapter(
-    Annotated[
-        _ConstHP | _IntHP | _DoubleHP | _LogHP | _CategoricalHP,
-        Field(discriminator="type"),
-    ],
-    config=ConfigDict(strict=False),
-)

@@ -2,10 +2,10 @@
 
 `install()` puts a finder on `sys.meta_path` that answers `determined`,
 `determined.pytorch` and `determined.pytorch.samplers` with modules holding the bridge's
-public names (and `get_cluster_info` on `determined`), so `from determined import pytorch`,
-`import determined.pytorch as det_torch` and `from determined.pytorch import DataLoader` give
-the bridge's classes. Other `determined.*` modules (`core`, `experimental`, ...) are not
-provided and fail with a message saying so.
+public names (and `get_cluster_info`, `InvalidHP` on `determined`), so
+`from determined import pytorch`, `import determined.pytorch as det_torch` and
+`from determined.pytorch import DataLoader` give the bridge's classes. Other `determined.*`
+modules (`core`, `experimental`, ...) are not provided and fail with a message saying so.
 
 `shim_dir()` writes a folder holding a `determined` package that installs the same mapping; on
 `PYTHONPATH` it reaches subprocesses (scripts, torchrun workers, Lightning's launcher) and
@@ -54,6 +54,7 @@ def _build(name: str) -> types.ModuleType:
     module.get_cluster_info = _cluster_info.get_cluster_info  # type: ignore[attr-defined]
     module.ClusterInfo = _cluster_info.ClusterInfo  # type: ignore[attr-defined]
     module.TrialInfo = _cluster_info.TrialInfo  # type: ignore[attr-defined]
+    module.InvalidHP = lightning_bridge.InvalidHP  # type: ignore[attr-defined]
 
     def __getattr__(attr: str) -> Any:
         # `import determined as det; det.pytorch.init(...)` without importing det.pytorch.

@@ -1,12 +1,14 @@
 """Run a Determined experiment folder (config + code) on Lightning.
 
-`prepare()` validates the config and the entrypoint without running anything; `execute()`
-runs it. A `module:TrialClass` entrypoint (or the torch_distributed launcher's `--trial`) is
-imported and trained in this process with `init()` + `Trainer.fit()`, its lengths and periods
-taken from the config. A script entrypoint (`python3 train.py ...`, optionally behind
-`python3 -m determined.launch.torch_distributed`) runs as a subprocess, under torchrun when it
-gets more than one process, with `determined` mapped onto the bridge and the run described in
-`LIGHTNING_BRIDGE_EXPERIMENT` (see `_cluster_info`).
+`prepare()` validates the config and the entrypoint without running anything (nor importing
+torch); `execute()` runs one trial of it. Either way the trial's run is described in a JSON file
+in the trial's folder, named by `LIGHTNING_BRIDGE_EXPERIMENT` (see `_cluster_info`): its config,
+hyperparameters, folders and record. A `module:TrialClass` entrypoint (or the torch_distributed
+launcher's `--trial`) is imported and trained in this process with `init()` +
+`Trainer.fit()`, its lengths and periods taken from the config. A script entrypoint (`python3
+train.py ...`, optionally behind `python3 -m determined.launch.torch_distributed`) runs as a
+subprocess, under torchrun when it gets more than one process, with `determined` mapped onto
+the bridge.
 """
 
 from __future__ import annotations
@@ -18,30 +20,25 @@ import json
 import logging
 import os
 import pathlib
-import re
 import shlex
 import shutil
-import subprocess
 import sys
-import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from lightning_bridge._errors import InvalidArgumentError, InvalidTrialError
 from lightning_bridge.contract import _cluster_info
-from lightning_bridge.contract._trial import is_trial_class
 from lightning_bridge.contract._units import Batch, Epoch, TrainUnit
 from lightning_bridge.experiment import _import_map
+from lightning_bridge.experiment._child import EntrypointFailed, run_child
 from lightning_bridge.experiment._config import ResolvedConfig, load_config
+from lightning_bridge.experiment._entrypoint import Entrypoint, parse_entrypoint
 
 logger = logging.getLogger("lightning_bridge")
 
-_TRIAL_SPEC = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
-_PYTHON = re.compile(r"^(.*/)?python(\d+(\.\d+)?)?$")
-_LAUNCHERS = {
-    "determined.launch.torch_distributed": "torch_distributed",
-    "determined.launch.horovod": "horovod",
-    "determined.launch.deepspeed": "deepspeed",
-}
+# Seconds a script entrypoint gets to stop after SIGTERM / SIGINT (config: preemption_timeout).
+DEFAULT_STOP_TIMEOUT = 300
 
 
 @dataclasses.dataclass
@@ -51,20 +48,11 @@ class Options:
     overrides: list[str] = dataclasses.field(default_factory=list)
     test_mode: bool = False
     resume: str | None = None
+    trust_checkpoint: bool = False
     devices: Any = None
     precision: str | None = None
     strategy: str | None = None
     accelerator: str | None = None
-
-
-@dataclasses.dataclass
-class Entrypoint:
-    """A trial class (`trial="module:Class"`) or a command line (`command`, `python`: whether
-    it starts a Python interpreter, `module`: whether it is `python -m ...`)."""
-
-    trial: str | None = None
-    command: list[str] = dataclasses.field(default_factory=list)
-    python: bool = False
 
 
 @dataclasses.dataclass
@@ -75,6 +63,7 @@ class Plan:
     context_dir: pathlib.Path
     entrypoint: Entrypoint
     options: Options
+    accelerator: str | None = None  # the accelerator Lightning will use (set by the checks)
 
     @property
     def processes(self) -> int:
@@ -83,93 +72,60 @@ class Plan:
             return self.options.devices
         return self.config.model.resources.slots_per_trial
 
-    def checkpoint_dir(self) -> pathlib.Path:
-        storage = self.experiment_config().get("checkpoint_storage") or {}
-        if storage.get("host_path"):
-            return pathlib.Path(storage["host_path"]) / (storage.get("storage_path") or "")
-        return self.context_dir / "checkpoints"
-
     def experiment_config(self) -> dict[str, Any]:
         return self.config.experiment_config(self.context_dir)
 
+    @property
+    def stop_timeout(self) -> int:
+        """Seconds a script entrypoint gets to stop after a signal before it is killed."""
+        return self.config.model.preemption_timeout or DEFAULT_STOP_TIMEOUT
+
 
 @dataclasses.dataclass
-class Result:
-    """What a finished run reports: the last validation metrics and the checkpoints."""
+class TrialRun:
+    """One trial of an experiment as it runs now: its ids, its folder (checkpoints, logs,
+    log file, run description), the checkpoint directory it continues from, and the command
+    that continues it after a stop."""
 
-    metrics: dict[str, Any] | None
-    checkpoint_dir: pathlib.Path
-    checkpoints: list[pathlib.Path]
+    workspace: pathlib.Path
+    experiment_id: int
+    trial_id: int
+    trial_dir: pathlib.Path
+    latest_checkpoint: str | None = None
+    continue_command: str = ""
+    # fit()'s warm_start: True when the trial starts from another trial's checkpoint
+    # (searcher.source_checkpoint_uuid / source_trial_id), None to let the checkpoint decide.
+    warm_start: bool | None = None
+    # A search's trial: its seed, and the search it reports to (`_search_report`).
+    seed: int | None = None
+    search: dict[str, Any] | None = None
 
+    @property
+    def checkpoint_dir(self) -> pathlib.Path:
+        return self.trial_dir / "checkpoints"
 
-def parse_entrypoint(value: str | list[str] | None) -> Entrypoint:
-    """Classify the config's `entrypoint` (see the module docstring)."""
-    if value is None:
-        raise InvalidArgumentError(
-            "entrypoint: required; set it to the trial class (entrypoint: model_def:MyTrial) "
-            "or the training command (entrypoint: python3 train.py)"
-        )
-    argv = shlex.split(value) if isinstance(value, str) else list(value)
-    if not argv:
-        raise InvalidArgumentError("entrypoint: expected a trial class or a command, got ''")
-    if len(argv) == 1 and _TRIAL_SPEC.match(argv[0]):
-        return Entrypoint(trial=argv[0])
-    if _PYTHON.match(argv[0]) and len(argv) > 2 and argv[1] == "-m" and argv[2] in _LAUNCHERS:
-        return _unwrap_launcher(_LAUNCHERS[argv[2]], argv[3:])
-    return Entrypoint(command=argv, python=bool(_PYTHON.match(argv[0])))
+    @property
+    def log_file(self) -> pathlib.Path:
+        return self.trial_dir / "trial.log"
 
-
-def _unwrap_launcher(launcher: str, args: list[str]) -> Entrypoint:
-    """`python3 -m determined.launch.torch_distributed [launcher args] [--] CMD`: the bridge
-    launches CMD itself (torchrun with slots_per_trial processes); `--trial X` is a trial."""
-    if launcher != "torch_distributed":
-        raise InvalidArgumentError(
-            f"entrypoint: determined.launch.{launcher} is not supported (Lightning runs "
-            "PyTorch trials with DDP); use python3 -m determined.launch.torch_distributed, or "
-            "the training command alone."
-        )
-    if "--" in args:
-        cut = args.index("--")
-        launcher_args, command = args[:cut], args[cut + 1 :]
-    else:
-        launcher_args, command = [], list(args)
-        while command and command[0].startswith("-"):
-            flag = command.pop(0)
-            launcher_args.append(flag)
-            if flag == "--trial" and command:
-                launcher_args.append(command.pop(0))
-        if "--trial" in launcher_args and command:
-            launcher_args, command = launcher_args + command, []
-    if "--trial" in launcher_args:
-        index = launcher_args.index("--trial")
-        if index + 1 >= len(launcher_args):
-            raise InvalidArgumentError("entrypoint: --trial needs a module:TrialClass")
-        others = launcher_args[:index] + launcher_args[index + 2 :]
-        if others:
-            logger.warning(
-                "entrypoint: launcher arguments %s are not used (the bridge launches the "
-                "processes)",
-                " ".join(others),
-            )
-        return Entrypoint(trial=launcher_args[index + 1])
-    if launcher_args:
-        logger.warning(
-            "entrypoint: launcher arguments %s are not used (the bridge launches the processes)",
-            " ".join(launcher_args),
-        )
-    if not command:
-        raise InvalidArgumentError(
-            "entrypoint: determined.launch.torch_distributed needs the training command after "
-            "it, e.g. python3 -m determined.launch.torch_distributed python3 train.py"
-        )
-    return Entrypoint(command=command, python=bool(_PYTHON.match(command[0])))
+    @property
+    def run_file(self) -> pathlib.Path:
+        return self.trial_dir / "run.json"
 
 
 def prepare(config_path: str | os.PathLike[str], context_dir: Any, options: Options) -> Plan:
     """Load and validate everything a run needs; raise InvalidArgumentError on bad input."""
     config = load_config(config_path, options.overrides)
+    if options.test_mode:
+        config = config.first_configuration()  # a search's test: its first trial
+    config.require_one_trial()
     config_file = pathlib.Path(config_path).resolve()
     folder = pathlib.Path(context_dir) if context_dir is not None else config_file.parent
+    return prepare_config(config, folder, options)
+
+
+def prepare_config(config: ResolvedConfig, folder: pathlib.Path, options: Options) -> Plan:
+    """`prepare()` for a config already loaded (an experiment's recorded one)."""
     if not folder.is_dir():
         raise InvalidArgumentError(
             f"context directory {str(folder)!r} not found; pass the folder holding the trial "
@@ -189,10 +145,6 @@ def prepare(config_path: str | os.PathLike[str], context_dir: Any, options: Opti
         plan.config.length("min_checkpoint_period")
     if plan.processes < 1:
         raise InvalidArgumentError(f"--devices: expected a positive integer, got {plan.processes}")
-    if options.resume is not None:
-        candidate = pathlib.Path(options.resume).expanduser()
-        if candidate.is_dir():
-            options.resume = str(candidate.resolve())
     return plan
 
 
@@ -229,6 +181,8 @@ def _engine(plan: Plan, processes_launched: bool) -> dict[str, Any]:
 
 def load_trial_class(spec: str, context_dir: pathlib.Path) -> type:
     """Import `module:Class` from the context directory (first on sys.path)."""
+    from lightning_bridge.contract._trial import is_trial_class
+
     module_name, _, qualname = spec.partition(":")
     if str(context_dir) not in sys.path:
         sys.path.insert(0, str(context_dir))
@@ -261,7 +215,7 @@ def load_trial_class(spec: str, context_dir: pathlib.Path) -> type:
     return obj
 
 
-def _run_trial(plan: Plan) -> Result:
+def _run_trial(plan: Plan, trial: TrialRun) -> None:
     import lightning_bridge as pytorch
 
     assert plan.entrypoint.trial is not None
@@ -276,25 +230,26 @@ def _run_trial(plan: Plan) -> Result:
         hparams=conf.hparams,
         exp_conf=plan.experiment_config(),
         aggregation_frequency=aggregation,
-        checkpoint_dir=plan.checkpoint_dir(),
-        run_dir=plan.context_dir,
+        checkpoint_dir=trial.checkpoint_dir,
+        run_dir=trial.trial_dir,
+        code_dir=plan.context_dir,
         **engine,
     ) as context:
-        trial = trial_class(context)
-        trainer = pytorch.Trainer(trial, context)
+        trial_object = trial_class(context)
+        trainer = pytorch.Trainer(trial_object, context)
         trainer.fit(
             max_length=max_length,
             validation_period=validation,
             checkpoint_period=checkpoint,
             reporting_period=Batch(conf.model.scheduling_unit),
             checkpoint_policy=conf.model.checkpoint_policy,
-            latest_checkpoint=plan.options.resume,
+            latest_checkpoint=trial.latest_checkpoint,
             step_zero_validation=conf.model.perform_initial_validation,
             test_mode=plan.options.test_mode,
             profiling_enabled=conf.model.profiling.enabled,
+            trust_checkpoint=plan.options.trust_checkpoint,
+            warm_start=trial.warm_start,
         )
-    metrics = getattr(trainer, "last_validation_metrics", None)
-    return Result(metrics, plan.checkpoint_dir(), list(trainer.checkpoints))
 
 
 def _length_record(unit: TrainUnit | None) -> list[Any] | None:
@@ -303,26 +258,10 @@ def _length_record(unit: TrainUnit | None) -> list[Any] | None:
     return ["epochs" if isinstance(unit, Epoch) else "batches", unit.value]
 
 
-def _resume_for_script(plan: Plan) -> str | None:
-    """`info.latest_checkpoint`: a checkpoint directory ('latest' and ids resolved)."""
-    resume = plan.options.resume
-    if resume is None:
-        return None
-    from lightning_bridge.checkpoint._layout import resolve_checkpoint
-
-    ckpt_dir = plan.checkpoint_dir()
-    found = resolve_checkpoint(resume, ckpt_dir, option="--resume")
-    if not found.is_dir():
-        raise InvalidArgumentError(
-            f"--resume {resume}: no such checkpoint directory (nor a checkpoint id under "
-            f"{ckpt_dir}); pass a checkpoint directory, its id, or 'latest'."
-        )
-    return str(found)
-
-
 def script_command(plan: Plan) -> list[str]:
     """The command a script entrypoint runs as: this interpreter for `python`, under torchrun
-    (`python -m torch.distributed.run --standalone --nproc_per_node N`) for N > 1 processes."""
+    (`--standalone --nproc_per_node N`, through `_torchrun` so that a stop signal ends the run
+    like one process's) for N > 1 processes."""
     command = list(plan.entrypoint.command)
     n = plan.processes
     if not plan.entrypoint.python:
@@ -336,63 +275,106 @@ def script_command(plan: Plan) -> list[str]:
     if n <= 1:
         return [sys.executable, *command[1:]]
     rest = command[1:]
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    torchrun = [sys.executable, "-m", "lightning_bridge.experiment._torchrun"]
+    torchrun += [f"--stop-timeout={plan.stop_timeout}", "--", "--standalone"]
     torchrun.append(f"--nproc_per_node={n}")
     if rest and rest[0] == "-m":
         return [*torchrun, "-m", *rest[1:]]
     return [*torchrun, *rest]
 
 
-def _run_script(plan: Plan) -> tuple[int, Result]:
-    workdir = pathlib.Path(tempfile.mkdtemp(prefix="lightning-bridge-run-"))
+def describe_run(plan: Plan, trial: TrialRun) -> dict[str, Any]:
+    """The run description a trial's processes read (`_cluster_info`)."""
+    script = plan.entrypoint.trial is None
+    return {
+        "config": plan.experiment_config(),
+        "hparams": plan.config.hparams,
+        "trial_seed": (
+            trial.seed
+            if trial.seed is not None
+            else plan.config.model.reproducibility.experiment_seed or 0
+        ),
+        "search": trial.search,
+        "latest_checkpoint": trial.latest_checkpoint,
+        "warm_start": trial.warm_start,
+        "trust_checkpoint": plan.options.trust_checkpoint,
+        "test_mode": plan.options.test_mode,
+        "max_length": _length_record(plan.config.length("max_length")),
+        "engine": _engine(plan, processes_launched=script and plan.processes > 1),
+        "run_dir": str(trial.trial_dir),
+        "checkpoint_dir": str(trial.checkpoint_dir),
+        "log_file": str(trial.log_file),
+        "continue_command": trial.continue_command,
+        "record": {
+            "workspace": str(trial.workspace),
+            "experiment_id": trial.experiment_id,
+            "trial_id": trial.trial_id,
+        },
+        # What the trial runs, for a process that starts from this file alone.
+        "context_dir": str(plan.context_dir),
+        "entrypoint": plan.config.model.entrypoint,
+        "options": dataclasses.asdict(plan.options),
+        "raw_config": plan.config.raw,
+    }
+
+
+@contextmanager
+def described(plan: Plan, trial: TrialRun) -> Iterator[pathlib.Path]:
+    """Write the trial's run description and name it in this process's environment for the
+    duration (processes started meanwhile inherit it)."""
+    trial.trial_dir.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(describe_run(plan, trial), default=str, indent=1)
+    if not trial.run_file.is_file() or trial.run_file.read_text() != text:
+        partial = trial.run_file.with_name(f".run.{os.getpid()}.json")
+        partial.write_text(text)
+        os.replace(partial, trial.run_file)
+    previous = os.environ.get(_cluster_info.ENV_VAR)
+    os.environ[_cluster_info.ENV_VAR] = str(trial.run_file)
     try:
-        shim = _import_map.shim_dir(workdir)
-        results = workdir / "results.json"
-        run = {
-            "config": plan.experiment_config(),
-            "hparams": plan.config.hparams,
-            "trial_seed": plan.config.model.reproducibility.experiment_seed or 0,
-            "latest_checkpoint": _resume_for_script(plan),
-            "test_mode": plan.options.test_mode,
-            "max_length": _length_record(plan.config.length("max_length")),
-            "engine": _engine(plan, processes_launched=plan.processes > 1),
-            "results": str(results),
-        }
-        run_file = workdir / "run.json"
-        run_file.write_text(json.dumps(run, default=str))
-        env = dict(os.environ)
-        path = [str(shim), str(plan.context_dir)]
-        if env.get("PYTHONPATH"):
-            path.append(env["PYTHONPATH"])
-        env["PYTHONPATH"] = os.pathsep.join(path)
-        env[_cluster_info.ENV_VAR] = str(run_file)
-        command = script_command(plan)
-        logger.info("Running %s in %s", shlex.join(command), plan.context_dir)
-        try:
-            code = subprocess.call(command, cwd=plan.context_dir, env=env)
-        except FileNotFoundError as exc:
-            raise InvalidArgumentError(
-                f"entrypoint: cannot run {command[0]!r} ({exc.strerror}); check the command."
-            ) from None
-        data: dict[str, Any] = {}
-        if results.is_file():
-            data = json.loads(results.read_text())
-        return code, Result(
-            data.get("metrics"),
-            plan.checkpoint_dir(),
-            [pathlib.Path(p) for p in data.get("checkpoints", [])],
-        )
+        yield trial.run_file
     finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+        if previous is None:
+            os.environ.pop(_cluster_info.ENV_VAR, None)
+        else:
+            os.environ[_cluster_info.ENV_VAR] = previous
 
 
-def execute(plan: Plan) -> tuple[int, Result]:
-    """Run a prepared plan in its context directory; returns the exit code and the result."""
+def _run_script(plan: Plan, trial: TrialRun) -> int:
+    shim = _import_map.shim_dir(trial.trial_dir)
+    env = dict(os.environ)
+    path = [str(shim), str(plan.context_dir)]
+    if env.get("PYTHONPATH"):
+        path.append(env["PYTHONPATH"])
+    env["PYTHONPATH"] = os.pathsep.join(path)
+    command = script_command(plan)
+    logger.info("Running %s in %s", shlex.join(command), plan.context_dir)
+    # Under torchrun the agent enforces the timeout on the workers; the margin is its own.
+    margin = 30 if plan.processes > 1 else 0
+    try:
+        ended = run_child(
+            command, cwd=plan.context_dir, env=env, timeout=plan.stop_timeout, margin=margin
+        )
+    except FileNotFoundError as exc:
+        raise InvalidArgumentError(
+            f"entrypoint: cannot run {command[0]!r} ({exc.strerror}); check the command."
+        ) from None
+    finally:
+        shutil.rmtree(shim, ignore_errors=True)
+    if ended.killed or ended.code < 0 or (ended.forwarded and ended.code):
+        raise EntrypointFailed(ended.describe_failure(plan.stop_timeout), ended.exit_code)
+    return ended.code
+
+
+def execute(plan: Plan, trial: TrialRun) -> int:
+    """Run one trial of a prepared plan in its context directory; returns the exit code (a
+    trial class's exceptions propagate)."""
     previous = pathlib.Path.cwd()
     os.chdir(plan.context_dir)
     try:
-        if plan.entrypoint.trial is not None:
-            return 0, _run_trial(plan)
-        return _run_script(plan)
+        with described(plan, trial):
+            if plan.entrypoint.trial is not None:
+                _run_trial(plan, trial)
+                return 0
+            return _run_script(plan, trial)
     finally:
         os.chdir(previous)

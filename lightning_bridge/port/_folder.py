@@ -35,8 +35,22 @@ class Loaded:
 
 @dataclass
 class Hyperparameters:
-    """Constructor defaults that become hyperparameters, the batch size, and what was skipped."""
+    """Constructor defaults that become hyperparameters, the batch size, what was skipped, and
+    the arguments without a default (written as null, for the user to fill)."""
 
     values: dict[str, Any] = field(default_factory=dict)
     batch_size: int | None = None
     skipped: list[str] = field(default_factory=list)
+    to_fill: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Searcher:
+    """What the searcher and checkpoints are set to, and how it was found."""
+
+    metric: str
+    smaller_is_better: bool
+    # "validation", "training" (a module without validation_step), "checkpoint" (from
+    # ModelCheckpoint), or "source" (read from the code: the module could not be built).
+    found_by: str
+    checkpoint_policy: str | None = None

@@ -1,8 +1,9 @@
 """Port: load the classes named on the command line and learn what the trial folder needs.
 
-Everything `lightning-bridge port` finds out by importing and running the user's code: the
-classes (and the checks that they can be a trial: subclasses, loaders, `validation_step`), the
-hyperparameters their constructors default to, and the first metric one validation batch logs.
+Everything `lightning-bridge port` finds out by importing the user's code: the classes (of
+`lightning.pytorch` or `pytorch_lightning`; the checks the classes alone allow: a training
+loader, a `training_step` a trial can call) and the hyperparameters their constructors default
+to (arguments without a default are written for the user to fill). `_probe` runs the code.
 Kept apart from writing the folder so that each failure here is one message about the user's
 classes, before anything is written.
 """
@@ -17,12 +18,12 @@ import math
 import os
 import re
 import sys
-import tempfile
-import warnings
 from collections.abc import Iterator
 from typing import Any
 
 from lightning_bridge._errors import InvalidArgumentError, InvalidTrialError
+from lightning_bridge.adapter._hooks import signature_refusals
+from lightning_bridge.adapter._packages import is_a, overrides
 from lightning_bridge.port._folder import CONST_YAML, Hyperparameters, Loaded
 
 logger = logging.getLogger("lightning_bridge")
@@ -47,8 +48,9 @@ def _cwd_on_path() -> Iterator[None]:
             sys.path.remove(cwd)
 
 
-def _load(spec: str, base: type, option: str, kind: str) -> Loaded:
-    """Import `module:QualName` and check that it is a subclass of `base`."""
+def _load(spec: str, kind: str, option: str) -> Loaded:
+    """Import `module:QualName` and check that it is a Lightning `kind` subclass (of
+    `lightning.pytorch` or `pytorch_lightning`)."""
     if not isinstance(spec, str) or not _SPEC.match(spec):
         raise InvalidArgumentError(
             f"{option} {spec!r} is not of the form module:Class; write the import path of "
@@ -79,47 +81,39 @@ def _load(spec: str, base: type, option: str, kind: str) -> Loaded:
             found = sorted(
                 name
                 for name, value in vars(module).items()
-                if inspect.isclass(value) and issubclass(value, base) and value is not base
+                if inspect.isclass(value) and is_a(value, kind) and name != kind
             )
             hint = f" Its {kind} classes: {', '.join(found)}." if found else ""
             raise InvalidArgumentError(
                 f"{option} {spec}: module {module_name!r} has no {qualname!r}.{hint}"
             )
         obj = getattr(obj, part)
-    if not (inspect.isclass(obj) and issubclass(obj, base)):
+    if not (inspect.isclass(obj) and is_a(obj, kind)):
         what = f"the class {obj.__name__}" if inspect.isclass(obj) else f"a {type(obj).__name__}"
         raise InvalidTrialError(
             f"{option} {spec} is {what}, not a {kind} subclass; name a class derived from "
-            f"lightning.pytorch.{kind}."
+            f"lightning.pytorch.{kind} (or pytorch_lightning.{kind})."
         )
     return Loaded(spec=spec, cls=obj, module=module)
 
 
-def _overrides(cls: type | None, hook: str, base: type) -> bool:
-    return cls is not None and getattr(cls, hook, None) is not getattr(base, hook, None)
-
-
 def _check_hooks(module: Loaded, data: Loaded | None) -> None:
-    """The trial trains and validates: refuse a module that cannot do both."""
-    import lightning.pytorch as pl
-
+    """What the classes alone tell: a training loader, a `training_step` a trial can call."""
     dm_cls = data.cls if data is not None else None
-    if not _overrides(module.cls, "validation_step", pl.LightningModule):
+    hook = "train_dataloader"
+    if not (
+        overrides(module.cls, hook, "LightningModule")
+        or overrides(dm_cls, hook, "LightningDataModule")
+    ):
+        where = f"{data.spec} nor {module.spec} defines" if data else f"{module.spec} has no"
+        fix = "" if data else " or pass --datamodule module:DataModuleClass"
         raise InvalidTrialError(
-            f"{module.spec} has no validation_step(); a trial validates, and its searcher "
-            "needs a validation metric. Add validation_step() with self.log('val_loss', ...)."
+            f"{'Neither ' if data else ''}{where} {hook}(); the trial needs a training "
+            f"loader. Define {hook}(){fix}."
         )
-    for hook in ("train_dataloader", "val_dataloader"):
-        if not (
-            _overrides(module.cls, hook, pl.LightningModule)
-            or _overrides(dm_cls, hook, pl.LightningDataModule)
-        ):
-            where = f"{data.spec} nor {module.spec} defines" if data else f"{module.spec} has no"
-            fix = "" if data else " or pass --datamodule module:DataModuleClass"
-            raise InvalidTrialError(
-                f"{'Neither ' if data else ''}{where} {hook}(); the trial needs training and "
-                f"validation loaders. Define {hook}(){fix}."
-            )
+    problems = signature_refusals(module.cls)
+    if problems:
+        raise InvalidTrialError(f"{module.spec}: {problems[0]}")
 
 
 # -- hyperparameters ----------------------------------------------------------------------
@@ -149,23 +143,21 @@ def _constructor_parameters(cls: type) -> list[inspect.Parameter]:
 
 
 def _hyperparameters(module_cls: type, dm_cls: type | None) -> Hyperparameters:
-    """Constructor arguments and their defaults; arguments without one are refused."""
+    """Constructor arguments and their defaults; arguments without one are left to fill."""
     result = Hyperparameters()
     module_batch: int | None = None
     for cls in (module_cls, dm_cls):
         if cls is None:
             continue
         params = _constructor_parameters(cls)
-        required = [p.name for p in params if p.default is inspect.Parameter.empty]
-        if required:
-            raise InvalidTrialError(
-                f"{cls.__name__}.__init__ has arguments without a default value: "
-                f"{', '.join(required)}. The trial builds {cls.__name__} from hyperparameters "
-                "matched to its arguments by name, and port writes their values from the "
-                "defaults: give these arguments defaults, then change the values in "
-                f"{CONST_YAML}."
-            )
         for p in params:
+            if p.default is inspect.Parameter.empty:
+                if p.name == "batch_size":
+                    continue  # the trial gives each process its share of global_batch_size
+                if p.name not in result.values:
+                    result.values[p.name] = None
+                    result.to_fill.append(f"{cls.__name__}.{p.name}")
+                continue
             ok, value = _yaml_value(p.default)
             if p.name == "batch_size" and isinstance(p.default, int):
                 if cls is module_cls:
@@ -193,63 +185,3 @@ def _hyperparameters(module_cls: type, dm_cls: type | None) -> Hyperparameters:
     if result.batch_size is None:
         result.batch_size = module_batch
     return result
-
-
-# -- the first validation metric ------------------------------------------------------------
-
-
-def _probe_validation(module: Loaded, data: Loaded | None) -> tuple[list[str], int | None]:
-    """Validate one batch with Lightning: the metric names logged, the loader's batch size."""
-    import lightning.pytorch as pl
-
-    instances = []
-    for loaded in (module, data):
-        if loaded is None:
-            continue
-        try:
-            instances.append(loaded.cls())
-        except Exception as exc:  # noqa: BLE001 - user code
-            raise InvalidTrialError(
-                f"{loaded.spec}: building {loaded.cls.__name__}() with its default arguments "
-                f"failed: {type(exc).__name__}: {exc}. Port builds it to find the validation "
-                "metric; make the defaults work."
-            ) from None
-    model = instances[0]
-    datamodule = instances[1] if data is not None else None
-
-    quiet = ("lightning.pytorch", "lightning.fabric", "lightning")
-    levels = {name: logging.getLogger(name).level for name in quiet}
-    with tempfile.TemporaryDirectory() as root, warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        for name in quiet:
-            logging.getLogger(name).setLevel(logging.ERROR)
-        try:
-            trainer = pl.Trainer(
-                accelerator="cpu",
-                devices=1,
-                limit_val_batches=1,
-                logger=False,
-                enable_checkpointing=False,
-                enable_progress_bar=False,
-                enable_model_summary=False,
-                default_root_dir=root,
-            )
-            results = trainer.validate(model, datamodule=datamodule, verbose=False)
-        except Exception as exc:  # noqa: BLE001 - user code
-            raise InvalidTrialError(
-                f"{module.spec}: validating one batch with Lightning failed: "
-                f"{type(exc).__name__}: {exc}. Port runs validation_step once to find the "
-                "metric to search on; fix the error (try lightning.Trainer(fast_dev_run=True))."
-            ) from None
-        finally:
-            for name, level in levels.items():
-                logging.getLogger(name).setLevel(level)
-        loader = trainer.val_dataloaders
-    names = [str(name) for name in (results[0] if results else {})]
-    if not names:
-        raise InvalidTrialError(
-            f"{module.spec}: validation_step logged no metric. The searcher needs one: log it "
-            "with self.log('val_loss', loss) in validation_step."
-        )
-    batch_size = getattr(loader, "batch_size", None)
-    return names, batch_size if isinstance(batch_size, int) else None

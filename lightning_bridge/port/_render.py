@@ -1,43 +1,31 @@
 """Port: the text of the files the tool writes, `model_def.py`, `const.yaml`, `startup-hook.sh`.
 
-Pure rendering from what `_inspect` found (the classes, their hyperparameters, the first
-validation metric) and what `_sources` found (the packages to install): nothing here
+Pure rendering from what `_inspect` and `_probe` found (the classes, their hyperparameters,
+the searcher metric) and what `_sources` found (the packages to install): nothing here
 imports or runs user code.
 """
 
 from __future__ import annotations
 
-import re
-
 import yaml
 
-from lightning_bridge.port._folder import DEFAULT_EPOCHS, EXPERIMENT_SEED, Hyperparameters, Loaded
+from lightning_bridge.port._folder import (
+    DEFAULT_EPOCHS,
+    EXPERIMENT_SEED,
+    Hyperparameters,
+    Loaded,
+    Searcher,
+)
 
-# Words in a metric name that mean larger values are better (accuracy, F1, AUC, ...).
-_LARGER_IS_BETTER = {
-    "acc",
-    "accuracy",
-    "ap",
-    "auc",
-    "auroc",
-    "bleu",
-    "dice",
-    "f1",
-    "iou",
-    "map",
-    "precision",
-    "r2",
-    "recall",
-    "rouge",
-    "score",
-    "top1",
-    "top5",
+_FOUND_BY = {
+    "validation": "the first metric validation_step logs",
+    "training": "the first value logged in training (the module has no validation; the "
+    "trial reports its training epochs as validation metrics)",
+    "checkpoint": "ModelCheckpoint's monitor and mode (configure_callbacks()); "
+    "checkpoint_policy: best keeps the best checkpoint, as the callback does",
+    "source": "read from the source (the classes take arguments without defaults, so port "
+    "could not run them): check it",
 }
-
-
-def _smaller_is_better(metric: str) -> bool:
-    words = {w for w in re.split(r"[^a-z0-9]+", metric.lower()) if w}
-    return not (words & _LARGER_IS_BETTER)
 
 
 def _command(target: str, datamodule: str | None) -> str:
@@ -102,7 +90,7 @@ def _const_yaml(
     module: Loaded,
     data: Loaded | None,
     hparams: Hyperparameters,
-    metric: str,
+    searcher: Searcher,
     command: str,
 ) -> str:
     classes = module.qualname.split(".")[-1]
@@ -113,31 +101,52 @@ def _const_yaml(
         f"# hyperparameters: the constructor arguments of {classes} with their",
         "# default values; the trial passes each one to the argument of the same name, and",
         "# global_batch_size, split across processes, to `batch_size`.",
-        "# searcher.metric: the first metric validation_step logs; check smaller_is_better and",
+        f"# searcher.metric: {_FOUND_BY[searcher.found_by]}; check smaller_is_better and",
         "# max_length.",
     ]
+    if hparams.to_fill:
+        header.append(
+            "# To fill in (arguments without a default value, written as null): "
+            + ", ".join(hparams.to_fill)
+            + "."
+        )
     if hparams.skipped:
         header.append(
             "# Not written (not plain data; the constructor's default applies): "
             + ", ".join(hparams.skipped)
             + "."
         )
-    config = {
+    config: dict = {
         "name": module.qualname.split(".")[-1],
         "hyperparameters": {"global_batch_size": hparams.batch_size, **hparams.values},
         "searcher": {
             "name": "single",
-            "metric": metric,
-            "smaller_is_better": _smaller_is_better(metric),
+            "metric": searcher.metric,
+            "smaller_is_better": searcher.smaller_is_better,
             "max_length": {"epochs": DEFAULT_EPOCHS},
         },
         "min_validation_period": {"epochs": 1},
-        "reproducibility": {"experiment_seed": EXPERIMENT_SEED},
-        "resources": {"slots_per_trial": 1},
-        "entrypoint": f"model_def:{_trial_name(module)}",
     }
+    if searcher.checkpoint_policy is not None:
+        config["checkpoint_policy"] = searcher.checkpoint_policy
+    config.update(
+        {
+            "reproducibility": {"experiment_seed": EXPERIMENT_SEED},
+            "resources": {"slots_per_trial": 1},
+            "entrypoint": f"model_def:{_trial_name(module)}",
+        }
+    )
     body = yaml.safe_dump(config, sort_keys=False, default_flow_style=False)
-    return "\n".join(header) + "\n" + body
+    lines = body.splitlines()
+    fill = {name.split(".", 1)[1]: f"{name} has no default" for name in hparams.to_fill}
+    if hparams.batch_size is None:
+        fill["global_batch_size"] = "port could not run the loaders to tell the batch size"
+    for i, line in enumerate(lines):
+        key = line.strip().split(":", 1)[0]
+        if line.startswith("  ") and not line.startswith("   ") and key in fill:
+            if line.rstrip().endswith(": null"):
+                lines[i] = f"{line}  # fill in: {fill[key]}"
+    return "\n".join(header + lines) + "\n"
 
 
 def _startup_hook(requirements: list[str]) -> str:

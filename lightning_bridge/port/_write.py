@@ -8,20 +8,22 @@ folder that Determined (`det experiment create const.yaml DIR`) and the bridge's
   Determined's `PyTorchTrial` where Determined is importable (the bridge's otherwise). It
   imports the user's classes by their import path and holds none of their code.
 - `const.yaml`: the constructor arguments of both classes with their default values as
-  hyperparameters (`batch_size` as `global_batch_size`), a `single` searcher on the first
-  metric `validation_step` logs, a length.
+  hyperparameters (`batch_size` as `global_batch_size`; arguments without a default as null,
+  to fill in), a `single` searcher on the metric `_probe` found (ModelCheckpoint's monitor,
+  the first metric `validation_step` logs, or for a module without validation the first value
+  logged in training), a length.
 - `startup-hook.sh`: installs the bridge (and the third-party packages the copied sources
   import) in Determined's task container.
 - the user's source: the module files / top-level packages of the two classes and the local
   modules they import, copied unchanged, so the folder is a complete context directory. Code
   installed as a distribution is not copied; the startup hook installs it instead.
 
-The first validation metric is found by running it: both classes are built with their
-defaults and Lightning validates one batch on the CPU (`Trainer.validate(limit_val_batches=1)`);
-the metric names come back in the order `self.log` was first called.
+The metric is found by running the classes (`_probe`), which also runs the checks
+`lightning_trial` runs when the trial is built, so a module the trial would refuse is refused
+here, before anything is written.
 
-The work is split by concept: `_inspect` (loading and checking the classes,
-hyperparameters, the validation metric), `_sources` (sources to copy, packages to install)
+The work is split by concept: `_inspect` (loading the classes, hyperparameters), `_probe`
+(checks and the metric, by running them), `_sources` (sources to copy, packages to install)
 and `_render` (the files' text); this module checks `--out` and writes the folder.
 """
 
@@ -31,13 +33,8 @@ import pathlib
 
 from lightning_bridge._errors import InvalidArgumentError, InvalidTrialError
 from lightning_bridge.port._folder import CONST_YAML, MODEL_DEF, STARTUP_HOOK
-from lightning_bridge.port._inspect import (
-    _check_hooks,
-    _cwd_on_path,
-    _hyperparameters,
-    _load,
-    _probe_validation,
-)
+from lightning_bridge.port._inspect import _check_hooks, _cwd_on_path, _hyperparameters, _load
+from lightning_bridge.port._probe import probe
 from lightning_bridge.port._render import (
     _command,
     _const_yaml,
@@ -61,24 +58,22 @@ def write_trial_folder(
     """
     out = pathlib.Path(out)
     _check_out(out, force)
-    import lightning.pytorch as pl
-
     with _cwd_on_path():
-        module = _load(target, pl.LightningModule, "TARGET", "LightningModule")
+        module = _load(target, "LightningModule", "TARGET")
         data = (
-            _load(datamodule, pl.LightningDataModule, "--datamodule", "LightningDataModule")
+            _load(datamodule, "LightningDataModule", "--datamodule")
             if datamodule is not None
             else None
         )
     hparams = _hyperparameters(module.cls, data.cls if data is not None else None)
     _check_hooks(module, data)
-    metrics, loader_batch_size = _probe_validation(module, data)
+    searcher, loader_batch_size = probe(module, data, buildable=not hparams.to_fill)
     if hparams.batch_size is None:
-        if loader_batch_size is None:
+        if loader_batch_size is None and not hparams.to_fill:
             raise InvalidTrialError(
                 "Could not tell the batch size: neither class has a `batch_size` constructor "
-                "argument and the validation DataLoader has no `batch_size`. Add a "
-                "`batch_size` argument (with a default) to the class that builds the loaders."
+                "argument and the loader port ran has no `batch_size`. Add a `batch_size` "
+                "argument (with a default) to the class that builds the loaders."
             )
         hparams.batch_size = loader_batch_size
 
@@ -86,7 +81,7 @@ def write_trial_folder(
     command = _command(target, datamodule)
     files = {
         MODEL_DEF: _model_def(module, data),
-        CONST_YAML: _const_yaml(module, data, hparams, metrics[0], command),
+        CONST_YAML: _const_yaml(module, data, hparams, searcher, command),
         STARTUP_HOOK: _startup_hook(requirements),
     }
     out.mkdir(parents=True, exist_ok=True)

@@ -164,8 +164,16 @@ class TrialCore:
         self._tracker = data.tracker
         self._epoch_len = self._ctx._epoch_len or 0
 
-    def resume_from(self, payload: dict[str, Any], state: TrialState | None) -> None:
-        """Continue from a loaded checkpoint: skip the batches it trained, restore at start."""
+    def resume_from(
+        self, payload: dict[str, Any], state: TrialState | None, *, warm_start: bool = False
+    ) -> None:
+        """Continue from a loaded checkpoint: skip the batches it trained, restore at start.
+
+        `warm_start` starts a new run from it instead: its states without its counters, data
+        position or pending gradients (see `_resume`)."""
+        if warm_start:
+            payload = {k: v for k, v in payload.items() if k not in (EXTRAS_KEY, "trial_state")}
+            state = None
         self._resume = (payload, state)
         self.start_batch = state.batches_trained if state is not None else 0
         self._ctx._steps_completed = self.start_batch
@@ -193,6 +201,9 @@ class TrialCore:
             logger.info("Restoring trial from checkpoint %s", self.latest_checkpoint)
             apply_payload(self, payload)
             if state is not None:
+                if state.epochs_trained < 0:
+                    # Determined < 0.21 (workload_sequencer.pkl) counted batches only.
+                    state.epochs_trained = state.batches_trained // self.epoch_len
                 self.state = state
         for cb in self.trial_callbacks.values():
             cb.on_training_start()
@@ -316,8 +327,14 @@ class TrialCore:
         metrics.update(to_numpy(ctx.reduce_metrics(for_training=False)))
         for cb in self.trial_callbacks.values():
             cb.on_validation_end(metrics)
-        self.state.last_val = self.state.batches_trained
+        state = self.state
+        state.last_val = state.batches_trained
+        if self.is_chief:
+            if ctx.get_enable_tensorboard_logging() and self._engine is not None:
+                self._engine.report_validation(metrics, state.batches_trained)
+            # As Determined: added once the callbacks have seen the metrics (to the same dict),
+            # on the chief, unless the trial reports metrics of these names itself.
+            metrics.setdefault("batches", state.batches_trained)
+            metrics.setdefault("epochs", state.epochs_trained)
         self.last_validation_metrics = metrics
-        if self.is_chief and ctx.get_enable_tensorboard_logging() and self._engine is not None:
-            self._engine.report_validation(metrics, self.state.batches_trained)
         return metrics

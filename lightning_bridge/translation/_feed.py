@@ -14,7 +14,7 @@ import dataclasses
 from collections.abc import Iterator
 from typing import Any
 
-from lightning_bridge._errors import InvalidTrialError
+from lightning_bridge._errors import InvalidTrialError, TrialRuntimeError
 from lightning_bridge.contract._context import PyTorchTrialContext
 from lightning_bridge.contract._data import dataset_repro_message, is_trial_data_loader
 from lightning_bridge.translation._data_position import PassTracker, tracked_loader
@@ -82,7 +82,7 @@ def _loader(
         )
         return loader, tracker
     if not ctx.experimental._data_repro_checks_disabled:
-        raise InvalidTrialError(dataset_repro_message(fn_name, built))
+        raise TrialRuntimeError(dataset_repro_message(fn_name, built))
     return built, None
 
 
@@ -133,7 +133,7 @@ def build_trial_data(
         except TypeError:
             empty = False
         if empty:
-            raise InvalidTrialError(
+            raise TrialRuntimeError(
                 "The validation data loader yields no batches: give "
                 "build_validation_data_loader() a non-empty dataset."
             )

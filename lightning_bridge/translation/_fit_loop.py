@@ -51,6 +51,7 @@ class FitLoop:
         self.profiler = profiler
         self._progress_bar = progress_bar
         self._length = length
+        self._single = core.context.distributed.size == 1
         # Set by the boundaries (as `lightning.Trainer.should_stop` was): the fit ends after
         # the current batch.
         self.should_stop = False
@@ -63,22 +64,26 @@ class FitLoop:
         core.build_data()
         if self._progress_bar and core.is_chief:
             self.engine.progress = ProgressBar(self._total_batches(), core.start_batch)
-        failed = True
         try:
             self.boundaries.on_train_start(self, core)
             if self.profiler is None:
                 self._train()
             else:
                 self._train_profiled(self.profiler)
-            failed = False
         except BaseException as exc:
+            # The write in flight ends before the boundaries let go of the directory.
+            self._finish_writes(failed=True)
             self.boundaries.on_exception(self, core, exc)
             raise
         finally:
-            self._finish_writes(failed)
             if self.engine.progress is not None:
                 self.engine.progress.close(core.state.batches_trained)
                 self.engine.progress = None
+        try:
+            self._finish_writes(failed=False)
+        except BaseException as exc:
+            self.boundaries.on_exception(self, core, exc)
+            raise
         self.boundaries.on_train_end(self, core)
 
     def _total_batches(self) -> int | None:
@@ -141,11 +146,13 @@ class FitLoop:
 
     def _after_save(self) -> None:
         """A checkpoint was queued or is being written: start it with a snapshot if training
-        goes on (the end of the fit writes it without one), or finish it if it is done."""
+        goes on (the end of the fit writes it without one), or finish it if it is done. With
+        several processes a finished save is left to the next checkpoint or the fit's end,
+        where every process learns whether it failed (`TrialBoundaries`)."""
         if self.writer.queued:
             if not self.should_stop:
                 self.writer.start(copy=True)
-        else:
+        elif self._single:
             self.writer.poll()
 
     # ----- validation (TrialBoundaries calls this) -----

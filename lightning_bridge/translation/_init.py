@@ -18,9 +18,15 @@ from typing import Any
 import numpy as np
 import torch
 
+from lightning_bridge import _logging
+from lightning_bridge._errors import InvalidArgumentError, is_invalid_hp
+from lightning_bridge.checkpoint._bounded import check_expanded_size
 from lightning_bridge.contract import _cluster_info
 from lightning_bridge.contract._context import PyTorchTrialContext
+from lightning_bridge.contract._determined_compat import is_determined_object
 from lightning_bridge.contract._distributed import DistributedContext
+from lightning_bridge.translation._engine_check import check_engine
+from lightning_bridge.translation._search_report import end_invalid_hp
 
 
 class Engine:
@@ -99,14 +105,18 @@ def init(
     checkpoint_dir: str | os.PathLike[str] | None = None,
     run_dir: str | os.PathLike[str] | None = None,
     trainer_kwargs: dict[str, Any] | None = None,
+    code_dir: str | os.PathLike[str] | None = None,
 ) -> Iterator[PyTorchTrialContext]:
     """Build the `PyTorchTrialContext` a trial is constructed with; use it as a context manager.
 
     The first five arguments are Determined's. The rest configure the Lightning engine:
-    `accelerator`, `devices`, `num_nodes`, `strategy` and `precision` go to `lightning.Trainer`,
-    as does anything in `trainer_kwargs`; `checkpoint_dir` is where checkpoints are written
-    (default: `checkpoint_storage` from `exp_conf`, else `./checkpoints`); `run_dir` holds
-    TensorBoard / CSV logs (default: the working directory).
+    `accelerator`, `devices`, `num_nodes`, `strategy` and `precision` build the fit's
+    `lightning.Fabric`, `trainer_kwargs` the rest of its settings (`_settings`); `checkpoint_dir` is
+    where checkpoints are written (default: `checkpoint_storage` from `exp_conf`, else
+    `./checkpoints`); `run_dir` holds TensorBoard / CSV logs (default: the working directory);
+    `code_dir` (`lightning-bridge run` sets it to the experiment folder) is copied into every
+    checkpoint's `code/`, so `load_trial_from_checkpoint_path(path)` finds the trial class on
+    another machine.
     """
     # Run by `lightning-bridge run`: the runner's config and settings fill the defaults.
     given = _cluster_info.init_defaults(
@@ -118,16 +128,46 @@ def init(
             "devices": devices,
             "strategy": strategy,
             "precision": precision,
+            "run_dir": run_dir,
+            "checkpoint_dir": checkpoint_dir,
+            "code_dir": code_dir,
         }
     )
+    run = _cluster_info.runner_run()
+    if run is not None and run.get("log_file"):
+        # A script run by `lightning-bridge run` logs like a trial class: one format, and
+        # the trial's log file.
+        _logging.configure(run["log_file"])
+    run_dir, checkpoint_dir = given["run_dir"], given["checkpoint_dir"]
     hparams, exp_conf = given["hparams"], given["exp_conf"]
     aggregation_frequency, accelerator = given["aggregation_frequency"], given["accelerator"]
     devices, strategy, precision = given["devices"], given["strategy"], given["precision"]
+    if distributed is not None and not (
+        isinstance(distributed, DistributedContext)
+        or is_determined_object(distributed, "DistributedContext")
+    ):
+        raise InvalidArgumentError(
+            "init(distributed=...) takes a DistributedContext (e.g. "
+            "DistributedContext.from_torch_distributed()) or None (the launcher's processes); "
+            f"got {distributed!r}."
+        )
+    if exp_conf is not None:
+        check_expanded_size(exp_conf, "init(exp_conf=...)")
+    check_engine(
+        accelerator=accelerator,
+        devices=devices,
+        num_nodes=num_nodes,
+        strategy=strategy,
+        precision=precision,
+    )
+    code_dir = given["code_dir"]
     dist = distributed if distributed is not None else DistributedContext()
     devices, num_nodes, strategy = _launch_settings(distributed, devices, num_nodes, strategy)
     seed = None
     if exp_conf is not None:
         seed = (exp_conf.get("reproducibility") or {}).get("experiment_seed")
+        if run is not None and run.get("search"):
+            seed = int(run.get("trial_seed") or 0)  # a search's trial: its own seed
         if seed is not None:
             _seed_everything(int(seed))
     context = PyTorchTrialContext(
@@ -139,6 +179,7 @@ def init(
         trial_seed=None if seed is None else int(seed),
         device=_device(accelerator, dist),
         run_dir=pathlib.Path(run_dir) if run_dir is not None else None,
+        code_dir=pathlib.Path(code_dir) if code_dir is not None else None,
         slots=_slots(dist, devices, num_nodes),
     )
     context._engine = Engine(  # type: ignore[attr-defined]
@@ -153,6 +194,11 @@ def init(
     owned_group = not (torch.distributed.is_available() and torch.distributed.is_initialized())
     try:
         yield context
+    except BaseException as exc:
+        # As Determined's: InvalidHP ends the trial (the search replaces it); exit 0.
+        if is_invalid_hp(exc) and end_invalid_hp(exc):
+            raise SystemExit(0) from None
+        raise
     finally:
         if context._tb_writer is not None:
             context._tb_writer.close()

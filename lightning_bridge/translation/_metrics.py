@@ -1,8 +1,12 @@
 """Training and validation metric handling: checks, conversion, averaging and reduction.
 
-Training metrics are kept per batch for a reporting window and averaged when it closes.
-Validation metrics are reduced per metric with the trial's `Reducer`s by torchmetrics
-aggregators, which also combine them across processes.
+Training metrics are kept per batch for a reporting window and averaged when it closes, as
+Determined averages them: any value is accepted (strings, None, arrays); a metric's average
+is the mean of its non-None values, or None where they cannot be averaged. Validation metrics
+of `evaluate_batch` are reduced per metric with the trial's `Reducer`s by torchmetrics
+aggregators, which also combine them across processes; a non-scalar value (a list of tensors,
+an array of any shape) reduces over all of its elements. `evaluate_full_dataset` results pass
+through unchanged, except that tensors become numpy values.
 """
 
 from __future__ import annotations
@@ -16,22 +20,17 @@ import numpy as np
 import torch
 from torchmetrics.aggregation import BaseAggregator, MaxMetric, MeanMetric, MinMetric, SumMetric
 
-from lightning_bridge._errors import InvalidTrialError
+from lightning_bridge._errors import InvalidTrialError, TrialRuntimeError, TrialTypeError
 from lightning_bridge.contract._distributed import DistributedContext
 from lightning_bridge.contract._reducer import Reducer
 
 
-def _check_value(where: str, key: Any, value: Any) -> None:
-    if not isinstance(key, str):
-        raise InvalidTrialError(f"{where} returned a metric name {key!r}; names must be strings.")
-    if value is None or isinstance(value, (numbers.Number, torch.Tensor, np.ndarray, np.generic)):
-        return
-    if isinstance(value, (list, tuple)) and all(isinstance(v, numbers.Number) for v in value):
-        return
-    raise InvalidTrialError(
-        f"{where} returned metric {key!r} of type {type(value).__name__}; metric values must "
-        "be numbers, tensors or numeric arrays."
-    )
+def _check_names(where: str, out: Mapping[Any, Any]) -> None:
+    for key in out:
+        if not isinstance(key, str):
+            raise InvalidTrialError(
+                f"{where} returned a metric name {key!r}; names must be strings."
+            )
 
 
 def check_training_output(out: Any) -> dict[str, Any]:
@@ -43,20 +42,16 @@ def check_training_output(out: Any) -> dict[str, Any]:
             "train_batch() must return the loss tensor or a dict of metric names to values; "
             f"got {type(out).__name__}."
         )
-    metrics = {}
-    for key, value in out.items():
-        _check_value("train_batch()", key, value)
-        metrics[key] = value.detach() if isinstance(value, torch.Tensor) else value
-    return metrics
+    _check_names("train_batch()", out)
+    return {k: (v.detach() if isinstance(v, torch.Tensor) else v) for k, v in out.items()}
 
 
 def check_validation_output(out: Any, where: str) -> dict[str, Any]:
     if not isinstance(out, Mapping):
-        raise InvalidTrialError(
+        raise TrialTypeError(
             f"{where} must return a dict of metric names to values; got {type(out).__name__}."
         )
-    for key, value in out.items():
-        _check_value(where, key, value)
+    _check_names(where, out)
     return dict(out)
 
 
@@ -68,10 +63,19 @@ def to_numpy(metrics: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _mean_or_none(values: list) -> float | None:
-    present = [v for v in values if v is not None]
+def _average(values: list[Any]) -> Any:
+    """Determined's average of one training metric over a window's batches.
+
+    The mean over the non-None values (all elements of same-shaped arrays); NaN when every
+    value is None; None when the values cannot be averaged (strings, arrays of different
+    shapes).
+    """
     try:
-        return float(np.mean(np.asarray(present)).item()) if present else None
+        array = np.array(values)
+        present = array[array != None]  # noqa: E711 (element-wise comparison)
+        with warnings.catch_warnings(), np.errstate(all="ignore"):
+            warnings.simplefilter("ignore", RuntimeWarning)
+            return np.mean(present).item()
     except (TypeError, ValueError):
         return None
 
@@ -87,7 +91,7 @@ def average_training_metrics(batch_metrics: Sequence[dict[str, Any]]) -> dict[st
                 "train_batch() must return the same metric names on every batch; batch "
                 f"{i} of the window returned {sorted(metrics)} instead of {sorted(keys)}."
             )
-    return {key: _mean_or_none([m[key] for m in batch_metrics]) for key in keys}
+    return {key: _average([m[key] for m in batch_metrics]) for key in keys}
 
 
 def average_across_processes(
@@ -100,7 +104,11 @@ def average_across_processes(
         batch: dict[str, Any] = {}
         for key in per_process[0]:
             values = [m[key] for m in per_process if m.get(key) is not None]
-            batch[key] = np.mean(np.asarray(values), axis=0) if values else None
+            try:
+                batch[key] = np.mean(np.asarray(values), axis=0) if values else None
+            except (TypeError, ValueError):
+                # Strings and other values that cannot be averaged: the chief's value.
+                batch[key] = per_process[0][key]
         averaged.append(batch)
     return averaged
 
@@ -145,10 +153,13 @@ def reduce_validation_metrics(
     for key in keys:
         try:
             values = np.stack([np.asarray(b[key]) for b in batch_metrics], axis=0)
-        except ValueError as exc:
+            if values.dtype.kind not in "biuf":
+                values = values.astype(np.float64)
+        except (TypeError, ValueError) as exc:
             raise InvalidTrialError(
                 f"evaluate_batch() returned metric {key!r} with different shapes on different "
-                f"batches ({exc}); return the same shape every batch."
+                f"batches or with values that are not numbers ({exc}); return numbers, tensors "
+                "or arrays of the same shape on every batch."
             ) from None
         out[key] = _aggregate(reducers[key], key, values, device)
     return out
@@ -165,3 +176,18 @@ def scalar_items(metrics: Mapping[str, Any]) -> dict[str, float]:
         elif isinstance(value, (np.ndarray, np.generic, torch.Tensor)) and np.size(value) == 1:
             out[key] = float(np.asarray(value).reshape(()))
     return out
+
+
+def searcher_value(name: str, value: Any) -> float:
+    """The searcher metric as a number to compare validations by (a scalar is required)."""
+    if isinstance(value, (bool, np.bool_)) or np.size(value) != 1:
+        raise TrialRuntimeError(
+            f"The searcher metric {name!r} returned a non-scalar value: {value!r}; the "
+            "searcher compares single numbers."
+        )
+    try:
+        return float(np.asarray(value).reshape(()))
+    except (TypeError, ValueError):
+        raise TrialRuntimeError(
+            f"The searcher metric {name!r} returned a non-numeric value: {value!r}."
+        ) from None

@@ -93,9 +93,11 @@ class TrialModule(pl.LightningModule):
     def data_state(self) -> dict[str, Any]:
         return self.core.data_state()
 
-    def resume_from(self, payload: dict[str, Any], state: TrialState | None) -> None:
-        """Continue from a loaded checkpoint: skip the batches it trained, restore at start."""
-        self.core.resume_from(payload, state)
+    def resume_from(
+        self, payload: dict[str, Any], state: TrialState | None, *, warm_start: bool = False
+    ) -> None:
+        """Continue from a loaded checkpoint (see `TrialCore.resume_from`)."""
+        self.core.resume_from(payload, state, warm_start=warm_start)
 
     def close_training_window(self) -> dict[str, Any]:
         return self.core.close_training_window()

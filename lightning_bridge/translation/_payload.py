@@ -172,6 +172,7 @@ def observes_written_checkpoints(callbacks: Iterable[Any]) -> bool:
 def save_checkpoint(
     module: PayloadSource,
     base_dir: pathlib.Path,
+    entries: dict[str, Any] | None = None,
     writer: CheckpointWriter | None = None,
     on_durable: Callable[[pathlib.Path], None] | None = None,
 ) -> tuple[pathlib.Path, str]:
@@ -179,7 +180,8 @@ def save_checkpoint(
 
     Fires the trial callbacks' save and write hooks in Determined's order (the caller fires
     `on_checkpoint_upload_end` on every process once the id is shared) and `on_durable(path)`
-    once the checkpoint is complete. With a `writer`, the files are written in the background
+    once the checkpoint is complete. `entries` join the bridge's own entry of the payload (the
+    boundaries' retention record). With a `writer`, the files are written in the background
     (the caller `start`s it) unless a trial callback implements one of `WRITTEN_HOOKS`: those
     are promised a complete checkpoint, so the save then completes here, as without a writer.
     """
@@ -193,14 +195,24 @@ def save_checkpoint(
     callbacks = list(module.trial_callbacks.values())
     for cb in callbacks:
         cb.on_checkpoint_save_start(payload)
-    payload[EXTRAS_KEY] = extras
+    payload[EXTRAS_KEY] = {**extras, **(entries or {})}
+    ctx = module.context
+    options: dict[str, Any] = {
+        "code_dir": ctx._code_dir,
+        # What the run writes into its folder is output, not code.
+        "code_exclude": tuple(
+            ctx._run_dir / d for d in ("tensorboard", "csv_logs", "lightning_logs")
+        ),
+    }
     if writer is not None and not observes_written_checkpoints(callbacks):
         return writer.submit(
-            base_dir, payload, state.to_dict(), _load_data(module), on_durable=on_durable
+            base_dir, payload, state.to_dict(), _load_data(module), on_durable, **options
         )
     if writer is not None:
         writer.wait()  # one save at a time, so `latest` only ever moves forward
-    final, storage_id = write_checkpoint(base_dir, payload, state.to_dict(), _load_data(module))
+    final, storage_id = write_checkpoint(
+        base_dir, payload, state.to_dict(), _load_data(module), **options
+    )
     for cb in callbacks:
         cb.on_checkpoint_end(str(final))
         cb.on_checkpoint_write_end(str(final))

@@ -9,6 +9,7 @@ when installed, else CSV, by default) and Lightning's profiler.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import pathlib
 from typing import Any
 
@@ -25,12 +26,21 @@ def checkpoint_dir(context: PyTorchTrialContext, explicit: Any) -> pathlib.Path:
     return context._run_dir / "checkpoints"
 
 
+def tensorboard_installed() -> bool:
+    """Whether the tensorboard package is installed. A folder named `tensorboard` on
+    `sys.path` (old logs beside a script) imports as an empty namespace package and must not
+    count: Lightning's TensorBoard logger would then fail."""
+    try:
+        spec = importlib.util.find_spec("tensorboard")
+    except (ImportError, ValueError):
+        return False
+    return spec is not None and spec.origin not in (None, "namespace")
+
+
 def _loggers(context: PyTorchTrialContext) -> list[Any]:
     from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 
-    try:
-        import tensorboard  # noqa: F401
-    except ImportError:
+    if not tensorboard_installed():
         return [CSVLogger(save_dir=str(context._run_dir), name="csv_logs", version="")]
     return [TensorBoardLogger(save_dir=str(context.get_tensorboard_path()), name="", version="")]
 

@@ -16,11 +16,13 @@ from typing import Any
 
 import lightning as L
 
-from lightning_bridge._errors import BridgeError, InvalidArgumentError, InvalidTrialError
+from lightning_bridge import _logging
+from lightning_bridge._errors import BridgeError, InvalidArgumentError, TrialTypeError
 from lightning_bridge.checkpoint._async import CheckpointWriter
 from lightning_bridge.checkpoint._layout import resolve_checkpoint
 from lightning_bridge.checkpoint._retention import CheckpointRetention
 from lightning_bridge.checkpoint._safe_load import read_checkpoint
+from lightning_bridge.checkpoint._writable import check_writable
 from lightning_bridge.contract import _cluster_info
 from lightning_bridge.contract._context import PyTorchTrialContext
 from lightning_bridge.contract._units import Batch, TrainUnit, check_length, check_period
@@ -28,11 +30,15 @@ from lightning_bridge.translation._boundaries import TrialBoundaries
 from lightning_bridge.translation._core import TrialCore
 from lightning_bridge.translation._fabric_engine import FabricEngine
 from lightning_bridge.translation._fit_loop import FitLoop, model_summary
+from lightning_bridge.translation._resume import starts_new_run
+from lightning_bridge.translation._run_record import RunRecord
+from lightning_bridge.translation._search_report import SearchReport
 from lightning_bridge.translation._settings import checkpoint_dir, fit_settings
 
 logger = logging.getLogger("lightning_bridge")
 
 CHECKPOINT_POLICIES = ("best", "all", "none")
+TRUST_HINT = "fit(..., trust_checkpoint=True) (lightning-bridge run --trust-checkpoint)"
 
 # Lightning warnings about choices the bridge makes on the user's behalf. They say nothing
 # actionable to a trial's author, so fits run without them.
@@ -74,9 +80,20 @@ class Trainer:
         step_zero_validation: bool = False,
         test_mode: bool = False,
         profiling_enabled: bool = False,
+        *,
+        trust_checkpoint: bool = False,
+        warm_start: bool | None = None,
     ) -> None:
-        """Train until `max_length`, validating, checkpointing and reporting at their periods."""
+        """Train until `max_length`, validating, checkpointing and reporting at their periods.
+
+        `latest_checkpoint` continues a run where it stopped; a checkpoint written by another
+        trial (its trial id differs: a Determined cluster's checkpoint) starts a new run from
+        its weights, optimizer and RNG state with the batch count at 0, as Determined does.
+        `warm_start=True` / `False` chooses that explicitly. `trust_checkpoint=True` unpickles
+        objects outside the weights-only safe set: only for files you trust (it can run code).
+        """
         max_length, test_mode = _cluster_info.fit_defaults(max_length, test_mode)
+        trust_checkpoint, warm_start = _cluster_info.resume_defaults(trust_checkpoint, warm_start)
         try:
             self._fit(
                 checkpoint_period=checkpoint_period,
@@ -88,6 +105,8 @@ class Trainer:
                 step_zero_validation=step_zero_validation,
                 test_mode=test_mode,
                 profiling_enabled=profiling_enabled,
+                trust_checkpoint=trust_checkpoint,
+                warm_start=warm_start,
             )
         except BridgeError as exc:
             raise exc.with_traceback(None) from None
@@ -104,6 +123,8 @@ class Trainer:
         step_zero_validation: bool,
         test_mode: bool,
         profiling_enabled: bool,
+        trust_checkpoint: bool,
+        warm_start: bool | None,
     ) -> None:
         ctx = self._context
         length = check_length(max_length)
@@ -127,21 +148,36 @@ class Trainer:
             ("step_zero_validation", step_zero_validation),
             ("test_mode", test_mode),
             ("profiling_enabled", profiling_enabled),
+            ("trust_checkpoint", trust_checkpoint),
         ):
             if not isinstance(flag, bool):
                 raise InvalidArgumentError(f"{name} must be True or False; got {flag!r}.")
         if not hasattr(self._trial, "train_batch"):
-            raise InvalidTrialError(
+            raise TrialTypeError(
                 f"{type(self._trial).__name__} is not a PyTorchTrial: it has no train_batch()."
             )
 
         engine: Any = getattr(ctx, "_engine", None)
         ckpt_dir = checkpoint_dir(ctx, engine.checkpoint_dir if engine else None)
+        check_writable(ckpt_dir)
         if latest_checkpoint is not None:
             latest_checkpoint = str(resolve_checkpoint(latest_checkpoint, ckpt_dir))
         core = TrialCore(self._trial, ctx, test_mode=test_mode, latest_checkpoint=latest_checkpoint)
+        payload: dict[str, Any] = {}
+        warm = False
         if latest_checkpoint is not None:
-            core.resume_from(*read_checkpoint(latest_checkpoint))
+            payload, state = read_checkpoint(
+                latest_checkpoint, trusted=trust_checkpoint, trust_hint=TRUST_HINT
+            )
+            warm = starts_new_run(state, ctx.get_trial_id(), warm_start, latest_checkpoint)
+            core.resume_from(payload, state, warm_start=warm)
+        record = RunRecord.from_runner(ctx._exp_conf, ckpt_dir)
+        search = None if test_mode else SearchReport.from_runner()
+        retention = (
+            record.retention()
+            if record is not None and core.is_chief
+            else CheckpointRetention.from_config(ctx._exp_conf)
+        )
         writer = CheckpointWriter()
         boundaries = TrialBoundaries(
             max_length=length,
@@ -154,14 +190,22 @@ class Trainer:
             test_mode=test_mode,
             searcher_metric=metric,
             smaller_is_better=bool(searcher.get("smaller_is_better", True)),
-            retention=CheckpointRetention.from_config(ctx._exp_conf),
+            retention=retention,
+            record=record,
+            search=search,
             writer=writer,
         )
+        if latest_checkpoint is not None and record is None and not warm:
+            # A run continued outside the command: retention covers the checkpoints the run
+            # it continues kept (the command's record knows them itself).
+            boundaries.continue_retention(pathlib.Path(latest_checkpoint), payload)
+        _logging.adopt_lightning()
         settings = fit_settings(ctx, test_mode=test_mode, profiling_enabled=profiling_enabled)
         fabric = L.Fabric(**settings.fabric)
         _check_launcher(fabric)
         self.fabric = fabric
         status = "failed"
+        boundaries.stop.install()
         try:
             with warnings.catch_warnings():
                 for pattern in _ENGINE_WARNINGS:
@@ -182,22 +226,43 @@ class Trainer:
                 )
                 loop.run()
             status = "success"
+            if boundaries.search_stopped:
+                # The searcher stopped it at the rung its signal came at: it is done.
+                boundaries.preempted_by = None
+            if record is not None and core.is_chief:
+                record.ended(boundaries.preempted_by)
+            if search is not None and core.is_chief:
+                search.ended(boundaries.preempted_by is not None, boundaries.stopped_early)
+        except BaseException as exc:
+            if search is not None and core.is_chief:
+                search.failed(exc)
+            raise
         finally:
+            boundaries.stop.restore()
             core.shutdown()
             _close(settings, status)
             self.checkpoints = list(boundaries.checkpoints)
             self.last_validation_metrics = core.last_validation_metrics
-            _cluster_info.record_fit(core.last_validation_metrics, self.checkpoints)
-        if boundaries.checkpoints:
+            if record is not None:
+                record.close()
+            if search is not None:
+                search.close()
+        if record is None and boundaries.checkpoints:
             logger.info("Checkpoints are in %s", ckpt_dir)
         if boundaries.preempted_by is not None:
-            where = boundaries.checkpoints[-1] if boundaries.checkpoints else ckpt_dir
-            print(
-                f"Stopped by {boundaries.preempted_by} after batch "
-                f"{core.state.batches_trained}; checkpoint {where}. Continue with "
-                f"fit(latest_checkpoint={str(where)!r}).",
-                flush=True,
-            )
+            where: Any = boundaries.checkpoints[-1] if boundaries.checkpoints else ckpt_dir
+            how = f"Continue with fit(latest_checkpoint={str(where)!r})."
+            if record is not None and record.continue_command:
+                # Under the command: its own continue command, the checkpoint where it is kept.
+                if boundaries.checkpoints:
+                    where = record.storage.url(boundaries.checkpoints[-1].name)
+                how = f"Continue with: {record.continue_command}"
+            if core.is_chief:
+                print(
+                    f"Stopped by {boundaries.preempted_by} after batch "
+                    f"{core.state.batches_trained}; checkpoint {where}. {how}",
+                    flush=True,
+                )
             raise SystemExit(0)
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from lightning_bridge._errors import InvalidTrialError
+from lightning_bridge._errors import InvalidTrialError, TrialRuntimeError
 from lightning_bridge.contract._distributed import DistributedContext
 from lightning_bridge.contract._reducer import reducers_for_keys
 from lightning_bridge.translation._metrics import (
@@ -49,7 +49,7 @@ class ValidationPass:
     def batch_outputs(self) -> list[dict[str, Any]]:
         """Every batch's metrics, as `on_validation_epoch_end` receives them."""
         if not self._outputs:
-            raise InvalidTrialError(
+            raise TrialRuntimeError(
                 "The validation data loader yielded no batches: give "
                 "build_validation_data_loader() a non-empty dataset."
             )

@@ -141,14 +141,23 @@ def isolated_environment(workdir: pathlib.Path) -> Iterator[None]:
 
 
 def run_trial(
-    pytorch: ModuleType, scenario: Scenario | str, workdir: str | os.PathLike[str]
+    pytorch: ModuleType,
+    scenario: Scenario | str,
+    workdir: str | os.PathLike[str],
+    trial_api: ModuleType | None = None,
 ) -> RunRecord:
-    """Run ``scenario`` with the API module ``pytorch`` and record what the trial observed."""
+    """Run ``scenario`` with the API module ``pytorch`` and record what the trial observed.
+
+    ``trial_api`` (default ``pytorch``) is the module the trial's classes, enums and
+    ``fit()`` units come from: Determined's with the bridge's ``init`` / ``Trainer`` is how
+    unchanged Determined code runs where ``determined`` is installed.
+    """
     if isinstance(scenario, str):
         scenario = SCENARIOS[scenario]
+    trial_api = pytorch if trial_api is None else trial_api
     workdir = pathlib.Path(workdir)
     recorder = Recorder()
-    trial_cls = scenario.make_trial(pytorch, recorder)
+    trial_cls = scenario.make_trial(trial_api, recorder)
     with isolated_environment(workdir):
         seed_everything(scenario.seed)
         with pytorch.init(
@@ -158,7 +167,7 @@ def run_trial(
         ) as context:
             trial = trial_cls(context)
             trainer = pytorch.Trainer(trial, context)
-            trainer.fit(**scenario.fit_kwargs(pytorch))
+            trainer.fit(**scenario.fit_kwargs(trial_api))
             if scenario.init_kwargs.get("enable_tensorboard_logging", True):
                 # Flush and close the trainer's TensorBoard writer while the working directory
                 # it may have been opened relative to still exists.

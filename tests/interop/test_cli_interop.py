@@ -19,6 +19,7 @@ from tests._cli_folders import (  # isolated_imports: an autouse fixture
     BASE_CONFIG,
     checkpoint_weights,
     isolated_imports,  # noqa: F401
+    kept_checkpoints,
     steps_completed,
     write_folder,
 )
@@ -38,9 +39,7 @@ def test_model_def_with_determined_installed_matches_determined(tmp_path: pathli
     trial_module = sys.modules["model_def"]
     assert trial_module.pytorch is det_pytorch  # Determined's module, not the mapping
     bridge = config.parent
-    kept = sorted(
-        (p for p in (bridge / "checkpoints").iterdir() if p.is_dir()), key=steps_completed
-    )
+    kept = sorted(kept_checkpoints(), key=steps_completed)
     assert steps_completed(kept[-1]) == 16
 
     # The same folder trained by Determined's local Trainer with the config's values.

@@ -1,0 +1,253 @@
+"""The `lightning.Trainer` arguments of a ported project, read from the trial's hparams and config.
+
+A project trained by `lightning.Trainer(...)` passes arguments the module depends on. As a
+trial each has one place:
+
+- hparams: `gradient_clip_val`, `gradient_clip_algorithm`, `accumulate_grad_batches`,
+  `precision` (the adapter applies them itself, the same way on either trainer);
+- the experiment config: `searcher.max_length` (`max_epochs` / `max_steps`, which the module
+  reads from `self.trainer`), `min_validation_period` (`check_val_every_n_epoch` /
+  `val_check_interval`), `optimizations.aggregation_frequency` (the trial's gradient
+  aggregation, the same as `accumulate_grad_batches`);
+- `lightning_trial(callbacks=...)`: the Trainer's callbacks.
+
+Any other Trainer argument found among the hparams (and taken by neither constructor) is
+refused with the place it belongs, so that nothing a project relies on is dropped unseen.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import inspect
+import math
+from typing import Any
+
+from lightning_bridge._errors import InvalidTrialError
+
+HPARAM_SETTINGS = ("gradient_clip_val", "gradient_clip_algorithm", "accumulate_grad_batches")
+_PRECISIONS = {
+    "32": "32-true",
+    "32-true": "32-true",
+    "64": "64-true",
+    "64-true": "64-true",
+    "bf16": "bf16-mixed",
+    "bf16-mixed": "bf16-mixed",
+    "16": "16-mixed",
+    "16-mixed": "16-mixed",
+    "bf16-true": "bf16-true",
+    "16-true": "16-true",
+}
+_PLACES = {
+    **dict.fromkeys(
+        ("max_epochs", "max_steps", "min_epochs", "min_steps", "max_time"),
+        "the trial's length is searcher.max_length in the experiment config (and "
+        "fit(max_length=...)); the module reads it as self.trainer.max_epochs / max_steps",
+    ),
+    **dict.fromkeys(
+        ("val_check_interval", "check_val_every_n_epoch"),
+        "validation runs every min_validation_period of the experiment config ({epochs: N} "
+        "for check_val_every_n_epoch=N, {batches: N} for val_check_interval=N) and "
+        "fit(validation_period=...)",
+    ),
+    "callbacks": "pass Trainer callbacks as lightning_trial(..., callbacks=[...])",
+    **dict.fromkeys(
+        ("accelerator", "strategy", "devices", "num_nodes"),
+        "the trainer places the trial: resources.slots_per_trial in the experiment config",
+    ),
+    "enable_checkpointing": "checkpoints are the trial's: checkpoint_policy and checkpoint_period",
+    "log_every_n_steps": "training metrics are reported every reporting period",
+}
+
+
+@dataclasses.dataclass
+class Length:
+    """The trial's length from the config: `unit` is "epochs" or "batches"."""
+
+    unit: str
+    value: int
+
+
+@dataclasses.dataclass
+class TrainerSettings:
+    """What `lightning.Trainer(...)` would have been given, as the trial knows it."""
+
+    gradient_clip_val: float | None = None
+    gradient_clip_algorithm: str | None = None
+    accumulate_grad_batches: int = 1
+    # The trial's own gradient aggregation (optimizations.aggregation_frequency) does it.
+    aggregation: bool = False
+    precision: str = "32-true"
+    length: Length | None = None
+    val_check_interval: int | float = 1.0
+    check_val_every_n_epoch: int | None = 1
+
+    def max_epochs(self, epoch_len: int | None, what: str = "max_epochs") -> int:
+        """`Trainer.max_epochs` for the trial's length (the epochs it starts)."""
+        length = self._length(what)
+        if length.unit == "epochs":
+            return length.value
+        if not epoch_len:
+            return -1
+        return math.ceil(length.value / epoch_len)
+
+    def max_steps(self, epoch_len: int | None, accumulate: int, what: str = "max_steps") -> int:
+        """`Trainer.max_steps`: -1 for a length in epochs, else the optimizer steps it makes."""
+        length = self._length(what)
+        if length.unit == "epochs":
+            return -1
+        if not epoch_len or accumulate == 1:
+            return length.value // accumulate
+        whole, rest = divmod(length.value, epoch_len)
+        return whole * math.ceil(epoch_len / accumulate) + rest // accumulate
+
+    def estimated_stepping_batches(self, epoch_len: int | None, accumulate: int) -> int | float:
+        """Lightning's estimate of the optimizer steps of the whole fit."""
+        epochs = self.max_epochs(epoch_len, "estimated_stepping_batches")
+        steps = self.max_steps(epoch_len, accumulate, "estimated_stepping_batches")
+        if epochs == -1:
+            return float("inf") if steps == -1 else steps
+        assert epoch_len is not None
+        estimate = math.ceil(epoch_len / accumulate) * max(epochs, 1)
+        return min(estimate, steps) if steps != -1 else estimate
+
+    def _length(self, attribute: str) -> Length:
+        if self.length is None:
+            raise InvalidTrialError(
+                f"The LightningModule read `self.trainer.{attribute}`, but the trial's length is "
+                "not known when the trial is built: set searcher.max_length in the experiment "
+                "config ({epochs: N} or {batches: N}; with lightning_bridge.init or "
+                "determined.pytorch.init, pass exp_conf=...), the same length fit() trains."
+            )
+        return self.length
+
+
+def config_of(context: Any) -> dict[str, Any]:
+    """The experiment config the trial was given (empty without one)."""
+    try:
+        config = context.get_experiment_config()
+    except Exception:  # noqa: BLE001 - a context built without an experiment config
+        return {}
+    return dict(config) if isinstance(config, dict) else {}
+
+
+def _unit(value: Any, where: str, global_batch_size: Any) -> Length | None:
+    if value is None:
+        return None
+    if isinstance(value, dict) and len(value) == 1:
+        ((unit, count),) = value.items()
+        if unit == "records" and isinstance(count, int) and isinstance(global_batch_size, int):
+            return Length("batches", max(count // global_batch_size, 1))
+        if unit in ("epochs", "batches") and isinstance(count, int) and count >= 1:
+            return Length(unit, count)
+    raise InvalidTrialError(
+        f"{where} in the experiment config is {value!r}; write {{epochs: N}} or {{batches: N}}."
+    )
+
+
+def _precision(value: Any, device: Any) -> str:
+    unified = _PRECISIONS.get(str(value))
+    if unified is None:
+        raise InvalidTrialError(
+            f"hparams['precision'] is {value!r}; LightningAdapter applies "
+            f"{', '.join(sorted(set(_PRECISIONS.values())))} (as lightning.Trainer(precision=))."
+        )
+    if unified == "16-mixed":
+        if str(device).startswith("cuda"):
+            raise InvalidTrialError(
+                "hparams['precision'] is '16-mixed': float16 mixed precision needs a gradient "
+                "scaler, which LightningAdapter does not run. Use 'bf16-mixed' (autocast to "
+                "bfloat16, no scaler), or write a PyTorchTrial with context.wrap_scaler()."
+            )
+        # As lightning.Trainer on the CPU: float16 autocast is not available, bfloat16 is used.
+        unified = "bf16-mixed"
+    return unified
+
+
+def precision_plugin(package: Any, precision: str, device_type: str) -> Any:
+    """Lightning's precision plugin for `precision`, from the module's own package."""
+    plugins = importlib.import_module(f"{package.__name__}.plugins.precision")
+    if precision == "64-true":
+        return plugins.DoublePrecision()
+    if precision == "bf16-mixed":
+        return plugins.MixedPrecision("bf16-mixed", device_type)
+    if precision in ("bf16-true", "16-true"):
+        return plugins.HalfPrecision(precision)
+    return plugins.Precision()
+
+
+def read_settings(
+    context: Any, hparams: dict[str, Any], constructor_args: set[str] | None
+) -> TrainerSettings:
+    """The settings from `hparams` and the experiment config; `constructor_args` (the names
+    the module and data module take, for `lightning_trial`) enables the check that no other
+    Trainer argument hides among the hparams."""
+    if constructor_args is not None:
+        _refuse_trainer_arguments(hparams, constructor_args)
+    config = config_of(context)
+    settings = TrainerSettings()
+    clip = hparams.get("gradient_clip_val")
+    if clip is not None and (isinstance(clip, bool) or not isinstance(clip, (int, float))):
+        raise InvalidTrialError(f"hparams['gradient_clip_val'] must be a number; got {clip!r}.")
+    settings.gradient_clip_val = None if clip is None else float(clip)
+    algorithm = hparams.get("gradient_clip_algorithm")
+    if algorithm is not None and str(algorithm).lower() not in ("norm", "value"):
+        raise InvalidTrialError(
+            f"hparams['gradient_clip_algorithm'] is {algorithm!r}; use 'norm' or 'value'."
+        )
+    settings.gradient_clip_algorithm = None if algorithm is None else str(algorithm).lower()
+    settings.accumulate_grad_batches = _accumulation(context, config, hparams, settings)
+    if "precision" in hparams and "precision" not in (constructor_args or set()):
+        settings.precision = _precision(hparams["precision"], getattr(context, "device", "cpu"))
+    searcher = config.get("searcher") or {}
+    gbs = (config.get("hyperparameters") or {}).get(
+        "global_batch_size", hparams.get("global_batch_size")
+    )
+    settings.length = _unit(searcher.get("max_length"), "searcher.max_length", gbs)
+    period = _unit(config.get("min_validation_period"), "min_validation_period", gbs)
+    if period is not None and period.unit == "epochs":
+        settings.check_val_every_n_epoch = period.value
+    elif period is not None:
+        settings.val_check_interval = period.value
+        settings.check_val_every_n_epoch = None
+    return settings
+
+
+def _accumulation(
+    context: Any, config: dict[str, Any], hparams: dict[str, Any], settings: TrainerSettings
+) -> int:
+    """`accumulate_grad_batches` from the hparams or the trial's aggregation_frequency."""
+    aggregation = getattr(context, "_aggregation_frequency", None)
+    if not isinstance(aggregation, int):
+        aggregation = (config.get("optimizations") or {}).get("aggregation_frequency", 1) or 1
+    wanted = hparams.get("accumulate_grad_batches")
+    if wanted is not None and (
+        isinstance(wanted, bool) or not isinstance(wanted, int) or wanted < 1
+    ):
+        raise InvalidTrialError(
+            f"hparams['accumulate_grad_batches'] must be an int >= 1; got {wanted!r}."
+        )
+    if aggregation > 1:
+        if wanted is not None and wanted != aggregation:
+            raise InvalidTrialError(
+                f"hparams['accumulate_grad_batches'] is {wanted} but "
+                f"optimizations.aggregation_frequency is {aggregation}; they are the same "
+                "setting. Give one of them."
+            )
+        settings.aggregation = True
+        return int(aggregation)
+    return 1 if wanted is None else int(wanted)
+
+
+def _refuse_trainer_arguments(hparams: dict[str, Any], constructor_args: set[str]) -> None:
+    import lightning.pytorch as pl
+
+    trainer_args = set(inspect.signature(pl.Trainer.__init__).parameters) - {"self"}
+    handled = set(HPARAM_SETTINGS) | {"precision"}
+    for name in sorted(set(hparams) & trainer_args - handled - constructor_args):
+        place = _PLACES.get(name, "LightningAdapter does not take this lightning.Trainer argument")
+        raise InvalidTrialError(
+            f"hparams[{name!r}] is a lightning.Trainer argument that no constructor of the "
+            f"module or data module takes, and a trial has no lightning.Trainer: {place}. "
+            "Remove it from the hyperparameters."
+        )

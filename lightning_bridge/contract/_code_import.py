@@ -1,0 +1,106 @@
+"""Importing a trial class by its `module:Class` spec, from a checkpoint's own `code/` folder.
+
+Checkpoints carry a copy of the experiment folder in `code/`; the class that wrote them is
+imported from there, as Determined does, without leaving the folder on `sys.path` or its
+modules in `sys.modules` afterwards (the imported class stays usable), without writing
+bytecode into the checkpoint, and without a same-named module imported earlier (the user's
+current `model_def`) shadowing the checkpoint's.
+
+Trial code written for Determined imports `determined`; where Determined is not installed, the
+hooks registered with `on_missing_determined` (the package maps `determined` onto the bridge)
+run once and the import is retried.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import pathlib
+import sys
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from lightning_bridge._errors import InvalidCheckpointError
+
+_MISSING_DETERMINED_HOOKS: list[Callable[[], Any]] = []
+
+
+def on_missing_determined(hook: Callable[[], Any]) -> None:
+    """Register what makes `import determined` work when trial code needs it."""
+    if hook not in _MISSING_DETERMINED_HOOKS:
+        _MISSING_DETERMINED_HOOKS.append(hook)
+
+
+def _from_dir(module: Any, folder: pathlib.Path) -> bool:
+    file = getattr(module, "__file__", None)
+    return isinstance(file, str) and pathlib.Path(file).resolve().is_relative_to(folder)
+
+
+@contextlib.contextmanager
+def code_on_path(folder: pathlib.Path, top_module: str) -> Iterator[None]:
+    """`folder` first on `sys.path` for the duration, then gone again with its modules."""
+    folder = folder.resolve()
+    shadowing = {
+        name: mod
+        for name, mod in sys.modules.items()
+        if (name == top_module or name.startswith(top_module + ".")) and not _from_dir(mod, folder)
+    }
+    for name in shadowing:
+        del sys.modules[name]
+    saved_path, saved_bytecode = list(sys.path), sys.dont_write_bytecode
+    sys.path.insert(0, str(folder))
+    sys.dont_write_bytecode = True
+    importlib.invalidate_caches()
+    try:
+        yield
+    finally:
+        sys.path[:] = saved_path
+        sys.dont_write_bytecode = saved_bytecode
+        for name in [n for n, m in sys.modules.items() if _from_dir(m, folder)]:
+            del sys.modules[name]
+        sys.modules.update(shadowing)
+
+
+def _resolve(spec: str) -> type:
+    module_name, _, qualname = spec.partition(":")
+    obj: Any = importlib.import_module(module_name)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _needs_determined(exc: ImportError) -> bool:
+    name = getattr(exc, "name", None) or ""
+    return name == "determined" or name.startswith("determined.")
+
+
+def import_trial_class(spec: str, code_dir: pathlib.Path | None) -> type:
+    """The class named by `spec` ("module:Class"), from `code_dir` when it exists."""
+    module_name, _, qualname = spec.partition(":")
+    if not module_name or not qualname or "<locals>" in qualname or module_name == "__main__":
+        raise InvalidCheckpointError(
+            f"The checkpoint's trial class {spec!r} cannot be imported by name (it was defined "
+            "in a script or a function); pass it with "
+            "load_trial_from_checkpoint_path(path, trial_class=MyTrial)."
+        )
+    scope: Any = (
+        code_on_path(code_dir, module_name.partition(".")[0])
+        if code_dir is not None and code_dir.is_dir()
+        else contextlib.nullcontext()
+    )
+    try:
+        with scope:
+            try:
+                return _resolve(spec)
+            except ImportError as exc:
+                if not _needs_determined(exc) or not _MISSING_DETERMINED_HOOKS:
+                    raise
+                for hook in _MISSING_DETERMINED_HOOKS:
+                    hook()
+                return _resolve(spec)
+    except (ImportError, AttributeError) as exc:
+        where = f" (searched {code_dir} first)" if code_dir is not None else ""
+        raise InvalidCheckpointError(
+            f"Could not import the checkpoint's trial class {spec!r}{where}: {exc}. Make its "
+            "module importable (e.g. add its folder to PYTHONPATH) or pass trial_class=MyTrial."
+        ) from None

@@ -1,0 +1,183 @@
+"""Checkpoints of the record as a run needs them: found, fetched, retained.
+
+`--resume` names a checkpoint by directory, by uuid (any storage) or as `latest` (the newest
+checkpoint of an earlier run of the same config); `experiment continue` takes each unfinished
+trial's latest. A checkpoint in an object store is downloaded into the trial's folder first.
+Retention across the trials of an experiment (`save_experiment_best`) is applied when a trial
+ends.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import pathlib
+import shutil
+from typing import Any
+
+from lightning_bridge._errors import InvalidArgumentError
+from lightning_bridge.checkpoint._storage import CheckpointStorage
+from lightning_bridge.checkpoint._storage_config import storage_from_config
+from lightning_bridge.contract._units import Epoch
+from lightning_bridge.experiment._runner import Plan
+from lightning_bridge.record._registry import Registry
+from lightning_bridge.record._schema import CheckpointState, TrialState
+from lightning_bridge.record._views import Checkpoint, Experiment
+
+logger = logging.getLogger("lightning_bridge")
+
+
+class AlreadyComplete(Exception):
+    """`--resume` names the end of a completed trial: there is nothing to continue."""
+
+
+@dataclasses.dataclass
+class Source:
+    """A checkpoint to continue from: its local directory once fetched, and its record (None
+    for a directory the workspace does not know)."""
+
+    label: str
+    directory: pathlib.Path | None = None
+    checkpoint: Checkpoint | None = None
+
+
+def storage_of(registry: Registry, experiment: Experiment, trial_id: int) -> CheckpointStorage:
+    """Where an experiment's checkpoints are stored (the trial's folder by default)."""
+    trial_dir = registry.workspace.trial_dir(experiment.id, trial_id)
+    section = experiment.config.get("checkpoint_storage")
+    return storage_from_config(section, trial_dir / "checkpoints")
+
+
+def fetch(registry: Registry, checkpoint: Checkpoint, into: pathlib.Path) -> pathlib.Path:
+    """A local directory holding the complete checkpoint: where it is, for local storage;
+    else downloaded into `into/<uuid>` (reused when an earlier download completed)."""
+    experiment = registry.experiment(checkpoint.experiment_id)
+    storage = storage_of(registry, experiment, checkpoint.trial_id)
+    local = storage.local_path(checkpoint.uuid)
+    if local is not None:
+        if not storage.is_complete(checkpoint.uuid):
+            raise InvalidArgumentError(
+                f"checkpoint {checkpoint.uuid} is recorded but {local} is missing or "
+                "incomplete; continue from another checkpoint (lightning-bridge checkpoint list)."
+            )
+        return local
+    target = into / checkpoint.uuid
+    if (target / "metadata.json").is_file():
+        return target
+    shutil.rmtree(target, ignore_errors=True)
+    logger.info("Downloading checkpoint %s from %s", checkpoint.uuid, checkpoint.location)
+    return storage.fetch(checkpoint.uuid, target)
+
+
+def _reached(plan: Plan, checkpoint: Checkpoint) -> bool:
+    length = plan.config.length("max_length")
+    if length is None or plan.options.test_mode:
+        return False
+    done = checkpoint.epochs if isinstance(length, Epoch) else checkpoint.batches
+    return isinstance(length.value, int) and done >= length.value
+
+
+def resolve_resume(registry: Registry, value: str, plan: Plan, config_path: pathlib.Path) -> Source:
+    """The checkpoint `run --resume VALUE` continues from (not fetched yet)."""
+    where = registry.workspace.root
+    if value == "latest":
+        found = None
+        for experiment in reversed(registry.experiments()):
+            if experiment.config_path != str(config_path):
+                continue
+            done = registry.checkpoints(experiment_id=experiment.id)
+            if done:
+                found = max(done, key=lambda c: c.created_at)
+                break
+        if found is None:
+            raise InvalidArgumentError(
+                f"--resume latest: no checkpoint of an earlier run of {config_path} in the "
+                f"workspace {where}; run it without --resume first (or name a checkpoint "
+                "directory or id)."
+            )
+        checkpoint = found
+    else:
+        known = registry.checkpoint(value)
+        if known is None:
+            path = pathlib.Path(value).expanduser()
+            if path.is_dir():
+                return Source(str(path.resolve()), directory=path.resolve())
+            raise InvalidArgumentError(
+                f"--resume {value}: not a checkpoint directory, nor a checkpoint id in the "
+                f"workspace {where}, nor 'latest'; `lightning-bridge checkpoint list` shows "
+                "the checkpoints."
+            )
+        if known.state != CheckpointState.COMPLETED.value:
+            raise InvalidArgumentError(
+                f"--resume {value}: that checkpoint is {known.state.lower()}, not complete; "
+                "choose another (lightning-bridge checkpoint list)."
+            )
+        checkpoint = known
+    trial = registry.trial(checkpoint.trial_id)
+    newest = registry.latest_checkpoint(trial.id)
+    if (
+        trial.state == TrialState.COMPLETED.value
+        and newest is not None
+        and newest.uuid == checkpoint.uuid
+        and _reached(plan, checkpoint)
+    ):
+        raise AlreadyComplete(
+            f"trial {trial.id} of experiment {trial.experiment_id} is complete: its latest "
+            f"checkpoint {checkpoint.uuid} is at batch {checkpoint.batches} (epoch "
+            f"{checkpoint.epochs}), the end of searcher.max_length. Nothing to continue: raise "
+            "searcher.max_length (e.g. --set searcher.max_length.epochs=N) to train it "
+            "longer, or run without --resume for a new experiment."
+        )
+    return Source(checkpoint.uuid, checkpoint=checkpoint)
+
+
+def discard_incomplete(registry: Registry, trial_id: int) -> None:
+    """Delete what a killed upload of the trial left in storage; it was never complete."""
+    pending = registry.checkpoints(trial_id=trial_id, states=(CheckpointState.UPLOADING,))
+    for checkpoint in pending:
+        experiment = registry.experiment(checkpoint.experiment_id)
+        storage_of(registry, experiment, trial_id).delete(checkpoint.uuid)
+        registry.checkpoint_deleted(checkpoint.uuid)
+        logger.info(
+            "Removed the incomplete checkpoint %s (its upload did not finish)", checkpoint.uuid
+        )
+
+
+def _policy(config: dict[str, Any]) -> tuple[int, int, int]:
+    section = config.get("checkpoint_storage") or {}
+    return (
+        int(section.get("save_trial_latest", 1)),
+        int(section.get("save_trial_best", 1)),
+        int(section.get("save_experiment_best", 0)),
+    )
+
+
+def apply_experiment_retention(registry: Registry, experiment_id: int) -> list[str]:
+    """Keep each trial's latest and best and the experiment's best checkpoints (the
+    experiment's `checkpoint_storage` counts); delete the others. Returns the deleted uuids."""
+    experiment = registry.experiment(experiment_id)
+    keep_latest, keep_trial_best, keep_experiment_best = _policy(experiment.config)
+    metric = experiment.searcher_metric
+    sign = 1.0 if experiment.smaller_is_better else -1.0
+
+    def score(c: Checkpoint) -> float | None:
+        value = c.metrics.get(metric) if metric else None
+        return sign * float(value) if isinstance(value, (int, float)) else None
+
+    every = registry.checkpoints(experiment_id=experiment_id)
+    keep: set[str] = set()
+    for trial in registry.trials(experiment_id):
+        own = [c for c in every if c.trial_id == trial.id]
+        latest = keep_latest if trial.state == TrialState.COMPLETED.value else max(keep_latest, 1)
+        keep.update(c.uuid for c in sorted(own, key=lambda c: c.batches)[-latest:] if latest)
+        scored = sorted((c for c in own if score(c) is not None), key=lambda c: score(c) or 0.0)
+        keep.update(c.uuid for c in scored[:keep_trial_best])
+    scored_all = sorted((c for c in every if score(c) is not None), key=lambda c: score(c) or 0.0)
+    keep.update(c.uuid for c in scored_all[:keep_experiment_best])
+    removed = []
+    for checkpoint in every:
+        if checkpoint.uuid not in keep:
+            storage_of(registry, experiment, checkpoint.trial_id).delete(checkpoint.uuid)
+            registry.checkpoint_deleted(checkpoint.uuid)
+            removed.append(checkpoint.uuid)
+    return removed

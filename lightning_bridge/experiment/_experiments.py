@@ -1,0 +1,277 @@
+"""Experiments and their trials: what `run`, `experiment continue` and `_trial` do.
+
+`run` records a new experiment with one trial (the `single` searcher) in the workspace's
+registry, runs it and prints what it did. `experiment continue ID` runs each unfinished trial of
+an experiment again from its latest checkpoint. `run_trial` is one trial's run, whatever
+started it: the trial's log file, its state when the run ends, retention across the
+experiment. The trial's own process records its metrics and checkpoints (`_run_record`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import pathlib
+import shlex
+import shutil
+import sys
+from typing import Any
+
+from lightning_bridge import _logging
+from lightning_bridge._errors import InvalidArgumentError
+from lightning_bridge.checkpoint._storage_config import check_backend, storage_from_config
+from lightning_bridge.experiment import _runner
+from lightning_bridge.experiment._checkpoints import (
+    Source,
+    apply_experiment_retention,
+    discard_incomplete,
+    fetch,
+    resolve_resume,
+)
+from lightning_bridge.experiment._config import ResolvedConfig, parse_config
+from lightning_bridge.experiment._parent import follow_parent
+from lightning_bridge.experiment._source import warm_start_source
+from lightning_bridge.record._registry import Registry
+from lightning_bridge.record._schema import TrialState
+from lightning_bridge.record._workspace import Workspace
+
+logger = logging.getLogger("lightning_bridge")
+
+
+def continue_command(workspace: Workspace, experiment_id: int) -> str:
+    command = f"lightning-bridge experiment continue {experiment_id}"
+    if not workspace.is_default():
+        command += f" --workspace {shlex.quote(str(workspace.root))}"
+    return command
+
+
+def check_storage(plan: _runner.Plan) -> None:
+    """The configured checkpoint storage is usable: its back end is installed and it takes a
+    write (before anything trains)."""
+    section = plan.experiment_config().get("checkpoint_storage") or {}
+    kind = section.get("type") or "shared_fs"
+    check_backend(kind)
+    if kind != "shared_fs" or section.get("host_path"):
+        storage_from_config(section, plan.context_dir).probe()
+
+
+def run_trial(
+    registry: Registry, plan: _runner.Plan, trial: _runner.TrialRun, relaunch: bool = False
+) -> int:
+    """Run one trial; record how it ended unless its process did; return the exit code.
+
+    `relaunch`: this process runs the `lightning-bridge` command itself, whose command line
+    Lightning's launcher repeats for the other ranks; they get `_trial RUN_FILE` instead, so
+    they train this trial and record nothing new."""
+    if relaunch:
+        sys.argv[:] = [sys.argv[0], "_trial", str(trial.run_file)]
+    _logging.configure(trial.log_file)
+    logger.info(
+        "Experiment %d, trial %d: %s in %s",
+        trial.experiment_id,
+        trial.trial_id,
+        plan.config.model.entrypoint,
+        plan.context_dir,
+    )
+    if trial.latest_checkpoint:
+        logger.info("Continuing from checkpoint %s", trial.latest_checkpoint)
+    ended = False
+    try:
+        registry.trial_started(trial.trial_id)
+        code = _runner.execute(plan, trial)
+    except KeyboardInterrupt:
+        registry.trial_ended(trial.trial_id, TrialState.STOPPED, "interrupted", if_active=True)
+        ended = True
+        raise
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        _end(registry, trial, code)
+        ended = True
+        raise
+    except BaseException as exc:
+        message = f"{type(exc).__name__}: {exc}"
+        registry.trial_ended(trial.trial_id, TrialState.ERROR, message[:2000], if_active=True)
+        ended = True
+        raise
+    finally:
+        if ended:
+            _logging.close_log_file()
+    try:
+        _end(registry, trial, code)
+    finally:
+        _logging.close_log_file()
+        # A checkpoint downloaded to continue from is not kept: storage has it.
+        shutil.rmtree(trial.trial_dir / "restore", ignore_errors=True)
+    return code
+
+
+def _end(registry: Registry, trial: _runner.TrialRun, code: int) -> None:
+    if code == 0:
+        registry.trial_ended(trial.trial_id, TrialState.COMPLETED, if_active=True)
+    else:
+        registry.trial_ended(
+            trial.trial_id, TrialState.ERROR, f"the entrypoint exited with code {code}",
+            if_active=True,
+        )  # fmt: skip
+    state = registry.trial(trial.trial_id).state
+    if state in (TrialState.COMPLETED.value, TrialState.ERROR.value):
+        for uuid in apply_experiment_retention(registry, trial.experiment_id):
+            logger.info("Removed checkpoint %s (checkpoint_storage retention)", uuid)
+
+
+def _options_record(options: _runner.Options) -> dict[str, Any]:
+    """The options `experiment continue` repeats (the overrides are in the recorded config)."""
+    kept = dataclasses.asdict(options)
+    kept.pop("overrides", None)
+    kept.pop("resume", None)
+    return kept
+
+
+def start_experiment(
+    registry: Registry,
+    plan: _runner.Plan,
+    config_path: pathlib.Path,
+    resume: str | None = None,
+) -> tuple[int, _runner.TrialRun]:
+    """Record a new experiment with one trial for `plan`; fetch the checkpoint it starts from:
+    `--resume`'s (continued), else the searcher's source checkpoint (a warm start)."""
+    warm = None
+    if resume is not None:
+        source = resolve_resume(registry, resume, plan, config_path)
+    else:
+        searcher = plan.experiment_config().get("searcher") or {}
+        found = warm_start_source(registry, searcher)
+        source, warm = (found, True) if found is not None else (Source(""), None)
+    conf = plan.config
+    config = plan.experiment_config()
+    experiment_id = registry.create_experiment(
+        config,
+        name=str(conf.raw.get("name") or ""),
+        description=str(conf.raw.get("description") or ""),
+        config_path=str(config_path),
+        context_dir=str(plan.context_dir),
+        options=_options_record(plan.options),
+        searcher_metric=conf.model.searcher.metric,
+        smaller_is_better=conf.model.searcher.smaller_is_better,
+    )
+    trial_id = registry.create_trial(
+        experiment_id,
+        hparams=conf.hparams,
+        seed=conf.model.reproducibility.experiment_seed,
+        source_checkpoint=source.label or None,
+    )
+    workspace = registry.workspace
+    trial = _runner.TrialRun(
+        workspace=workspace.root,
+        experiment_id=experiment_id,
+        trial_id=trial_id,
+        trial_dir=workspace.trial_dir(experiment_id, trial_id),
+        continue_command=continue_command(workspace, experiment_id),
+        warm_start=warm,
+    )
+    if source.checkpoint is not None:
+        _logging.configure(trial.log_file)
+        local = fetch(registry, source.checkpoint, trial.trial_dir / "restore")
+        trial.latest_checkpoint = str(local)
+    elif source.directory is not None:
+        trial.latest_checkpoint = str(source.directory)
+    return experiment_id, trial
+
+
+def recorded_plan(registry: Registry, experiment_id: int, hparams: dict[str, Any]) -> _runner.Plan:
+    """The plan of a recorded experiment (its config as it ran) for one of its trials."""
+    experiment = registry.experiment(experiment_id)
+    resolved = parse_config(experiment.config)
+    config = ResolvedConfig(resolved.raw, resolved.model, resolved.space, hparams)
+    folder = pathlib.Path(experiment.context_dir)
+    names = {f.name for f in dataclasses.fields(_runner.Options)}
+    options = _runner.Options(**{k: v for k, v in experiment.options.items() if k in names})
+    return _runner.prepare_config(config, folder, options)
+
+
+def continue_experiment(
+    registry: Registry, experiment_id: int, relaunch: bool = False
+) -> tuple[int, list[int]]:
+    """Run each unfinished trial of an experiment from its latest complete checkpoint (from
+    the start if it has none). Returns the exit code and the trials run."""
+    registry.reconcile()
+    trials = registry.trials(experiment_id)
+    registry.experiment(experiment_id)
+    running = [t for t in trials if t.state == TrialState.ACTIVE.value]
+    if running:
+        raise InvalidArgumentError(
+            f"experiment {experiment_id}: trial {running[0].id} is still running (process "
+            f"{running[0].pid}); stop it first (SIGTERM checkpoints and stops it)."
+        )
+    unfinished = [t for t in trials if t.state != TrialState.COMPLETED.value]
+    code = 0
+    for recorded in unfinished:
+        plan = recorded_plan(registry, experiment_id, recorded.hparams)
+        trial = _runner.TrialRun(
+            workspace=registry.workspace.root,
+            experiment_id=experiment_id,
+            trial_id=recorded.id,
+            trial_dir=registry.workspace.trial_dir(experiment_id, recorded.id),
+            continue_command=continue_command(registry.workspace, experiment_id),
+        )
+        _logging.configure(trial.log_file)  # the clean-up and download are in the trial's log
+        discard_incomplete(registry, recorded.id)
+        latest = registry.latest_checkpoint(recorded.id)
+        if latest is not None:
+            trial.latest_checkpoint = str(fetch(registry, latest, trial.trial_dir / "restore"))
+        elif recorded.source_checkpoint:
+            # No checkpoint of its own yet: start again from its source checkpoint, a warm
+            # start where the config's searcher named it.
+            searcher = plan.experiment_config().get("searcher") or {}
+            if searcher.get("source_checkpoint_uuid") or searcher.get("source_trial_id"):
+                trial.warm_start = True
+            source = registry.checkpoint(recorded.source_checkpoint)
+            if source is not None:
+                trial.latest_checkpoint = str(fetch(registry, source, trial.trial_dir / "restore"))
+            elif pathlib.Path(recorded.source_checkpoint).is_dir():
+                trial.latest_checkpoint = recorded.source_checkpoint
+        registry.archive_metrics_after(recorded.id, latest.batches if latest else 0)
+        code = run_trial(registry, plan, trial, relaunch)
+        if code != 0:
+            break
+    return code, [t.id for t in unfinished]
+
+
+def run_from_file(run_file: pathlib.Path) -> int:
+    """One trial from its run description alone (`lightning-bridge _trial RUN_FILE`): the
+    other ranks Lightning's launcher starts, or a trial a searcher starts as a subprocess. The
+    chief records how it ended; other ranks only train."""
+    follow_parent()  # a search's trial stops with the worker that started it
+    try:
+        run = json.loads(run_file.read_text())
+    except (OSError, ValueError) as exc:
+        raise InvalidArgumentError(f"{run_file}: not a trial's run description ({exc})") from None
+    resolved = parse_config(run["raw_config"])
+    hparams = dict(run.get("hparams") or {})
+    config = ResolvedConfig(resolved.raw, resolved.model, resolved.space, hparams)
+    names = {f.name for f in dataclasses.fields(_runner.Options)}
+    options = _runner.Options(**{k: v for k, v in run["options"].items() if k in names})
+    plan = _runner.prepare_config(config, pathlib.Path(run["context_dir"]), options)
+    record = run["record"]
+    workspace = Workspace(record["workspace"])
+    trial = _runner.TrialRun(
+        workspace=workspace.root,
+        experiment_id=int(record["experiment_id"]),
+        trial_id=int(record["trial_id"]),
+        trial_dir=pathlib.Path(run["run_dir"]),
+        latest_checkpoint=run.get("latest_checkpoint"),
+        continue_command=str(run.get("continue_command") or ""),
+        warm_start=run.get("warm_start"),
+        seed=run.get("trial_seed") if run.get("search") else None,
+        search=run.get("search"),
+    )
+    chief = (
+        int(os.environ.get("LOCAL_RANK", "0") or 0) == 0
+        and int(os.environ.get("RANK", "0") or 0) == 0
+    )
+    if not chief:
+        return _runner.execute(plan, trial)
+    with Registry(workspace) as registry:
+        return run_trial(registry, plan, trial)

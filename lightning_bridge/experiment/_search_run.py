@@ -1,0 +1,311 @@
+"""`SearchRun`: a worker of a hyperparameter search, training its trials as subprocesses.
+
+The worker pulls trials from the search (`SearchDriver.next_trial`) while the machine has room
+for one more (its GPUs, else its CPU cores, divided by the processes a trial takes), records
+each in the workspace (a trial of the search's experiment, with its folder, log and
+checkpoints) and starts it as `python -m lightning_bridge _trial RUN_FILE`. The trial's own
+process validates at its rungs and reports to the search, which answers at once
+(`translation._search_report`), so the worker only starts processes and waits for them to
+end; a thread per process turns its end into an event, and the worker sleeps until one comes
+or a poll (other workers' trials may create new ones) or a heartbeat is due.
+
+A trial whose process ends without closing itself in the search crashed: it is recorded
+ERROR, the search is told, and the search goes on. SIGINT / SIGTERM stop the worker: each
+trial is asked to stop (finish its batch, checkpoint, exit) and given back to the search, so
+`experiment continue` (or another worker) resumes it from its checkpoint; a second signal
+kills the trials.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pathlib
+import queue
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from lightning_bridge.experiment import _runner
+from lightning_bridge.experiment._checkpoints import Source, discard_incomplete, fetch
+from lightning_bridge.experiment._config import ResolvedConfig
+from lightning_bridge.experiment._experiments import continue_command
+from lightning_bridge.experiment._parent import PARENT_ENV
+from lightning_bridge.record._registry import Registry
+from lightning_bridge.record._schema import TrialState
+from lightning_bridge.search import SearchDriver, TrialSpec
+
+# How often a worker with room looks for pending trials (seconds): a trial closes itself in
+# the search when its fit ends, before its process exits, and the next may start then.
+POLL_S = 0.25
+# A running trial not heard of for this long is taken as lost with its worker and given back.
+LOST_AFTER_S = 300.0
+
+
+@dataclasses.dataclass
+class Launched:
+    """A trial this worker started: the search's and the record's view, its process."""
+
+    spec: TrialSpec
+    run: _runner.TrialRun
+    process: subprocess.Popen[bytes]
+    gpus: list[str]
+
+
+def visible_gpus() -> list[str]:
+    """The GPUs trials may use: `CUDA_VISIBLE_DEVICES` when set, else those `nvidia-smi`
+    lists (none on a machine without it). Torch is not imported for this."""
+    given = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if given is not None:
+        return [g.strip() for g in given.split(",") if g.strip() and g.strip() != "-1"]
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return []
+    try:
+        listed = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return []
+    lines = [line for line in listed.stdout.splitlines() if line.startswith("GPU ")]
+    return [str(i) for i in range(len(lines))] if listed.returncode == 0 else []
+
+
+def _say(message: str) -> None:
+    print(message, flush=True)
+
+
+class SearchRun:
+    """Serve one search from this machine until it is finished or stopped (`serve`)."""
+
+    def __init__(
+        self,
+        registry: Registry,
+        driver: SearchDriver,
+        *,
+        experiment_id: int,
+        config: ResolvedConfig,
+        context_dir: pathlib.Path,
+        options: _runner.Options,
+        storage: str,
+        source: Source | None = None,
+        lost_after_s: float = LOST_AFTER_S,
+        say: Callable[[str], None] = _say,
+    ) -> None:
+        self.registry = registry
+        self.driver = driver
+        self.experiment_id = experiment_id
+        self.config = config
+        self.context_dir = context_dir
+        self.options = options
+        self.storage = storage
+        self.source = source
+        self.lost_after_s = lost_after_s
+        self.heartbeat_s = max(min(30.0, lost_after_s / 4), 0.5)
+        self.say = say
+        self.workspace = registry.workspace
+        # Where this workspace noted its record of a trial (a trial given back may come back).
+        self.note_key = f"record@{socket.gethostname()}:{self.workspace.root}"
+        first = _runner.prepare_config(config.first_configuration(), context_dir, options)
+        self.processes = first.processes
+        self._gpus: list[str] = []
+        self.capacity = self._machine_capacity()
+        self.running: dict[int, Launched] = {}
+        self.ran: list[int] = []
+        self._events: queue.SimpleQueue[tuple[int, int]] = queue.SimpleQueue()
+        self._signals = 0
+
+    def _machine_capacity(self) -> int:
+        """How many trials fit at once: whole sets of `processes` GPUs (each trial gets its
+        own), else of CPU cores; at least one."""
+        accelerator = (self.options.accelerator or "auto").lower()
+        gpus = [] if accelerator == "cpu" else visible_gpus()
+        if isinstance(self.options.devices, str):
+            return 1  # devices named explicitly: every trial uses the same ones
+        if gpus:
+            self._gpus = gpus
+            return max(len(gpus) // self.processes, 1)
+        return max((os.cpu_count() or 1) // self.processes, 1)
+
+    # ----- the loop -----
+
+    def serve(self) -> bool:
+        """Run trials until the search is finished (True) or this worker is stopped
+        (False)."""
+        for number in self.driver.requeue_orphans():
+            self.say(f"Search trial {number}: its worker on this machine is gone; pending again")
+        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        beat = time.monotonic() + self.heartbeat_s
+        try:
+            while True:
+                if not self._signals:
+                    self._fill()
+                if not self.running and (self._signals or self.driver.is_finished()):
+                    break
+                room = len(self.running) < self.capacity and not self._signals
+                wait = POLL_S if room else max(beat - time.monotonic(), 0.0)
+                try:
+                    self._ended(*self._events.get(timeout=wait))
+                    while True:
+                        self._ended(*self._events.get_nowait())
+                except queue.Empty:
+                    pass
+                if time.monotonic() >= beat:
+                    self._beat()
+                    beat = time.monotonic() + self.heartbeat_s
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        return not self._signals
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        self._signals += 1
+        force = self._signals > 1
+        for launched in list(self.running.values()):
+            try:
+                launched.process.send_signal(signal.SIGKILL if force else signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        if force:
+            self._say_safe("Killing the running trials (a second signal)")
+        else:
+            self._say_safe(
+                f"Stopping ({signal.Signals(signum).name}): each running trial finishes its "
+                "batch, checkpoints and stops"
+            )
+
+    def _say_safe(self, message: str) -> None:
+        try:
+            self.say(message)
+        except (OSError, RuntimeError):
+            pass  # a signal arrived while printing: the message is not worth a crash
+
+    def _beat(self) -> None:
+        """Keep this worker's trials alive in the search; give back other workers' trials
+        not heard of for `lost_after_s` (their machine is gone)."""
+        for launched in self.running.values():
+            self.driver.heartbeat(launched.spec)
+        for number in self.driver.requeue_stale(self.lost_after_s):
+            self.say(f"Search trial {number}: its worker was not heard of; pending again")
+
+    def _fill(self) -> None:
+        while len(self.running) < self.capacity and not self._signals:
+            spec = self.driver.next_trial()
+            if spec is None:
+                return
+            self._launch(spec)
+
+    # ----- one trial -----
+
+    def _record(self, spec: TrialSpec) -> _runner.TrialRun:
+        """The trial's record in this workspace: a new trial of the experiment, or (a trial
+        given back earlier) the one this workspace already has, continued from its latest
+        checkpoint."""
+        registry, noted = self.registry, spec.notes.get(self.note_key) or {}
+        trial_id: int | None = None
+        if noted.get("experiment_id") == self.experiment_id:
+            known = [t.id for t in registry.trials(self.experiment_id)]
+            trial_id = noted.get("trial_id") if noted.get("trial_id") in known else None
+        fresh = trial_id is None
+        if trial_id is None:
+            label = self.source.label if self.source is not None else None
+            trial_id = registry.create_trial(
+                self.experiment_id, hparams=spec.hparams, seed=spec.seed, source_checkpoint=label
+            )
+            self.driver.note(
+                spec, self.note_key, {"experiment_id": self.experiment_id, "trial_id": trial_id}
+            )
+        trial = _runner.TrialRun(
+            workspace=self.workspace.root,
+            experiment_id=self.experiment_id,
+            trial_id=trial_id,
+            trial_dir=self.workspace.trial_dir(self.experiment_id, trial_id),
+            continue_command=continue_command(self.workspace, self.experiment_id),
+            seed=spec.seed,
+            search={
+                "storage": self.storage,
+                "name": self.driver.name,
+                "metric": self.config.model.searcher.metric,
+                "trial": dataclasses.asdict(spec),
+            },
+        )
+        latest = None
+        if not fresh:
+            discard_incomplete(registry, trial_id)
+            latest = registry.latest_checkpoint(trial_id)
+            registry.archive_metrics_after(trial_id, latest.batches if latest else 0)
+        restore = trial.trial_dir / "restore"
+        if latest is not None:
+            trial.latest_checkpoint = str(fetch(registry, latest, restore))
+        elif self.source is not None:  # every trial of the search starts from the source
+            trial.warm_start = True
+            if self.source.checkpoint is not None:
+                trial.latest_checkpoint = str(fetch(registry, self.source.checkpoint, restore))
+            elif self.source.directory is not None:
+                trial.latest_checkpoint = str(self.source.directory)
+        return trial
+
+    def _launch(self, spec: TrialSpec) -> None:
+        trial = self._record(spec)
+        config = ResolvedConfig(self.config.raw, self.config.model, self.config.space, spec.hparams)
+        plan = _runner.prepare_config(config, self.context_dir, self.options)
+        trial.trial_dir.mkdir(parents=True, exist_ok=True)
+        partial = trial.run_file.with_name(f".run.{os.getpid()}.json")
+        partial.write_text(json.dumps(_runner.describe_run(plan, trial), default=str, indent=1))
+        os.replace(partial, trial.run_file)
+        env = {k: v for k, v in os.environ.items() if k != "LIGHTNING_BRIDGE_EXPERIMENT"}
+        env[PARENT_ENV] = str(os.getpid())
+        gpus: list[str] = []
+        if self._gpus:
+            taken = {g for launched in self.running.values() for g in launched.gpus}
+            gpus = [g for g in self._gpus if g not in taken][: self.processes]
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
+        command = [sys.executable, "-m", "lightning_bridge", "_trial", str(trial.run_file)]
+        with open(trial.trial_dir / "output.log", "ab") as output:
+            process = subprocess.Popen(
+                command,
+                cwd=self.context_dir,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=output,
+                stderr=subprocess.STDOUT,
+            )
+        launched = Launched(spec, trial, process, gpus)
+        self.running[trial.trial_id] = launched
+        self.ran.append(trial.trial_id)
+        threading.Thread(
+            target=lambda: self._events.put((trial.trial_id, process.wait())), daemon=True
+        ).start()
+        how = "continues" if trial.latest_checkpoint and not trial.warm_start else "starts"
+        where = f" on GPU {','.join(gpus)}" if gpus else ""
+        self.say(
+            f"Trial {trial.trial_id} (search trial {spec.number}, bracket {spec.bracket}) "
+            f"{how}{where}: {json.dumps(spec.hparams, default=str)}"
+        )
+
+    def _ended(self, trial_id: int, code: int) -> None:
+        launched = self.running.pop(trial_id)
+        stopping = bool(self._signals)
+        crashed = self.driver.lost(launched.spec, give_back=stopping)
+        recorded = self.registry.trial(trial_id)
+        if recorded.state == TrialState.ACTIVE.value:
+            state = TrialState.STOPPED if stopping else TrialState.ERROR
+            self.registry.trial_ended(
+                trial_id, state, f"its process ended with code {code}", if_active=True
+            )
+            recorded = self.registry.trial(trial_id)
+        shutil.rmtree(launched.run.trial_dir / "restore", ignore_errors=True)
+        line = (
+            f"Trial {trial_id} (search trial {launched.spec.number}): {recorded.state} after "
+            f"{recorded.batches_trained} batches"
+        )
+        if recorded.message:
+            line += f": {recorded.message}"
+        if crashed and not stopping:
+            line += f" (its output: {launched.run.trial_dir / 'output.log'})"
+        self.say(line)

@@ -1,0 +1,52 @@
+"""Hyperparameter search: Determined's searchers, kept in an Optuna storage.
+
+The hyperparameter space of an experiment config (`_space`, `_grid`), its `searcher` section
+(`_searchers`), the reference's search methods over a search's trials (`_methods`, `_asha`),
+and `SearchDriver`, which keeps a search in an Optuna study (a journal file, SQLite or
+PostgreSQL; `_storage`) so several processes can serve it and a restarted one goes on: the
+workers that start trials and the trials' own processes, which report to it (`_views` holds
+what they pass each other). Optuna is the `search` extra; nothing here imports it until a
+driver is made.
+"""
+
+from lightning_bridge.search._driver import SearchDriver
+from lightning_bridge.search._grid import grid_points, missing_counts
+from lightning_bridge.search._searchers import (
+    REMOVED,
+    SEARCHER,
+    SEARCHER_NAMES,
+    MaxLength,
+    OneUnit,
+    SearcherConfig,
+)
+from lightning_bridge.search._space import (
+    HP_FORM,
+    HP_TYPES,
+    Space,
+    is_constant,
+    parse_space,
+    trial_draw,
+)
+from lightning_bridge.search._views import Decision, SearchSpec, TrialSpec, TrialView
+
+__all__ = [
+    "HP_FORM",
+    "HP_TYPES",
+    "REMOVED",
+    "SEARCHER",
+    "SEARCHER_NAMES",
+    "Decision",
+    "MaxLength",
+    "OneUnit",
+    "SearchDriver",
+    "SearchSpec",
+    "SearcherConfig",
+    "Space",
+    "TrialSpec",
+    "TrialView",
+    "grid_points",
+    "is_constant",
+    "missing_counts",
+    "parse_space",
+    "trial_draw",
+]

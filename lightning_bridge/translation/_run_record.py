@@ -1,0 +1,138 @@
+"""What a fit started by `lightning-bridge run` does beside training.
+
+The runner names the trial's record in the run it describes (`_cluster_info`); the fit's chief
+process then records every training report and validation in the workspace's registry, moves
+each checkpoint from the trial's folder into its `checkpoint_storage` (uploading it to an
+object store), marks it complete, applies retention there, and records how the fit ended. So
+metrics and checkpoints are recorded by the trial's own process, whether it is a trial class run
+by the command or a training script it launched.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pathlib
+from typing import Any
+
+from lightning_bridge.checkpoint._retention import CheckpointRetention
+from lightning_bridge.checkpoint._storage import CheckpointStorage
+from lightning_bridge.checkpoint._storage_config import storage_from_config
+from lightning_bridge.contract import _cluster_info
+from lightning_bridge.record._registry import Registry
+from lightning_bridge.record._schema import TrialState
+from lightning_bridge.record._workspace import Workspace
+
+logger = logging.getLogger("lightning_bridge")
+
+# Counters the bridge adds to a training window's averages; they are the report's position.
+_POSITION = ("batches", "epochs")
+
+
+class RunRecord:
+    """The registry and storage side of one trial's fit (the chief process writes)."""
+
+    def __init__(
+        self,
+        run: dict[str, Any],
+        exp_conf: dict[str, Any] | None,
+        checkpoint_dir: pathlib.Path,
+    ) -> None:
+        record = run["record"]
+        self.trial_id = int(record["trial_id"])
+        self.experiment_id = int(record["experiment_id"])
+        self.continue_command: str | None = run.get("continue_command")
+        self._workspace = Workspace(record["workspace"])
+        self._registry: Registry | None = None
+        self._exp_conf = exp_conf or {}
+        self._checkpoint_dir = checkpoint_dir
+        self.storage: CheckpointStorage = storage_from_config(
+            self._exp_conf.get("checkpoint_storage"), checkpoint_dir
+        )
+        searcher = self._exp_conf.get("searcher") or {}
+        self._metric: str | None = searcher.get("metric")
+
+    @classmethod
+    def from_runner(
+        cls, exp_conf: dict[str, Any] | None, checkpoint_dir: pathlib.Path
+    ) -> RunRecord | None:
+        """The record of this fit when the runner started it, else None."""
+        run = _cluster_info.runner_run()
+        if not run or not run.get("record"):
+            return None
+        return cls(run, exp_conf, checkpoint_dir)
+
+    @property
+    def registry(self) -> Registry:
+        if self._registry is None:
+            self._registry = Registry(self._workspace)
+        return self._registry
+
+    def close(self) -> None:
+        if self._registry is not None:
+            self._registry.close()
+            self._registry = None
+
+    # ----- reports -----
+
+    def started(self) -> None:
+        self.registry.trial_started(self.trial_id, os.getpid(), new_run=False)
+
+    def training(self, batches: int, epochs: int, metrics: dict[str, Any]) -> None:
+        values = {k: v for k, v in metrics.items() if k not in _POSITION}
+        if values:
+            self.registry.add_metrics(self.trial_id, "training", batches, epochs, values)
+
+    def validation(self, batches: int, epochs: int, metrics: dict[str, Any]) -> None:
+        self.registry.add_metrics(self.trial_id, "validation", batches, epochs, metrics)
+
+    def ended(self, stopped_by: str | None) -> None:
+        """A signal stopped the fit (STOPPED); otherwise the trial trained to its end (or
+        asked to stop early), which Determined records as COMPLETED."""
+        if stopped_by is not None:
+            message = f"stopped by {stopped_by}"
+            self.registry.trial_ended(self.trial_id, TrialState.STOPPED, message)
+        else:
+            self.registry.trial_ended(self.trial_id, TrialState.COMPLETED)
+
+    # ----- checkpoints -----
+
+    def checkpoint(
+        self,
+        path: pathlib.Path,
+        uuid: str,
+        batches: int,
+        epochs: int,
+        metrics: dict[str, Any] | None,
+    ) -> None:
+        """Move a checkpoint just written to `path` into storage; only then is it complete."""
+        registry = self.registry
+        registry.add_checkpoint(
+            uuid,
+            self.trial_id,
+            batches=batches,
+            epochs=epochs,
+            location=self.storage.url(uuid),
+            metrics=metrics,
+        )
+        location = self.storage.publish(path, uuid)
+        registry.checkpoint_completed(uuid)
+        if location != str(path):
+            logger.info("Checkpoint %s stored in %s", uuid, location)
+
+    def _remove(self, path: pathlib.Path) -> None:
+        uuid = path.name
+        self.storage.delete(uuid)
+        self.registry.checkpoint_deleted(uuid)
+
+    def retention(self) -> CheckpointRetention | None:
+        """The config's retention, deleting from storage and the registry, aware of the
+        checkpoints earlier runs of this trial kept."""
+        retention = CheckpointRetention.from_config(self._exp_conf, remove=self._remove)
+        if retention is None:
+            return None
+        for kept in self.registry.checkpoints(trial_id=self.trial_id):
+            value = kept.metrics.get(self._metric) if self._metric else None
+            metric = float(value) if isinstance(value, (int, float)) else None
+            retention.track(self._checkpoint_dir / kept.uuid, metric)
+        return retention

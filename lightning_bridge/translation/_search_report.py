@@ -1,0 +1,162 @@
+"""The trial's side of a hyperparameter search: its rungs, its reports, how it ended.
+
+A trial of a search trains in a process of its own, started from a run description
+(`_cluster_info`) that names the search: its storage, its name, and the trial as the worker
+pulled it. As a Determined cluster's master would, the search then hears from the trial
+itself, so the worker that started it has nothing to relay:
+
+- the trial validates at each rung length (ASHA ranks trials there) besides its own periods;
+- its chief reports the searcher metric of every validation to the search (a `SearchDriver`
+  on the same storage) and gets the decision back at once; a stop ends the fit through the
+  preemption path (the batch is finished, a checkpoint written), and the trial ends COMPLETED,
+  as Determined shows a trial its searcher stopped;
+- when the fit ends, the trial is closed in the search: completed, given back (a signal stopped
+  it: it resumes from its checkpoint), failed, or ended by InvalidHP (the searcher replaces it
+  where Determined's does).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+from lightning_bridge._errors import TrialRuntimeError, is_invalid_hp
+from lightning_bridge.contract import _cluster_info
+from lightning_bridge.record._registry import Registry
+from lightning_bridge.record._schema import TrialState
+from lightning_bridge.record._workspace import Workspace
+from lightning_bridge.search import SearchDriver, TrialSpec
+from lightning_bridge.translation._metrics import searcher_value
+
+logger = logging.getLogger("lightning_bridge")
+
+
+def is_chief() -> bool:
+    """Rank 0 of the trial's processes (as launched by torchrun or Lightning)."""
+    return (
+        int(os.environ.get("LOCAL_RANK", "0") or 0) == 0
+        and int(os.environ.get("RANK", "0") or 0) == 0
+    )
+
+
+class SearchReport:
+    """One trial of a search, as its own process sees it (see the module docstring)."""
+
+    def __init__(self, section: dict[str, Any], hparams: dict[str, Any]) -> None:
+        fields = dict(section["trial"])
+        fields["rungs"] = tuple(fields.get("rungs") or ())
+        self.trial = TrialSpec(**fields)
+        self._storage = str(section["storage"])
+        self._name = str(section["name"])
+        self._metric: str = section["metric"]
+        self._unit = self.trial.unit or "batches"
+        # Records are counted in whole batches of global_batch_size, rounded down as the
+        # length of the training is (at least one batch).
+        self._records_per_batch = 1
+        if self._unit == "records":
+            self._records_per_batch = int(hparams.get("global_batch_size") or 1)
+        self._rung_batches = {
+            max(length // self._records_per_batch, 1): length for length in self.trial.rungs
+        }
+        self._driver: SearchDriver | None = None
+        self.stopped = False  # the searcher stopped the trial
+
+    @classmethod
+    def from_runner(cls) -> SearchReport | None:
+        """The search of this trial when a search worker started it, else None."""
+        run = _cluster_info.runner_run()
+        if not run or not run.get("search"):
+            return None
+        return cls(run["search"], dict(run.get("hparams") or {}))
+
+    @property
+    def driver(self) -> SearchDriver:
+        if self._driver is None:
+            self._driver = SearchDriver(self._storage, self._name)
+        return self._driver
+
+    def close(self) -> None:
+        if self._driver is not None:
+            self._driver.close()
+            self._driver = None
+
+    # ----- the schedule -----
+
+    def at_rung(self, batches: int, epochs: int | None) -> bool:
+        """Whether the trial reaches a rung after `batches` batches (`epochs`: the epochs
+        trained when the batch ends an epoch, else None)."""
+        if self._unit == "epochs":
+            return epochs is not None and epochs in self.trial.rungs
+        if self._unit == "records":
+            return batches in self._rung_batches
+        return batches in self.trial.rungs
+
+    def _length(self, batches: int, epochs: int) -> int:
+        """How far the trial trained, in the searcher's unit."""
+        if self._unit == "epochs":
+            return epochs
+        if self._unit == "records":
+            return max(batches * self._records_per_batch, self._rung_batches.get(batches, 0))
+        return batches
+
+    # ----- reports (the chief) -----
+
+    def validated(self, batches: int, epochs: int, metrics: dict[str, Any]) -> bool:
+        """Report a validation's searcher metric; returns whether the searcher stops the
+        trial."""
+        if self._metric not in metrics:
+            raise TrialRuntimeError(
+                f"the searcher ranks trials by {self._metric!r} (searcher.metric), but "
+                f"validation returned {sorted(metrics)}; return that metric or change "
+                "searcher.metric."
+            )
+        value = float(searcher_value(self._metric, metrics[self._metric]))
+        length = self._length(batches, epochs)
+        decision = self.driver.report(self.trial, length, value)
+        if decision.stop and length < max(self.trial.rungs or (length + 1,)):
+            logger.info(
+                "The searcher stops this trial at %d %s (%s %s)",
+                length, self._unit, self._metric, value,
+            )  # fmt: skip
+        self.stopped = self.stopped or decision.stop
+        return decision.stop
+
+    def ended(self, preempted: bool, stopped_early: bool) -> None:
+        """The fit ended: a signal stopped it (`preempted`: given back, to resume from its
+        checkpoint), it trained to its length or the searcher stopped it (completed), or it
+        asked to stop on its own (`stopped_early`: an early exit to the searcher)."""
+        if preempted and not self.stopped:
+            self.driver.pause(self.trial)
+        else:  # trained to its end, or the searcher stopped it (nothing left to resume)
+            self.driver.complete(self.trial, early=stopped_early and not self.stopped)
+
+    def failed(self, exc: BaseException) -> None:
+        """The fit raised `exc`: InvalidHP, an interrupt (given back) or an error."""
+        if isinstance(exc, KeyboardInterrupt):
+            self.driver.pause(self.trial)
+        else:
+            self.driver.fail(self.trial, invalid_hp=is_invalid_hp(exc))
+
+
+def end_invalid_hp(exc: BaseException) -> bool:
+    """A trial started by `lightning-bridge` raised InvalidHP: record how it ended (COMPLETED
+    with the message, as Determined ends such a trial), tell its search, and return True (the
+    process then exits 0); False when no runner started this process."""
+    run = _cluster_info.runner_run()
+    if not run or not run.get("record"):
+        return False
+    message = f"InvalidHP: {getattr(exc, 'msg', None) or exc}"
+    logger.info("%s; the trial ends here", message)
+    if not is_chief():
+        return True
+    record = run["record"]
+    with Registry(Workspace(record["workspace"])) as registry:
+        registry.trial_ended(int(record["trial_id"]), TrialState.COMPLETED, message)
+    search = SearchReport.from_runner()
+    if search is not None:
+        try:
+            search.failed(exc)
+        finally:
+            search.close()
+    return True

@@ -1,0 +1,130 @@
+"""Stopping a fit on SIGTERM / SIGINT: every process stops after the same batch.
+
+A signal only sets a flag; the fit acts on it after a batch, once that batch's validation and
+checkpoint boundaries are handled. With several processes the flags must be agreed on, or one
+process would checkpoint (a collective) while another is already in the next batch (another
+collective) and both would wait until the timeout.
+
+The agreement is an all-reduce (MAX) of every process's flag (the signal's number, 0 for none)
+on a small gloo group of its own. It is cheap on the per-batch path: it is started after one
+batch and read a few batches later, when it has long completed, and the reads are spaced so
+that about `INTERVAL_S` of training passes between them (every process proposes a spacing from
+its own batch times; the same all-reduce agrees on the smallest). Every process reads the same
+values after the same batches, so all stop after the same one, at most about two spacings
+after the signal. A single process reads its own flag after every batch.
+
+The fit runs on `lightning.Fabric`, which installs no signal handler of its own (unlike
+`lightning.Trainer`, whose SIGTERM handler broadcasts from inside the handler, pairing with
+whatever collective the other processes are in).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import signal
+import threading
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+logger = logging.getLogger("lightning_bridge")
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+INTERVAL_S = 0.1  # training time between two agreements
+MAX_SPACING = 1000  # batches between two agreements, at most
+
+
+class StopRequest:
+    """The signals asking a fit to stop, and the stop every process agrees on."""
+
+    def __init__(self) -> None:
+        self.received = 0  # the first signal this process got (its number), 0 for none
+        self._previous: dict[int, Any] = {}
+        self._group: Any = None
+        self._values: torch.Tensor | None = None
+        self._pending: Any = None
+        self._batches = 0  # batches polled so far
+        self._read_at = 0  # the batch count after which the pending all-reduce is read
+        self._started = (0.0, 0)  # when (time, batch count) it was started
+
+    # ----- signal handlers (installed for the whole fit) -----
+
+    def install(self) -> None:
+        """Catch SIGTERM / SIGINT (main thread only: Python delivers signals there)."""
+        if threading.current_thread() is not threading.main_thread() or self._previous:
+            return
+        for sig in STOP_SIGNALS:
+            self._previous[sig] = signal.signal(sig, self._on_signal)
+
+    def restore(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous = {}
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        if not self.received:
+            self.received = signum
+
+    # ----- agreement across processes -----
+
+    def begin(self) -> None:
+        """Set up the agreement; every process calls this once, before the first batch."""
+        if self._group is not None or not (dist.is_available() and dist.is_initialized()):
+            return
+        if dist.get_world_size() < 2:
+            return
+        self._group = dist.new_group(backend="gloo")
+
+    def poll(self) -> int:
+        """The signal to stop on after this batch (0: go on). Every process calls it after
+        every batch and gets the same answer after the same batch."""
+        if self._group is None:
+            return self.received
+        self._batches += 1
+        if self._pending is None:  # the first batch
+            self._start(spacing=1)
+            return 0
+        if self._batches < self._read_at:
+            return 0
+        assert self._values is not None
+        self._pending.wait()
+        self._pending = None
+        agreed, spacing = int(self._values[0]), -int(self._values[1])
+        if not agreed:
+            self._start(spacing)
+        return agreed
+
+    def _start(self, spacing: int) -> None:
+        """Start the all-reduce to read `spacing` batches from now: this process's flag, and
+        the spacing it proposes for the next one (from its batch times so far)."""
+        now = time.monotonic()
+        proposal = 1
+        since, batch = self._started
+        if since:
+            per_batch = (now - since) / max(self._batches - batch, 1)
+            proposal = MAX_SPACING if per_batch <= 0 else math.floor(INTERVAL_S / per_batch)
+        proposal = max(1, min(MAX_SPACING, proposal))
+        self._values = torch.tensor([self.received, -proposal], dtype=torch.int64)
+        self._pending = dist.all_reduce(
+            self._values, op=dist.ReduceOp.MAX, group=self._group, async_op=True
+        )
+        self._read_at = self._batches + spacing
+        self._started = (now, self._batches)
+
+    def end(self, wait: bool = True) -> None:
+        """Finish the agreement. At the end of a fit every process has started the same
+        all-reduces, so the last one completes; after an error (`wait=False`) another process
+        may never start it, so it is left behind with the process group."""
+        if self._group is None:
+            return
+        if wait:
+            try:
+                if self._pending is not None:
+                    self._pending.wait()
+                dist.destroy_process_group(self._group)
+            except Exception as exc:  # noqa: BLE001 - the fit's own outcome is what matters
+                logger.debug("Ending the stop agreement: %s", exc)
+        self._group = self._pending = self._values = None

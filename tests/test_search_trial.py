@@ -1,0 +1,161 @@
+"""A search's trial in process, on the Trainer API: it validates at its rungs besides its own
+validation period, reports every validation to the search (a real journal file), and the
+searcher's stop ends the fit at the rung with a checkpoint, as a preemption would. No
+subprocess: the run description a search worker writes is written here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pathlib
+import signal
+from typing import Any
+
+import pytest
+
+from lightning_bridge import Batch
+from lightning_bridge.contract import _cluster_info
+from lightning_bridge.search import SEARCHER, SearchDriver, SearchSpec, TrialSpec
+from tests._trials import LinearTrial, fit
+
+pytest.importorskip("optuna")
+
+SEARCHER_CONFIG = {
+    "name": "adaptive_asha",
+    "metric": "val_loss",
+    "max_trials": 4,
+    "max_time": 16,
+    "time_metric": "batches",
+    "divisor": 2,
+    "mode": "aggressive",
+    "max_rungs": 3,
+    "max_concurrent_trials": 2,
+}
+
+
+def _as_search_trial(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, driver: SearchDriver, spec: TrialSpec
+) -> dict[str, Any]:
+    """Describe the run as a search worker does (`_cluster_info`); the experiment config."""
+    exp_conf = {"searcher": {**SEARCHER_CONFIG}, "reproducibility": {"experiment_seed": 1}}
+    run = {
+        "hparams": spec.hparams,
+        "config": exp_conf,
+        "trial_seed": spec.seed,
+        "search": {
+            "storage": str(tmp_path / "search.journal"),
+            "name": driver.name,
+            "metric": "val_loss",
+            "trial": dataclasses.asdict(spec),
+        },
+    }
+    path = tmp_path / f"run-{spec.number}.json"
+    path.write_text(json.dumps(run))
+    monkeypatch.setenv(_cluster_info.ENV_VAR, str(path))
+    return exp_conf
+
+
+def _driver(tmp_path: pathlib.Path) -> SearchDriver:
+    hparams = {"global_batch_size": 8, "lr": {"type": "double", "minval": 0.01, "maxval": 0.05}}
+    spec = SearchSpec(SEARCHER.validate_python(SEARCHER_CONFIG), hparams, 3)
+    return SearchDriver(str(tmp_path / "search.journal"), "unit", spec)
+
+
+class SeededTrial(LinearTrial):
+    def __init__(self, context: Any) -> None:
+        super().__init__(context)
+        self.seed = context.get_trial_seed()
+
+
+def test_rungs_are_validated_and_reported(tmp_path: pathlib.Path, monkeypatch: Any) -> None:
+    driver = _driver(tmp_path)
+    spec = driver.next_trial()
+    assert spec is not None and spec.rungs == (4, 8, 16)
+    exp_conf = _as_search_trial(tmp_path, monkeypatch, driver, spec)
+    # The first trial of the rung goes on at each one; validation_period 5 adds its own.
+    trial, trainer = fit(
+        SeededTrial,
+        init_kwargs={"exp_conf": exp_conf},
+        max_length=Batch(16),
+        validation_period=Batch(5),
+        checkpoint_policy="none",
+    )
+    view = driver.trials()[spec.number]
+    assert [(length, stop) for length, _m, stop, _t in view.reports] == [
+        (4, False), (5, False), (8, False), (10, False), (15, False), (16, True),
+    ]  # fmt: skip
+    assert sorted(view.rungs) == [0, 1, 2] and view.state == "completed"
+    assert trial.seed == spec.seed  # the trial's own seed, not the experiment's
+    assert trainer.last_validation_metrics["val_loss"] == pytest.approx(view.metrics[16])
+
+
+def test_a_stop_ends_the_fit_at_the_rung(tmp_path: pathlib.Path, monkeypatch: Any) -> None:
+    driver = _driver(tmp_path)
+    better = driver.next_trial()
+    assert better is not None
+    driver.report(better, 4, -1.0e9)  # a rung-0 metric no trial beats
+    spec = driver.next_trial()
+    assert spec is not None
+    exp_conf = _as_search_trial(tmp_path, monkeypatch, driver, spec)
+    _, trainer = fit(
+        init_kwargs={"exp_conf": exp_conf, "checkpoint_dir": tmp_path / "checkpoints"},
+        max_length=Batch(16),
+        validation_period=Batch(100),
+        checkpoint_policy="none",
+    )
+    view = driver.trials()[spec.number]
+    # Ranked second of two at rung 0 (4 batches), not in the top half: stopped there, with a
+    # checkpoint of batch 4 (the preemption path), closed in the search as stopped.
+    assert [(length, stop) for length, _m, stop, _t in view.reports] == [(4, True)]
+    assert view.state == "stopped"
+    metadata = json.loads((trainer.checkpoints[-1] / "metadata.json").read_text())
+    assert metadata["steps_completed"] == 4
+    # The searcher replaced the stopped trial (the bracket has room for 4).
+    assert len(driver.trials()) == 3
+
+
+class SignalledAtBatch4(LinearTrial):
+    """Sends itself SIGTERM while it trains batch 4 (a rung of the search)."""
+
+    def train_batch(self, batch: Any, epoch_idx: int, batch_idx: int) -> Any:
+        if batch_idx == 3:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return super().train_batch(batch, epoch_idx, batch_idx)
+
+
+@pytest.mark.parametrize("beaten", [False, True])
+def test_a_signal_at_a_rung_validates_it_first(
+    tmp_path: pathlib.Path, monkeypatch: Any, beaten: bool
+) -> None:
+    driver = _driver(tmp_path)
+    if beaten:
+        better = driver.next_trial()
+        assert better is not None
+        driver.report(better, 4, -1.0e9)  # a rung-0 metric no trial beats
+    spec = driver.next_trial()
+    assert spec is not None
+    exp_conf = _as_search_trial(tmp_path, monkeypatch, driver, spec)
+    kwargs: dict[str, Any] = {
+        "init_kwargs": {"exp_conf": exp_conf, "checkpoint_dir": tmp_path / "checkpoints"},
+        "max_length": Batch(16),
+        "checkpoint_policy": "none",
+    }
+    view_of = lambda: driver.trials()[spec.number]  # noqa: E731
+    if beaten:
+        # The rung's metric decides: the searcher stops the trial there; it is done (closed
+        # in the search, nothing to continue), not given back.
+        _, trainer = fit(SignalledAtBatch4, **kwargs)
+        assert [(length, stop) for length, _m, stop, _t in view_of().reports] == [(4, True)]
+        assert view_of().state == "stopped"
+        return
+    with pytest.raises(SystemExit) as stopped:
+        fit(SignalledAtBatch4, **kwargs)
+    assert stopped.value.code == 0
+    # The rung's metric is in the search (not measured later, after the resume), and the trial
+    # is given back to be continued from its checkpoint of batch 4.
+    assert [(length, stop) for length, _m, stop, _t in view_of().reports] == [(4, False)]
+    assert view_of().state == "waiting"
+    again = driver.next_trial()
+    assert again is not None and again.number == spec.number and again.resumed

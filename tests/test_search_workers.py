@@ -1,0 +1,114 @@
+"""One search served by two machines, simulated by two worker processes with workspaces of
+their own: `lightning-bridge run --storage URL` on one, `lightning-bridge search-worker NAME
+--storage URL` on the other. Through a journal file, with the second worker killed outright
+(its trials are given back and the first finishes them); through a real PostgreSQL server
+(the `postgres` session starts one and names it in LIGHTNING_BRIDGE_TEST_POSTGRES).
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import pathlib
+import re
+import signal
+
+import pytest
+
+from lightning_bridge.record._registry import Registry
+from lightning_bridge.search import SearchDriver
+from tests import _search_folder as sf
+
+pytest.importorskip("optuna")
+
+POSTGRES = os.environ.get("LIGHTNING_BRIDGE_TEST_POSTGRES")
+
+# Three trials at once: each worker has room for two on this machine, so both take some.
+SEARCH = {
+    **sf.BASE,
+    "searcher": {
+        "name": "random",
+        "metric": "validation_loss",
+        "max_trials": 3,
+        "max_length": {"batches": 12},
+        "max_concurrent_trials": 3,
+    },
+}
+
+
+def _trials(workspace: pathlib.Path) -> list[object]:
+    if not (workspace / "registry.sqlite").is_file():
+        return []
+    with Registry(workspace) as registry:
+        return list(registry.trials())
+
+
+def _two_workers(tmp_path: pathlib.Path, storage: str, kill: bool) -> None:
+    config = copy.deepcopy(SEARCH)
+    config["hyperparameters"]["delay"] = 0.3
+    path = sf.write_folder(tmp_path / "folder", config)
+    first, second = tmp_path / "machine-a", tmp_path / "machine-b"
+    common = ["--storage", storage, "--lost-after", "5"]
+    run = sf.start(["run", str(path), "--workspace", str(first), *common], tmp_path,
+                   tmp_path / "a.log")  # fmt: skip
+
+    def announced() -> str | None:
+        found = re.search(r"search-worker (\S+) --storage", (tmp_path / "a.log").read_text())
+        return found.group(1) if found else None
+
+    name = sf.wait_for(announced, 300, "the run to name its search", run, tmp_path / "a.log")
+    worker = sf.start(["search-worker", name, "--workspace", str(second), *common], tmp_path,
+                      tmp_path / "b.log")  # fmt: skip
+    try:
+        if kill:
+            # Lose the second machine while its trial trains: the worker and its trial die
+            # at once, without giving anything back.
+            sf.wait_for(
+                lambda: any(t.batches_trained >= 4 for t in _trials(second)),  # type: ignore[attr-defined]
+                240,
+                "the second worker's trial to train",
+                worker,
+                tmp_path / "b.log",
+            )
+            os.killpg(worker.pid, signal.SIGKILL)
+            worker.wait(30)
+        out_a = sf.finish(run, tmp_path / "a.log")
+        assert run.returncode == 0, out_a
+        if not kill:
+            out_b = sf.finish(worker, tmp_path / "b.log")
+            assert worker.returncode == 0, out_b
+    finally:
+        for process in (run, worker):
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+    driver = SearchDriver(storage, name)
+    views = driver.trials()
+    assert driver.is_finished()
+    driver.close()
+    assert [v.state for v in views] == ["completed"] * 3
+    on_a, on_b = _trials(first), _trials(second)
+    assert on_a and on_b, "each machine took trials"
+    seeds_a = {t.seed for t in on_a if t.state == "COMPLETED"}  # type: ignore[attr-defined]
+    seeds_b = {t.seed for t in on_b if t.state == "COMPLETED"}  # type: ignore[attr-defined]
+    if kill:
+        # The killed machine completed nothing; the first ran every trial to its end,
+        # including the one given back when its worker went silent.
+        assert not seeds_b and seeds_a == {v.seed for v in views}
+        assert "its worker was not heard of; pending again" in out_a
+    else:
+        assert seeds_a | seeds_b == {v.seed for v in views} and not seeds_a & seeds_b
+        assert f"serving search {name}" in out_b
+
+
+@pytest.mark.slow
+@pytest.mark.search
+def test_a_killed_worker_s_trials_are_finished_by_the_other(tmp_path: pathlib.Path) -> None:
+    _two_workers(tmp_path, str(tmp_path / "shared" / "search.journal"), kill=True)
+
+
+@pytest.mark.search
+@pytest.mark.postgres
+def test_a_second_machine_serves_a_postgresql_search(tmp_path: pathlib.Path) -> None:
+    if not POSTGRES:
+        pytest.skip("no PostgreSQL server: set LIGHTNING_BRIDGE_TEST_POSTGRES to its URL")
+    _two_workers(tmp_path, POSTGRES, kill=False)
