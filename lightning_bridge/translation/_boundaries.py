@@ -22,7 +22,7 @@ import functools
 import logging
 import pathlib
 import signal
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from lightning_bridge._errors import CheckpointWriteError, InvalidArgumentError, TrialRuntimeError
 from lightning_bridge.checkpoint._async import CheckpointWriter
@@ -34,9 +34,11 @@ from lightning_bridge.contract._units import Batch, Epoch, TrainUnit
 from lightning_bridge.translation._core import TrialCore
 from lightning_bridge.translation._metrics import searcher_value
 from lightning_bridge.translation._payload import capture_rng_state, save_checkpoint
-from lightning_bridge.translation._run_record import RunRecord
-from lightning_bridge.translation._search_report import SearchReport
 from lightning_bridge.translation._stop import StopRequest
+
+if TYPE_CHECKING:  # only runs started by the command have them (see `Trainer`)
+    from lightning_bridge.translation._run_record import RunRecord
+    from lightning_bridge.translation._search_report import SearchReport
 
 logger = logging.getLogger("lightning_bridge")
 

@@ -26,7 +26,6 @@ from lightning_bridge.contract._context import PyTorchTrialContext
 from lightning_bridge.contract._determined_compat import is_determined_object
 from lightning_bridge.contract._distributed import DistributedContext
 from lightning_bridge.translation._engine_check import check_engine
-from lightning_bridge.translation._search_report import end_invalid_hp
 
 
 class Engine:
@@ -196,7 +195,7 @@ def init(
         yield context
     except BaseException as exc:
         # As Determined's: InvalidHP ends the trial (the search replaces it); exit 0.
-        if is_invalid_hp(exc) and end_invalid_hp(exc):
+        if is_invalid_hp(exc) and _end_invalid_hp(exc):
             raise SystemExit(0) from None
         raise
     finally:
@@ -211,3 +210,11 @@ def init(
             and torch.distributed.is_initialized()
         ):
             torch.distributed.destroy_process_group()
+
+
+def _end_invalid_hp(exc: BaseException) -> bool:
+    """`end_invalid_hp`, imported only when a trial raises InvalidHP: the search and record
+    modules (SQLAlchemy, pydantic) stay out of runs that do not need them."""
+    from lightning_bridge.translation._search_report import end_invalid_hp
+
+    return end_invalid_hp(exc)

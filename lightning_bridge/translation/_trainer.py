@@ -31,8 +31,6 @@ from lightning_bridge.translation._core import TrialCore
 from lightning_bridge.translation._fabric_engine import FabricEngine
 from lightning_bridge.translation._fit_loop import FitLoop, model_summary
 from lightning_bridge.translation._resume import starts_new_run
-from lightning_bridge.translation._run_record import RunRecord
-from lightning_bridge.translation._search_report import SearchReport
 from lightning_bridge.translation._settings import checkpoint_dir, fit_settings
 
 logger = logging.getLogger("lightning_bridge")
@@ -171,8 +169,7 @@ class Trainer:
             )
             warm = starts_new_run(state, ctx.get_trial_id(), warm_start, latest_checkpoint)
             core.resume_from(payload, state, warm_start=warm)
-        record = RunRecord.from_runner(ctx._exp_conf, ckpt_dir)
-        search = None if test_mode else SearchReport.from_runner()
+        record, search = _runner_reports(ctx, ckpt_dir, test_mode)
         retention = (
             record.retention()
             if record is not None and core.is_chief
@@ -264,6 +261,20 @@ class Trainer:
                     flush=True,
                 )
             raise SystemExit(0)
+
+
+def _runner_reports(
+    ctx: PyTorchTrialContext, ckpt_dir: pathlib.Path, test_mode: bool
+) -> tuple[Any, Any]:
+    """The run's record and its search report when `lightning-bridge run` started the fit
+    (None, None otherwise: their modules, with SQLAlchemy and pydantic, are not even loaded)."""
+    if _cluster_info.runner_run() is None:
+        return None, None
+    from lightning_bridge.translation._run_record import RunRecord
+    from lightning_bridge.translation._search_report import SearchReport
+
+    record = RunRecord.from_runner(ctx._exp_conf, ckpt_dir)
+    return record, None if test_mode else SearchReport.from_runner()
 
 
 def _check_launcher(fabric: L.Fabric) -> None:
