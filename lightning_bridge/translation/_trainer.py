@@ -208,6 +208,8 @@ class Trainer:
                 for pattern in _ENGINE_WARNINGS:
                     warnings.filterwarnings("ignore", message=pattern)
                 fabric.launch()
+                if core.is_chief:
+                    _log_engine(fabric)
                 fit_engine = FabricEngine(fabric, ctx, settings.loggers)
                 core.attach(fit_engine)
                 if settings.model_summary and core.is_chief:
@@ -261,6 +263,22 @@ class Trainer:
                     flush=True,
                 )
             raise SystemExit(0)
+
+
+def _log_engine(fabric: L.Fabric) -> None:
+    """One line on the engine, in place of the device lines `lightning.Trainer` logs."""
+    import torch
+
+    processes = fabric.world_size
+    logger.info(
+        "GPU available: %s, used: %s (lightning.Fabric, %s, %s, %d process%s)",
+        torch.cuda.is_available(),
+        fabric.device.type == "cuda",
+        type(fabric.strategy).__name__,
+        type(fabric.strategy.precision).__name__,
+        processes,
+        "" if processes == 1 else "es",
+    )
 
 
 def _runner_reports(
