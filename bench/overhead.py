@@ -28,7 +28,8 @@ where readable, else valgrind's callgrind), split into start-up, steady batches 
 wind-down; a machine's load does not move them, so they decide the speed targets. A counted
 run may train fewer batches than a timed one (callgrind runs a wide batch in seconds): its
 instructions for the timed run's length are then start-up + wind-down + that many batches at
-its steady rate, each part counted. Rounds are interleaved: each round runs every variant
+its steady rate, each part counted. By default only the variants the speed targets compare
+are counted (``--count-all``: every one). Rounds are interleaved: each round runs every variant
 once, in a rotated order.
 
 Usage::
@@ -106,15 +107,18 @@ def run_rounds(
     logs: pathlib.Path,
     counter: str | None = None,
     length: int = 0,
+    only: dict[str, list[str]] | None = None,
 ) -> Results:
     """Interleaved rounds of fresh worker processes (counted when `counter` is given; then
-    `batches` may differ per model, and `instructions` is for `length` batches)."""
+    `batches` may differ per model, and `instructions` is for `length` batches). `only`: the
+    variants to run per model (default: all)."""
     results: Results = {}
     what = f"counted ({counter})" if counter else "timed"
     for rnd in range(rounds):
         for model in models:
             n = batches[model] if isinstance(batches, dict) else batches
-            for variant in h.rotated(variants, rnd):
+            chosen = [v for v in variants if only is None or v in only.get(model, [])]
+            for variant in h.rotated(chosen, rnd):
                 prefix: list[str] = []
                 env: dict[str, str] = {}
                 out = logs / f"count-{model}-{variant}-{rnd}"
@@ -300,6 +304,10 @@ def main(argv: list[str] | None = None) -> int:
         help="models whose runs are counted",
     )  # fmt: skip
     parser.add_argument(
+        "--count-all", action="store_true",
+        help="count every variant (default: those the speed targets compare)",
+    )  # fmt: skip
+    parser.add_argument(
         "--counter", choices=("auto", "perf", "callgrind", "none"), default="auto",
         help="instruction counter (auto: perf where readable, else callgrind, else none)",
     )  # fmt: skip
@@ -358,11 +366,22 @@ def main(argv: list[str] | None = None) -> int:
     print(f"models: {shapes}; threads={args.threads}")
     print(f"timed: {batches} batches x {rounds} round(s)")
     count_models = [m for m in args.count_models if m in args.models]
+    count_only: dict[str, list[str]] | None = None
+    if not args.count_all:
+        count_only = {m: [] for m in count_models}
+        for _, model, num, den, basis, _ in TARGETS:
+            if basis == "speed" and model in count_only:
+                count_only[model] += [v for v in (num, den) if v not in count_only[model]]
     if counter:
         print(
             f"counted ({counter}: {why}): {count_rounds} round(s); batches "
             + ", ".join(f"{m} {count_lengths[m]}" for m in count_models)
-            + f", counts scaled to {batches} batches where fewer"
+            + f", counts scaled to {batches} batches where fewer; variants "
+            + (
+                "all"
+                if count_only is None
+                else "; ".join(f"{m} {', '.join(v)}" for m, v in count_only.items())
+            )
         )
     else:
         print(f"instructions not counted ({why}): per-batch verdicts use wall time")
@@ -379,7 +398,15 @@ def main(argv: list[str] | None = None) -> int:
         load["after timed runs"] = os.getloadavg()[0]
         if counter and count_models:
             counted = run_rounds(
-                count_rounds, count_models, variants, count_lengths, 1, logs, counter, batches
+                count_rounds,
+                count_models,
+                variants,
+                count_lengths,
+                1,
+                logs,
+                counter,
+                batches,
+                only=count_only,
             )
             load["after counted runs"] = os.getloadavg()[0]
     print(
