@@ -93,8 +93,9 @@ def overhead(args: argparse.Namespace, counter: str | None, logs: pathlib.Path) 
     """Per-batch cost of raw and bridge for every configuration (medians over rounds)."""
     timed: dict[tuple[int, int, str], list[float]] = {}
     counted: dict[tuple[int, int, str], list[float]] = {}
+    configs = [c for c in CONFIGS if not args.configs or f"{c[0]}x{c[1]}" in args.configs]
     for rnd in range(args.rounds):
-        for processes, aggregation in CONFIGS:
+        for processes, aggregation in configs:
             for variant in h.rotated(["raw", "bridge"], rnd):
                 key = (processes, aggregation, variant)
                 run = run_ranks(variant, processes, aggregation, args.batches, logs, None)
@@ -113,7 +114,7 @@ def overhead(args: argparse.Namespace, counter: str | None, logs: pathlib.Path) 
     if counter:
         header += f" {'raw k instr':>12} {'bridge k':>9} {'overhead k':>11} {'ratio':>6}"
     print(header)
-    for processes, aggregation in CONFIGS:
+    for processes, aggregation in configs:
         raw_ms = statistics.median(timed[(processes, aggregation, "raw")])
         bridge_ms = statistics.median(timed[(processes, aggregation, "bridge")])
         row: dict[str, Any] = {"processes": processes, "aggregation": aggregation}
@@ -176,6 +177,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batches", type=int, default=500, help="batches per overhead run")
     parser.add_argument("--period", type=int, default=4, help="batches between saves")
     parser.add_argument("--counter", choices=("auto", "none"), default="auto")
+    parser.add_argument(
+        "--configs", nargs="+", choices=[f"{p}x{a}" for p, a in CONFIGS],
+        help="overhead configurations, PROCESSESxAGGREGATION (default: all)",
+    )  # fmt: skip
     parser.add_argument("--json", help="also write the figures to this file")
     parser.add_argument("--worker", choices=("raw", "bridge"), help=argparse.SUPPRESS)
     parser.add_argument("--aggregation", type=int, default=1, help=argparse.SUPPRESS)
