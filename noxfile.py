@@ -25,10 +25,11 @@ Sessions:
   127.0.0.1 (Debian's ``postgresql`` package, installed with apt-get when missing); skipped,
   with the reason, when no server can be started.
 
-The end-to-end search tests (marker ``search``: trials as subprocesses) run in the tests
-session of the latest lightning only: they exercise the search's processes, not Lightning,
-whose side (validations at the rungs, the searcher's stop) every tests session checks in
-process.
+The end-to-end search tests (marker ``search``: trials as subprocesses) and the runner's
+process tests (marker ``processes``: signals, kills, scripts as subprocesses) run in the tests
+session of the latest lightning only: they exercise the runner's and the search's processes,
+not Lightning, whose side (validations at the rungs, the searcher's stop, the stop at an agreed
+batch, DDP) every tests session checks in process or with two ranks.
 """
 
 from __future__ import annotations
@@ -160,8 +161,11 @@ def _tests(session: nox.Session, lightning: str) -> None:
     allow_empty = None if _test_files() else "no test files under tests/ yet"
     marks = "not interop and not examples and not postgres"
     if lightning != LATEST_LIGHTNING:
-        marks += " and not search"
-    _pytest(session, ["-m", marks, "-q"], _data_home(session), allow_empty)
+        marks += " and not search and not processes"
+    # One pytest worker per core; a module's tests stay on one worker, so an expensive
+    # module-scoped run is made once.
+    xdist = ["-n", "auto", "--dist", "loadscope"]
+    _pytest(session, ["-m", marks, "-q", *xdist], _data_home(session), allow_empty)
 
 
 def _register_tests(lightning: str) -> None:

@@ -10,6 +10,8 @@ import subprocess
 import sys
 from typing import Any
 
+import pytest
+
 from tests._cli_folders import (
     BASE_CONFIG,
     kept_checkpoints,
@@ -43,6 +45,7 @@ def _script_config(entrypoint: str, **changes: Any) -> dict[str, Any]:
     return config
 
 
+@pytest.mark.processes
 def test_script_learns_its_run_like_on_a_cluster(tmp_path: pathlib.Path) -> None:
     config = write_folder(tmp_path, _script_config("python3 train.py"))
     folder = config.parent
@@ -76,6 +79,7 @@ def test_script_learns_its_run_like_on_a_cluster(tmp_path: pathlib.Path) -> None
     assert [steps_completed(p) for p in kept_checkpoints(2)] == [6]
 
 
+@pytest.mark.processes
 def test_failing_script_exit_code(tmp_path: pathlib.Path) -> None:
     config = write_folder(
         tmp_path, _script_config("python3 train.py", hyperparameters={"fail": "script"})
@@ -86,6 +90,7 @@ def test_failing_script_exit_code(tmp_path: pathlib.Path) -> None:
     assert "Last validation metrics" not in result.stdout
 
 
+@pytest.mark.processes
 def test_torch_distributed_launcher_runs_slots_per_trial_processes(
     tmp_path: pathlib.Path,
 ) -> None:

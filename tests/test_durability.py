@@ -54,6 +54,7 @@ def _assert_store_is_consistent(directory: pathlib.Path) -> int:
     return len(complete)
 
 
+@pytest.mark.processes
 def test_killed_saves_never_leave_a_partial_checkpoint(tmp_path: pathlib.Path) -> None:
     mp = multiprocessing.get_context("forkserver")
     mp.set_forkserver_preload(["torch", "lightning_bridge", "tests._trials"])
@@ -113,6 +114,7 @@ def _child(tmp_path: pathlib.Path, ckpt: str = "") -> subprocess.Popen:
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.processes
 def test_signal_checkpoints_exits_zero_and_continues_exactly(
     tmp_path: pathlib.Path, sig: signal.Signals
 ) -> None:

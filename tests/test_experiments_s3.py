@@ -108,6 +108,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory, endpoint: str) -> Iterator[S3
         os.chdir(previous)
 
 
+@pytest.mark.processes
 def test_checkpoints_live_in_the_bucket_with_retention(runs: S3Runs) -> None:
     recorded = runs.json("checkpoint", "list")
     assert recorded and all(c["location"] == f"s3://{BUCKET}/runs/{c['uuid']}" for c in recorded)
@@ -141,6 +142,7 @@ def test_stopped_run_continues_from_the_bucket_to_the_same_weights(runs: S3Runs)
         torch.testing.assert_close(value, finals[0][key], rtol=0, atol=0)
 
 
+@pytest.mark.processes
 def test_a_killed_upload_is_never_listed_or_resumed(runs: S3Runs) -> None:
     """The run is killed (SIGKILL) while a checkpoint is on its way to the bucket: that
     checkpoint is not listed, and the continued run starts from the one before it."""

@@ -66,6 +66,7 @@ def two_process_reference(tmp_path_factory: pytest.TempPathFactory) -> pathlib.P
 
 
 @pytest.mark.slow
+@pytest.mark.processes
 def test_sigterm_to_the_runner_of_two_processes_stops_both_and_continues_exactly(
     tmp_path: pathlib.Path, two_process_reference: pathlib.Path
 ) -> None:
@@ -100,6 +101,7 @@ def test_sigterm_to_the_runner_of_two_processes_stops_both_and_continues_exactly
 
 
 @pytest.mark.slow
+@pytest.mark.processes
 def test_sigterm_to_torchruns_agent_stops_every_worker_after_one_checkpoint(
     tmp_path: pathlib.Path,
 ) -> None:
@@ -136,6 +138,7 @@ def script_folder(tmp_path: pathlib.Path) -> pathlib.Path:
     )
 
 
+@pytest.mark.processes
 def test_sigterm_to_the_runner_stops_the_script_instead_of_orphaning_it(
     tmp_path: pathlib.Path,
 ) -> None:
@@ -157,6 +160,7 @@ def test_sigterm_to_the_runner_stops_the_script_instead_of_orphaning_it(
     assert "Last validation metrics" in out  # the runner read the script's results
 
 
+@pytest.mark.processes
 def test_ctrl_c_lets_the_script_finish_its_checkpoint(script_folder: pathlib.Path) -> None:
     """Ctrl-C typed on the terminal the run was started from. Before, the runner raised
     KeyboardInterrupt (a traceback) and killed the script 0.25 s later, mid-save."""
@@ -180,6 +184,7 @@ time.sleep(300)
 
 
 @pytest.mark.parametrize("processes", [1, 2])
+@pytest.mark.processes
 def test_a_script_that_ignores_the_signal_is_killed_after_preemption_timeout(
     tmp_path: pathlib.Path, processes: int
 ) -> None:
@@ -207,6 +212,7 @@ def test_a_script_that_ignores_the_signal_is_killed_after_preemption_timeout(
 # ----- 3. a stop on a validation / checkpoint boundary ----------------------------------------
 
 
+@pytest.mark.processes
 def test_a_stop_in_the_batch_that_ends_at_a_boundary_keeps_that_boundary(
     tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -249,6 +255,7 @@ with pytorch.init(
 """
 
 
+@pytest.mark.processes
 def test_a_second_run_leaves_the_first_runs_save_in_progress_alone(
     tmp_path: pathlib.Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -10,7 +10,11 @@ cores runs oversubscribed, slower, which the command asks about.
 from __future__ import annotations
 
 import dataclasses
+import logging
+import sys
 from typing import Any
+
+logger = logging.getLogger("lightning_bridge")
 
 
 @dataclasses.dataclass
@@ -51,3 +55,37 @@ def oversubscription(plan: Any) -> Oversubscription | None:
         f"{'s' if count != 1 else ''}"
     )
     return Oversubscription(message, allowed=kind == "CPU core")
+
+
+def oversubscription_allowed(plan: Any, force: bool) -> bool:
+    """More processes than devices is refused; more than CPU cores runs (slower) with
+    --force or when the user confirms at a terminal."""
+    found = oversubscription(plan)
+    if found is None:
+        return True
+    if not found.allowed:
+        print(
+            f"lightning-bridge: error: {found.message}; lower resources.slots_per_trial "
+            "(or pass --devices N) to at most that.",
+            file=sys.stderr,
+        )
+        return False
+    if force:
+        logger.warning("%s: running them oversubscribed (--force), slower.", found.message)
+        return True
+    if sys.stdin is not None and sys.stdin.isatty():
+        try:
+            answer = input(
+                f"lightning-bridge: {found.message}; they will share the cores (slower). "
+                "Run anyway? [y/N] "
+            )
+        except EOFError:
+            answer = ""
+        if answer.strip().lower() in ("y", "yes"):
+            return True
+    print(
+        f"lightning-bridge: error: {found.message}; lower resources.slots_per_trial (or pass "
+        "--devices N), or pass --force to run them oversubscribed.",
+        file=sys.stderr,
+    )
+    return False

@@ -1,0 +1,236 @@
+"""The `lightning-bridge` command line: its subcommands and options (argparse).
+
+Each subcommand names its handler (`handler`, a key `_cli` resolves), so the parser stays a
+description of the command line and imports nothing of what the commands run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+from typing import Any
+
+from lightning_bridge._version import __version__
+
+
+def _devices(text: str) -> Any:
+    """`--devices`: a process count, or a value Lightning reads itself ("auto", "0,1")."""
+    if text.strip().lstrip("-").isdigit():
+        value = int(text)
+        if value < 1:
+            raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+        return value
+    return text
+
+
+def _workspace_options() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--workspace",
+        type=pathlib.Path,
+        default=None,
+        metavar="DIR",
+        help="the workspace folder holding the experiment record (default: "
+        "$LIGHTNING_BRIDGE_WORKSPACE, else lightning-bridge in the user's data directory)",
+    )
+    return common
+
+
+def _add_run(commands: Any, common: argparse.ArgumentParser) -> None:
+    run = commands.add_parser(
+        "run",
+        parents=[common],
+        help="run a Determined experiment folder (const.yaml + trial code)",
+        description="Run the experiment CONFIG describes, with the code in CONTEXT_DIR, on "
+        "Lightning: what `det e create CONFIG CONTEXT_DIR` would run on a cluster. Each run is "
+        "a new experiment in the workspace.",
+    )
+    run.add_argument("config", metavar="CONFIG", help="the experiment config (YAML)")
+    run.add_argument(
+        "context_dir",
+        metavar="CONTEXT_DIR",
+        nargs="?",
+        default=None,
+        help="the folder holding the trial code (default: the config's folder)",
+    )
+    run.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY.PATH=VALUE",
+        help="override a config value (YAML), e.g. --set hyperparameters.lr=0.01; repeatable",
+    )
+    run.add_argument(
+        "--test", action="store_true", help="test mode: one training and one validation batch"
+    )
+    run.add_argument(
+        "--resume",
+        metavar="CKPT",
+        default=None,
+        help="start from a checkpoint: its directory, its id (any storage), or 'latest' (the "
+        "newest checkpoint of an earlier run of CONFIG)",
+    )
+    run.add_argument(
+        "--trust-checkpoint",
+        action="store_true",
+        help="load checkpoints with full unpickling (objects outside the weights-only safe "
+        "set); only for files you trust: unpickling can run code",
+    )
+    run.add_argument(
+        "--devices",
+        type=_devices,
+        default=None,
+        help="processes / devices (default: resources.slots_per_trial)",
+    )
+    run.add_argument(
+        "--accelerator", default=None, help="Lightning accelerator: cpu, gpu, auto, ..."
+    )
+    run.add_argument(
+        "--precision", default=None, help="Lightning precision: 32-true, bf16-mixed, 16-mixed"
+    )
+    run.add_argument("--strategy", default=None, help="Lightning strategy: ddp, fsdp, ...")
+    run.add_argument(
+        "--force",
+        action="store_true",
+        help="run more processes than CPU cores (oversubscribed) without asking",
+    )
+    _search_options(run)
+    run.set_defaults(handler="run")
+
+
+def _search_options(parser: argparse.ArgumentParser, required: bool = False) -> None:
+    parser.add_argument(
+        "--storage",
+        required=required,
+        default=None,
+        metavar="URL",
+        help="where a hyperparameter search keeps its state: a journal file path, "
+        "sqlite:///FILE or postgresql://USER@HOST/DB (workers on several machines); default: "
+        "a journal file in the experiment's folder",
+    )
+    parser.add_argument(
+        "--lost-after",
+        type=float,
+        default=300.0,
+        metavar="SECONDS",
+        help="a search's running trial not heard of for this long is taken as lost with its "
+        "worker and given to another (default 300)",
+    )
+
+
+def _add_search_worker(commands: Any, common: argparse.ArgumentParser) -> None:
+    worker = commands.add_parser(
+        "search-worker",
+        parents=[common],
+        help="train trials of a search started elsewhere (another machine's worker)",
+        description="Pull trials from the hyperparameter search NAME in the shared --storage "
+        "and train them on this machine, recording them in this machine's workspace, until the "
+        "search is finished. `lightning-bridge run` prints NAME when it starts a search.",
+    )
+    worker.add_argument("experiment", metavar="NAME", help="the search's name in the storage")
+    _search_options(worker, required=True)
+    worker.add_argument(
+        "--context-dir",
+        type=pathlib.Path,
+        default=None,
+        metavar="DIR",
+        help="the trial code's folder on this machine (default: the folder the search was "
+        "started from, which must then exist here too)",
+    )
+    worker.set_defaults(handler="search-worker")
+
+
+def _add_record_commands(commands: Any, common: argparse.ArgumentParser) -> None:
+    output = argparse.ArgumentParser(add_help=False)
+    output.add_argument("--json", action="store_true", help="print JSON (for scripts)")
+    parents = [common, output]
+
+    experiment = commands.add_parser("experiment", aliases=["e"], help="the recorded experiments")
+    verbs = experiment.add_subparsers(dest="verb", required=True, metavar="VERB")
+    listing = verbs.add_parser("list", parents=parents, help="list the experiments")
+    listing.set_defaults(handler="record:experiment_list")
+    describe = verbs.add_parser(
+        "describe", parents=parents, help="an experiment's trials, metrics and checkpoints"
+    )
+    describe.add_argument("id", type=int, metavar="ID")
+    describe.set_defaults(handler="record:experiment_describe")
+    cont = verbs.add_parser(
+        "continue",
+        parents=[common],
+        help="continue each unfinished trial from its latest checkpoint",
+    )
+    cont.add_argument("id", type=int, metavar="ID")
+    cont.add_argument(
+        "--lost-after",
+        type=float,
+        default=300.0,
+        metavar="SECONDS",
+        help="a search's trial not heard of for this long is given to another worker",
+    )
+    cont.set_defaults(handler="continue")
+    plot = verbs.add_parser(
+        "plot", parents=parents, help="write a PNG of each trial's training and validation curves"
+    )
+    plot.add_argument("id", type=int, metavar="ID")
+    plot.add_argument(
+        "--out", type=pathlib.Path, default=None, metavar="FILE",
+        help="the PNG to write (default: experiment-ID.png)",
+    )  # fmt: skip
+    plot.set_defaults(handler="record:experiment_plot")
+
+    trial = commands.add_parser("trial", aliases=["t"], help="the recorded trials")
+    trial_verbs = trial.add_subparsers(dest="verb", required=True, metavar="VERB")
+    logs = trial_verbs.add_parser("logs", parents=parents, help="print a trial's log")
+    logs.add_argument("id", type=int, metavar="ID")
+    logs.add_argument("--tail", type=int, default=None, metavar="N", help="the last N lines")
+    logs.set_defaults(handler="record:trial_logs")
+
+    checkpoint = commands.add_parser("checkpoint", aliases=["c"], help="the kept checkpoints")
+    ckpt_verbs = checkpoint.add_subparsers(dest="verb", required=True, metavar="VERB")
+    ckpt_list = ckpt_verbs.add_parser("list", parents=parents, help="list checkpoints")
+    ckpt_list.add_argument("--experiment", type=int, default=None, metavar="ID")
+    ckpt_list.add_argument("--trial", type=int, default=None, metavar="ID")
+    ckpt_list.add_argument(
+        "--best", type=int, nargs="?", const=1, default=None, metavar="N",
+        help="only each experiment's N best by its searcher metric (default 1)",
+    )  # fmt: skip
+    ckpt_list.set_defaults(handler="record:checkpoint_list")
+    download = ckpt_verbs.add_parser(
+        "download", parents=parents, help="copy a checkpoint from its storage to a folder"
+    )
+    download.add_argument("uuid", metavar="UUID")
+    download.add_argument("--out", required=True, type=pathlib.Path, metavar="DIR")
+    download.set_defaults(handler="record:checkpoint_download")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="lightning-bridge",
+        description="Run Determined trials on PyTorch Lightning, and keep a record of every "
+        "run: experiments, trials, metrics and checkpoints.",
+    )
+    parser.add_argument("--version", action="version", version=f"lightning-bridge {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    common = _workspace_options()
+    _add_run(commands, common)
+    _add_search_worker(commands, common)
+    _add_record_commands(commands, common)
+
+    port = commands.add_parser(
+        "port",
+        help="write a trial folder for a LightningModule",
+        description="Write a Determined trial folder (const.yaml, model_def.py) that trains "
+        "the LightningModule TARGET.",
+    )
+    port.add_argument("target", metavar="TARGET", help="module:LightningModuleClass")
+    port.add_argument("--datamodule", default=None, metavar="DM", help="module:DataModuleClass")
+    port.add_argument("--out", required=True, type=pathlib.Path, metavar="DIR")
+    port.add_argument("--force", action="store_true", help="overwrite files in DIR")
+    port.set_defaults(handler="port")
+
+    # One trial from its run description: the other ranks of a run, or a searcher's trial.
+    hidden = commands.add_parser("_trial")
+    hidden.add_argument("run_file", metavar="RUN_FILE")
+    hidden.set_defaults(handler="_trial")
+    return parser
