@@ -229,14 +229,18 @@ def launch(
     work_dir: pathlib.Path,
     launcher: Sequence[str] = (),
     cwd: str | pathlib.Path | None = None,
+    prefix: Sequence[str] = (),
+    env: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """Run ``python [launcher] script args --result FILE`` in a fresh process (own start-up and
-    peak memory; output logged beside FILE); return FILE's JSON, or raise with the log's tail."""
+    """Run ``[prefix] python [launcher] script args --result FILE`` in a fresh process (own
+    start-up and peak memory; output logged beside FILE) with ``env`` added to the environment;
+    return FILE's JSON, or raise with the log's tail. ``prefix`` is e.g. an instruction
+    counter's command (see ``_instructions.wrap``)."""
     result = work_dir / f"{label.replace('/', '-')}-{time.monotonic_ns()}.json"
     log = result.with_suffix(".log")
-    cmd = [sys.executable, *launcher, str(pathlib.Path(script).resolve()), *args]
+    cmd = [*prefix, sys.executable, *launcher, str(pathlib.Path(script).resolve()), *args]
     cmd += ["--result", str(result)]
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
     with log.open("w") as fh:
         proc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=cwd)
     if proc.returncode != 0 or not result.exists():

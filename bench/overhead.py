@@ -1,4 +1,4 @@
-"""Training-loop overhead: raw PyTorch vs plain Lightning vs lightning_bridge vs determined.
+"""Training-loop overhead: raw PyTorch, Lightning, a Fabric loop, lightning_bridge, determined.
 
 Two models are trained for the same number of batches on the same in-memory data:
 
@@ -6,27 +6,35 @@ Two models are trained for the same number of batches on the same in-memory data
 * ``wide``: a 512->2048->2048->512 MLP, batch 32; the matrix products dominate (about 25 ms
   a batch on one thread of a small cloud CPU, against well under 1 ms of loop overhead).
 
-Each model runs under four variants:
+Each model runs under five variants (``_overhead_worker``):
 
 * ``raw``: a hand-written PyTorch loop (forward, backward, SGD step, zero_grad), with a
   loss average every 100 batches and a small validation pass at the end.
 * ``lightning``: a plain ``LightningModule`` with manual optimization under
   ``lightning.Trainer(max_steps=...)``, no logger, checkpointing, progress bar or validation.
+* ``fabric``: the raw loop as a ``lightning.Fabric`` user writes it (``fabric.setup``,
+  ``setup_dataloaders``, ``fabric.backward``), ending with ``fabric.save`` of the model and
+  optimizer.
 * ``bridge``: a ``PyTorchTrial`` trained by ``lightning_bridge.Trainer.fit`` (reporting every
   100 batches, validation and checkpoint at the end, as Determined does).
 * ``reference``: the same trial class code trained by ``determined.pytorch`` in local mode
   (skipped when ``determined`` is not importable).
 
-Every run is a fresh subprocess, so each variant pays its own start-up and its peak RSS is its
-own. Rounds are interleaved: each round runs every variant once, in a rotated order. The timed
-part starts after the imports and the data generation and ends when training (and, where the
-variant has them, the final validation and checkpoint) is done; it is split into start-up
-(until the first training batch begins), the steady batches, and the wind-down after the last
-batch.
+Every run is a fresh subprocess with one torch thread. Timed runs measure wall time, CPU time
+and peak RSS; the timed part starts after the imports and the data generation and ends when
+training (and any final validation and checkpoint) is done. Counted runs measure the
+instructions executed in the same part (``_instructions``: the CPU's counter through ``perf``
+where readable, else valgrind's callgrind), split into start-up, steady batches and
+wind-down; a machine's load does not move them, so they decide the speed targets. A counted
+run may train fewer batches than a timed one (callgrind runs a wide batch in seconds): its
+instructions for the timed run's length are then start-up + wind-down + that many batches at
+its steady rate, each part counted. By default only the variants the speed targets compare
+are counted (``--count-all``: every one). Rounds are interleaved: each round runs every variant
+once, in a rotated order.
 
 Usage::
 
-    python bench/overhead.py [--batches 2000] [--rounds 3] [--quick] [--json out.json]
+    python bench/overhead.py [--batches 2000] [--rounds 3] [--count-rounds 2] [--quick]
 
 One run of one variant, optionally under cProfile (for finding where the time goes)::
 
@@ -36,7 +44,6 @@ One run of one variant, optionally under cProfile (for finding where the time go
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import importlib.util
 import json
 import os
@@ -46,239 +53,29 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import _harness as h
+import _instructions as instructions
+from _overhead_worker import MODELS, VARIANT_IMPORTS, VARIANTS, worker
 
-SEED = 1234
-LR = 0.01
-REPORT_EVERY = 100
-TRAIN_EPOCH_BATCHES = 250  # batches per pass over the training set
-VAL_BATCHES = 4
-
-VARIANTS = ("raw", "lightning", "bridge", "reference")
-
-
-@dataclasses.dataclass(frozen=True)
-class ModelSpec:
-    dims: tuple[int, ...]
-    batch_size: int
-
-
-MODELS: dict[str, ModelSpec] = {
-    "tiny": ModelSpec(dims=(32, 32, 1), batch_size=32),
-    "wide": ModelSpec(dims=(512, 2048, 2048, 512), batch_size=32),
-}
-
-# (label, model, numerator variant, denominator variant, what, target); what is "time" (the
-# timed part's wall time, with its CPU time shown beside it) or "rss" (peak resident memory).
+# (label, model, numerator, denominator, basis, target). Basis "speed": instructions when
+# counted, else wall time; "time": wall time; "rss": peak resident memory.
 TARGETS: tuple[tuple[str, str, str, str, str, float], ...] = (
-    ("tiny  time  bridge / reference", "tiny", "bridge", "reference", "time", 1.0),
-    ("tiny  time  bridge / lightning", "tiny", "bridge", "lightning", "time", 1.05),
-    ("wide  time  bridge / raw", "wide", "bridge", "raw", "time", 1.03),
-    ("tiny  RSS   bridge / lightning", "tiny", "bridge", "lightning", "rss", 1.1),
-    ("wide  RSS   bridge / lightning", "wide", "bridge", "lightning", "rss", 1.1),
+    ("tiny  bridge / reference", "tiny", "bridge", "reference", "speed", 0.95),
+    ("tiny  bridge / fabric", "tiny", "bridge", "fabric", "speed", 1.05),
+    ("wide  bridge / raw", "wide", "bridge", "raw", "speed", 1.02),
+    ("tiny  RSS bridge / lightning", "tiny", "bridge", "lightning", "rss", 1.05),
+    ("wide  RSS bridge / lightning", "wide", "bridge", "lightning", "rss", 1.05),
 )
+KEYS = {"time": "total_s", "cpu": "cpu_total_s", "rss": "peak_rss_mib", "instr": "instructions"}
 
-# Ratios printed for reading only: (label, model, numerator, denominator, key).
-INFO_RATIOS: tuple[tuple[str, str, str, str, str], ...] = (
-    ("tiny  ms/batch bridge / lightning", "tiny", "bridge", "lightning", "ms_per_batch"),
-    ("tiny  ms/batch bridge / reference", "tiny", "bridge", "reference", "ms_per_batch"),
-    ("tiny  ms/batch lightning / raw", "tiny", "lightning", "raw", "ms_per_batch"),
-    ("tiny  ms/batch reference / raw", "tiny", "reference", "raw", "ms_per_batch"),
-    ("wide  ms/batch bridge / raw", "wide", "bridge", "raw", "ms_per_batch"),
-    ("wide  ms/batch lightning / raw", "wide", "lightning", "raw", "ms_per_batch"),
-    ("wide  time  lightning / raw", "wide", "lightning", "raw", "total_s"),
-    ("wide  time  bridge / lightning", "wide", "bridge", "lightning", "total_s"),
-    ("wide  time  bridge / reference", "wide", "bridge", "reference", "total_s"),
-)
+Results = dict[tuple[str, str], list[dict[str, Any]]]
 
 
 # --------------------------------------------------------------------------------------------
-# Worker side: one variant, one model, one process.
-# --------------------------------------------------------------------------------------------
-
-
-class Marks:
-    """Wall-clock readings taken inside the training step (identical code in every variant)."""
-
-    first: float | None = None
-    last: float | None = None
-
-    @classmethod
-    def step_begins(cls, batch_idx: int = 0) -> None:
-        if cls.first is None:
-            cls.first = time.perf_counter()
-
-    @classmethod
-    def step_ends(cls, batch_idx: int = 0) -> None:
-        cls.last = time.perf_counter()
-
-
-def _datasets(spec: ModelSpec) -> tuple[Any, Any]:
-    """Training and validation sets: inputs and the outputs of a fixed random linear teacher."""
-    import torch
-
-    gen = torch.Generator().manual_seed(SEED)
-    n_in, n_out = spec.dims[0], spec.dims[-1]
-    teacher = torch.randn(n_in, n_out, generator=gen) / n_in**0.5
-
-    def make(n: int) -> torch.utils.data.TensorDataset:
-        x = torch.randn(n, n_in, generator=gen)
-        y = x @ teacher + 0.1 * torch.randn(n, n_out, generator=gen)
-        return torch.utils.data.TensorDataset(x, y)
-
-    return make(TRAIN_EPOCH_BATCHES * spec.batch_size), make(VAL_BATCHES * spec.batch_size)
-
-
-def _recipe(spec: ModelSpec, data: tuple[Any, Any]) -> h.Recipe:
-    """The task every variant trains: the MLP seeded with SEED, SGD, MSE, shuffled batches."""
-    import torch
-
-    def model() -> Any:
-        torch.manual_seed(SEED)
-        return h.mlp(spec.dims)
-
-    train_set, val_set = data
-    return h.Recipe(
-        model=model,
-        optimizer=lambda params: torch.optim.SGD(params, lr=LR),
-        loss=torch.nn.MSELoss(),
-        train_data=lambda: train_set,
-        val_data=lambda: val_set,
-        batch_size=spec.batch_size,
-        shuffle=True,
-        step_begins=Marks.step_begins,
-        step_ends=Marks.step_ends,
-    )
-
-
-def _run_raw(recipe: h.Recipe, batches: int, workdir: pathlib.Path) -> None:
-    import torch
-
-    model = recipe.model()
-    opt = recipe.optimizer(model.parameters())
-    loss_fn = recipe.loss
-    loader = torch.utils.data.DataLoader(
-        recipe.train_data(), batch_size=recipe.batch_size, shuffle=True
-    )
-    done = 0
-    window: list[torch.Tensor] = []
-    model.train()
-    while done < batches:
-        for x, y in loader:
-            Marks.step_begins()
-            loss = loss_fn(model(x), y)
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
-            window.append(loss.detach())
-            done += 1
-            if done % REPORT_EVERY == 0 or done == batches:
-                torch.stack(window).mean().item()
-                window.clear()
-            Marks.step_ends()
-            if done == batches:
-                break
-    model.eval()
-    val_loader = torch.utils.data.DataLoader(recipe.val_data(), batch_size=recipe.batch_size)
-    with torch.no_grad():
-        torch.stack([loss_fn(model(x), y) for x, y in val_loader]).mean().item()
-
-
-def _run_lightning(recipe: h.Recipe, batches: int, workdir: pathlib.Path) -> None:
-    h.fit_plain(
-        recipe,
-        batches,
-        num_sanity_val_steps=0,
-        limit_val_batches=0,
-        accelerator="cpu",
-        devices=1,
-        default_root_dir=str(workdir),
-    )
-
-
-def _run_bridge(recipe: h.Recipe, batches: int, workdir: pathlib.Path) -> None:
-    import lightning_bridge as pytorch
-
-    ckpt = workdir / "checkpoints"
-    options: dict[str, Any] = {"accelerator": "cpu", "devices": 1, "run_dir": workdir}
-    h.fit_trial(pytorch, recipe, batches, {"lr": LR}, REPORT_EVERY, checkpoint_dir=ckpt, **options)
-
-
-def _run_reference(recipe: h.Recipe, batches: int, workdir: pathlib.Path) -> None:
-    from determined import pytorch
-
-    h.fit_trial(pytorch, recipe, batches, {"lr": LR}, REPORT_EVERY)
-
-
-RUNNERS: dict[str, Callable[[h.Recipe, int, pathlib.Path], None]] = {
-    "raw": _run_raw,
-    "lightning": _run_lightning,
-    "bridge": _run_bridge,
-    "reference": _run_reference,
-}
-
-# Imported before the clock starts. ``torch._dynamo`` is imported by Lightning but otherwise
-# lazily by the first optimizer constructed (over a second here); importing it up front keeps
-# that one-off import out of every variant's timed part alike.
-VARIANT_IMPORTS: dict[str, tuple[str, ...]] = {
-    "raw": ("torch", "torch._dynamo"),
-    "lightning": ("torch", "torch._dynamo", "lightning.pytorch"),
-    "bridge": ("torch", "torch._dynamo", "lightning.pytorch", "lightning_bridge"),
-    "reference": ("torch", "torch._dynamo", "determined.pytorch"),
-}
-
-
-def worker(
-    variant: str, model: str, batches: int, threads: int, profile: str | None
-) -> dict[str, Any]:
-    """Run one variant in this process and return its measurements."""
-    import importlib
-
-    for name in VARIANT_IMPORTS[variant]:
-        importlib.import_module(name)
-    import torch
-
-    torch.set_num_threads(threads)
-    spec = MODELS[model]
-    recipe = _recipe(spec, _datasets(spec))
-    profile = os.path.abspath(profile) if profile else None  # the run happens in a temp cwd
-    with (
-        tempfile.TemporaryDirectory(prefix="overhead-") as tmp,
-        h.reference_dirs(pathlib.Path(tmp)),
-    ):
-        profiler = None
-        if profile:
-            import cProfile
-
-            profiler = cProfile.Profile()
-            profiler.enable()
-        t0, c0 = time.perf_counter(), time.process_time()
-        RUNNERS[variant](recipe, batches, pathlib.Path(tmp))
-        t_end, c_end = time.perf_counter(), time.process_time()
-        if profiler is not None and profile:
-            profiler.disable()
-            profiler.dump_stats(profile)
-    first, last = Marks.first, Marks.last
-    if first is None or last is None:
-        raise RuntimeError(f"{variant}: the training step never ran")
-    return {
-        "variant": variant,
-        "model": model,
-        "batches": batches,
-        "total_s": t_end - t0,
-        "startup_s": first - t0,
-        "ms_per_batch": (last - first) / batches * 1e3,
-        "winddown_s": t_end - last,
-        "cpu_total_s": c_end - c0,
-        "peak_rss_mib": h.peak_rss_mib(),
-    }
-
-
-# --------------------------------------------------------------------------------------------
-# Driver side: spawn the workers, interleave rounds, summarise.
+# Running the workers.
 # --------------------------------------------------------------------------------------------
 
 
@@ -291,13 +88,74 @@ def available_variants() -> dict[str, str | None]:
     return out
 
 
-def summarise(
-    results: dict[tuple[str, str], list[dict[str, Any]]],
+def _at_length(counts: dict[str, int], batches: int, length: int) -> float:
+    """Instructions for `length` batches from a counted run of `batches`: start-up, wind-down
+    and `length` batches at the counted steady rate (the count itself when equal; perf gives
+    only a total)."""
+    if length == batches or "steady" not in counts:
+        return float(counts["total"])
+    steady = counts["steady"] / batches * length
+    return float(counts.get("start-up", 0) + counts.get("wind-down", 0) + steady)
+
+
+def run_rounds(
+    rounds: int,
     models: Sequence[str],
     variants: Sequence[str],
-    skipped: dict[str, str],
-) -> list[dict[str, Any]]:
-    """Print the table of medians and the ratios; return the target verdicts."""
+    batches: int | dict[str, int],
+    threads: int,
+    logs: pathlib.Path,
+    counter: str | None = None,
+    length: int = 0,
+    only: dict[str, list[str]] | None = None,
+) -> Results:
+    """Interleaved rounds of fresh worker processes (counted when `counter` is given; then
+    `batches` may differ per model, and `instructions` is for `length` batches). `only`: the
+    variants to run per model (default: all)."""
+    results: Results = {}
+    what = f"counted ({counter})" if counter else "timed"
+    for rnd in range(rounds):
+        for model in models:
+            n = batches[model] if isinstance(batches, dict) else batches
+            chosen = [v for v in variants if only is None or v in only.get(model, [])]
+            for variant in h.rotated(chosen, rnd):
+                prefix: list[str] = []
+                env: dict[str, str] = {}
+                out = logs / f"count-{model}-{variant}-{rnd}"
+                if counter:
+                    prefix, env = instructions.prefix(counter, out)
+                args = ["--worker", variant, "--model", model, "--batches", str(n)]
+                args += ["--threads", str(threads)]
+                label = f"{model}/{variant}"
+                run = h.launch(__file__, args, label=label, work_dir=logs, prefix=prefix, env=env)
+                if counter:
+                    counts = instructions.read_counts(counter, out)
+                    if "total" not in counts:
+                        raise RuntimeError(f"{label}: the counter recorded nothing in {out}")
+                    run["phases"] = counts
+                    run["instructions"] = _at_length(counts, n, length or n)
+                results.setdefault((model, variant), []).append(run)
+                detail = (
+                    f"{run['phases']['total'] / 1e9:8.3f} G instructions in {n} batches"
+                    if counter
+                    else f"{run['total_s']:8.3f} s (CPU {run['cpu_total_s']:8.3f} s) "
+                    f"{run['peak_rss_mib']:7.1f} MiB"
+                )
+                print(f"  {what} round {rnd + 1}/{rounds} {model:<5} {variant:<10} {detail}")
+                sys.stdout.flush()
+    return results
+
+
+# --------------------------------------------------------------------------------------------
+# Summaries.
+# --------------------------------------------------------------------------------------------
+
+
+def _median(runs: list[dict[str, Any]], key: str) -> float:
+    return statistics.median(r[key] for r in runs)
+
+
+def print_time_table(results: Results, models: Sequence[str], variants: Sequence[str]) -> None:
     columns = (
         ("total s", "total_s", 9, 3),
         ("CPU s", "cpu_total_s", 9, 3),
@@ -309,7 +167,7 @@ def summarise(
     header = f"{'model':<6}{'variant':<11}{'runs':>5}" + "".join(
         f"{title:>{width}}" for title, _, width, _ in columns
     )
-    print("medians per variant")
+    print("wall time and memory, medians per variant")
     print(header)
     print("-" * len(header))
     for model in models:
@@ -317,65 +175,149 @@ def summarise(
             runs = results.get((model, variant), [])
             if runs:
                 cells = "".join(
-                    f"{statistics.median(r[key] for r in runs):>{width}.{digits}f}"
-                    for _, key, width, digits in columns
+                    f"{_median(runs, key):>{width}.{digits}f}" for _, key, width, digits in columns
                 )
                 print(f"{model:<6}{variant:<11}{len(runs):>5}{cells}")
-    for variant, why in skipped.items():
-        print(f"note: {variant} skipped ({why})")
     print()
 
-    def ratio(model: str, num: str, den: str, key: str) -> h.Ratio | None:
-        a, b = results.get((model, num), []), results.get((model, den), [])
-        if not a or not b:
-            return None
-        return h.ratio_of_medians([x[key] for x in a], [y[key] for y in b])
 
-    def show(r: h.Ratio) -> str:
-        return f"{r.value:6.3f} [{r.span()}]"
+def print_count_table(
+    counted: Results, models: Sequence[str], variants: Sequence[str], counter: str
+) -> None:
+    header = (
+        f"{'model':<6}{'variant':<11}{'runs':>5}{'total G':>10}{'spread %':>10}"
+        f"{'start-up M':>12}{'k / batch':>11}{'wind-down M':>13}"
+    )
+    print(
+        f"instructions ({counter}) for the timed runs' length, medians per variant; spread: "
+        "(max - min) / median"
+    )
+    print(header)
+    print("-" * len(header))
+    for model in models:
+        for variant in variants:
+            runs = counted.get((model, variant), [])
+            if not runs:
+                continue
+            totals = [r["instructions"] for r in runs]
+            med = statistics.median(totals)
 
+            def phase(name: str, runs: list[dict[str, Any]] = runs) -> float:
+                return statistics.median(r["phases"].get(name, 0) for r in runs)
+
+            per_batch = phase("steady") / runs[0]["batches"]
+            print(
+                f"{model:<6}{variant:<11}{len(runs):>5}{med / 1e9:>10.3f}"
+                f"{(max(totals) - min(totals)) / med * 100:>10.2f}{phase('start-up') / 1e6:>12.1f}"
+                f"{per_batch / 1e3:>11.1f}{phase('wind-down') / 1e6:>13.1f}"
+            )
+    print()
+
+
+def ratio(results: Results, model: str, num: str, den: str, key: str) -> tuple[h.Ratio, float]:
+    """Ratio of medians with the per-round range, and the median of the paired ratios."""
+    a = [r[key] for r in results[(model, num)]]
+    b = [r[key] for r in results[(model, den)]]
+    return h.ratio_of_medians(a, b), h.paired_median(a, b[: len(a)])
+
+
+def judge(
+    timed: Results, counted: Results, counter: str | None
+) -> tuple[list[dict[str, Any]], bool]:
+    """Print each target's verdict; returns the verdicts and whether all were met."""
+    print("targets: paired median (the verdict), ratio of medians, [per-round min-max]")
     verdicts: list[dict[str, Any]] = []
-    print("targets: ratio of medians [per-round range]; time verdicts are on wall time")
-    for label, model, num, den, what, target in TARGETS:
-        key = "total_s" if what == "time" else "peak_rss_mib"
-        r = ratio(model, num, den, key)
-        if r is None:
-            print(f"  {label:<34} {'n/a':<21} target <= {target:<5} SKIP")
-            verdicts.append({"label": label, "ratio": None, "target": target, "met": None})
+    all_met = True
+    for label, model, num, den, basis, target in TARGETS:
+        source, key, name = timed, KEYS["time"], "time"
+        if basis == "rss":
+            key, name = KEYS["rss"], "RSS"
+        elif basis == "speed" and counter and (model, num) in counted:
+            source, key, name = counted, KEYS["instr"], "instructions"
+        if (model, num) not in source or (model, den) not in source:
+            print(f"  {label:<30} {'n/a':>34}  target <= {target:<5} SKIP")
+            verdicts.append({"label": label, "basis": name, "ratio": None, "met": None})
             continue
-        met, word = h.verdict(r.value, target)
-        line = f"  {label:<34} {show(r)}  target <= {target:<5} {word}"
-        verdict: dict[str, Any] = {"label": label, "ratio": r.value, "target": target, "met": met}
-        if what == "time":
-            c = ratio(model, num, den, "cpu_total_s")
-            if c is not None:
-                line += f"   (CPU time {show(c)})"
-                verdict["cpu_ratio"] = c.value
+        r, paired = ratio(source, model, num, den, key)
+        met, word = h.verdict(paired, target)
+        all_met &= met
+        line = (
+            f"  {label:<30} {name:<13}{paired:7.3f} {r.value:7.3f} [{r.span()}]"
+            f"  target <= {target:<5} {word}"
+        )
+        if name == "time":
+            cpu, _ = ratio(timed, model, num, den, KEYS["cpu"])
+            line += f"   (CPU {cpu.value:.3f})"
         print(line)
-        verdicts.append(verdict)
-    print("for reading: ratio of medians [per-round range]")
-    for label, model, num, den, key in INFO_RATIOS:
-        r = ratio(model, num, den, key)
-        if r is not None:
-            print(f"  {label:<34} {show(r)}")
-    return verdicts
+        verdicts.append(
+            {"label": label, "basis": name, "ratio": paired, "target": target, "met": met}
+        )
+    print()
+    return verdicts, all_met
+
+
+def print_against_reference(
+    timed: Results, counted: Results, models: Sequence[str], variants: Sequence[str]
+) -> None:
+    """Every variant as a ratio of the reference, in time and (where counted) instructions."""
+    for model in models:
+        if (model, "reference") not in timed:
+            continue
+        print(f"{model}: each variant / reference (ratio of medians)")
+        print(f"  {'variant':<11}{'time':>8}{'CPU':>8}{'instructions':>14}{'k instr/batch':>15}")
+        for variant in variants:
+            if (model, variant) not in timed:
+                continue
+            t, _ = ratio(timed, model, variant, "reference", KEYS["time"])
+            c, _ = ratio(timed, model, variant, "reference", KEYS["cpu"])
+            cells = f"  {variant:<11}{t.value:>8.3f}{c.value:>8.3f}"
+            if (model, variant) in counted and (model, "reference") in counted:
+                i, _ = ratio(counted, model, variant, "reference", KEYS["instr"])
+                runs = counted[(model, variant)]
+                steady = statistics.median(r["phases"]["steady"] / r["batches"] for r in runs)
+                cells += f"{i.value:>14.3f}{steady / 1e3:>15.1f}"
+            print(cells)
+        print()
+
+
+# --------------------------------------------------------------------------------------------
+# Command line.
+# --------------------------------------------------------------------------------------------
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batches", type=int, default=2000, help="training batches per run")
-    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved timed rounds")
     parser.add_argument(
-        "--quick", action="store_true", help="smoke configuration: 300 batches, 1 round"
+        "--count-rounds", type=int, default=2, help="interleaved counted rounds (0: none)"
     )
+    parser.add_argument(
+        "--count-batches", type=int, help="batches per counted tiny run (default: --batches)"
+    )
+    parser.add_argument(
+        "--count-batches-wide", type=int, default=20,
+        help="batches per counted wide run (callgrind runs a wide batch in seconds)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--count-models", nargs="+", choices=sorted(MODELS), default=list(MODELS),
+        help="models whose runs are counted",
+    )  # fmt: skip
+    parser.add_argument(
+        "--count-all", action="store_true",
+        help="count every variant (default: those the speed targets compare)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--counter", choices=("auto", "perf", "callgrind", "none"), default="auto",
+        help="instruction counter (auto: perf where readable, else callgrind, else none)",
+    )  # fmt: skip
+    parser.add_argument("--quick", action="store_true", help="smoke run: 300 batches, 1 round")
     parser.add_argument("--models", nargs="+", choices=sorted(MODELS), default=list(MODELS))
     parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
     parser.add_argument(
-        "--threads",
-        type=int,
-        default=1,
+        "--threads", type=int, default=1,
         help="torch intra-op threads in every variant (default 1: steadier on small machines)",
-    )
+    )  # fmt: skip
     parser.add_argument("--json", help="also write every run and the verdicts to this file")
     parser.add_argument(
         "--strict", action="store_true", help="exit with status 1 when a target is missed"
@@ -396,9 +338,22 @@ def main(argv: list[str] | None = None) -> int:
         print(text)
         return 0
 
-    batches, rounds = (300, 1) if args.quick else (args.batches, args.rounds)
-    if batches < 1 or rounds < 1:
-        parser.error("--batches and --rounds must be at least 1")
+    batches, rounds, count_rounds = args.batches, args.rounds, args.count_rounds
+    count_batches = args.count_batches or batches
+    count_wide = args.count_batches_wide
+    if args.quick:
+        batches, rounds, count_rounds, count_batches = 300, 1, min(count_rounds, 1), 300
+        count_wide = min(count_wide, 5)
+    if batches < 1 or rounds < 1 or count_batches < 1 or count_wide < 1:
+        parser.error("--batches, --rounds and --count-batches(-wide) must be at least 1")
+    count_lengths = {"tiny": count_batches, "wide": count_wide}
+    counter, why = instructions.available()
+    if args.counter == "none":
+        counter, why = None, "switched off (--counter none)"
+    elif args.counter != "auto":
+        counter, why = args.counter, "chosen with --counter"
+    if count_rounds < 1:
+        counter, why = None, "no counted rounds (--count-rounds 0)"
     status = available_variants()
     skipped = {v: why for v, why in status.items() if why is not None and v in args.variants}
     variants = [v for v in args.variants if status[v] is None]
@@ -408,54 +363,85 @@ def main(argv: list[str] | None = None) -> int:
         + ", ".join(f"{k} {v}" for k, v in versions.items())
     )
     shapes = ", ".join(f"{m} {MODELS[m].dims} bs {MODELS[m].batch_size}" for m in args.models)
-    print(f"{batches} batches x {rounds} round(s), threads={args.threads}, models: {shapes}")
+    print(f"models: {shapes}; threads={args.threads}")
+    print(f"timed: {batches} batches x {rounds} round(s)")
+    count_models = [m for m in args.count_models if m in args.models]
+    count_only: dict[str, list[str]] | None = None
+    if not args.count_all:
+        count_only = {m: [] for m in count_models}
+        for _, model, num, den, basis, _ in TARGETS:
+            if basis == "speed" and model in count_only:
+                count_only[model] += [v for v in (num, den) if v not in count_only[model]]
+    if counter:
+        print(
+            f"counted ({counter}: {why}): {count_rounds} round(s); batches "
+            + ", ".join(f"{m} {count_lengths[m]}" for m in count_models)
+            + f", counts scaled to {batches} batches where fewer; variants "
+            + (
+                "all"
+                if count_only is None
+                else "; ".join(f"{m} {', '.join(v)}" for m, v in count_only.items())
+            )
+        )
+    else:
+        print(f"instructions not counted ({why}): per-batch verdicts use wall time")
+    for variant, reason in skipped.items():
+        print(f"note: {variant} skipped ({reason})")
     sys.stdout.flush()
 
-    results: dict[tuple[str, str], list[dict[str, Any]]] = {}
-    load_before = os.getloadavg()[0]
+    load: dict[str, float] = {"before": os.getloadavg()[0]}
     started = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="overhead-logs-") as logs:
-        for rnd in range(rounds):
-            for model in args.models:
-                for variant in h.rotated(variants, rnd):
-                    run = h.launch(
-                        __file__,
-                        ["--worker", variant, "--model", model, "--batches", str(batches)]
-                        + ["--threads", str(args.threads)],
-                        label=f"{model}/{variant}",
-                        work_dir=pathlib.Path(logs),
-                    )
-                    results.setdefault((model, variant), []).append(run)
-                    print(
-                        f"  round {rnd + 1}/{rounds} {model:<5} {variant:<10} "
-                        f"{run['total_s']:8.3f} s (CPU {run['cpu_total_s']:8.3f} s) "
-                        f"{run['peak_rss_mib']:7.1f} MiB",
-                        flush=True,
-                    )
-    load_after = os.getloadavg()[0]
+    counted: Results = {}
+    with tempfile.TemporaryDirectory(prefix="overhead-logs-") as tmp:
+        logs = pathlib.Path(tmp)
+        timed = run_rounds(rounds, args.models, variants, batches, args.threads, logs)
+        load["after timed runs"] = os.getloadavg()[0]
+        if counter and count_models:
+            counted = run_rounds(
+                count_rounds,
+                count_models,
+                variants,
+                count_lengths,
+                1,
+                logs,
+                counter,
+                batches,
+                only=count_only,
+            )
+            load["after counted runs"] = os.getloadavg()[0]
     print(
         f"(benchmark took {time.perf_counter() - started:.0f} s; 1-minute load average "
-        f"{load_before:.2f} before, {load_after:.2f} after, on {os.cpu_count()} CPUs)\n"
+        + ", ".join(f"{v:.2f} {k}" for k, v in load.items())
+        + f", on {os.cpu_count()} CPUs)\n"
     )
-    verdicts = summarise(results, args.models, variants, skipped)
+    print_time_table(timed, args.models, variants)
+    if counter and counted:
+        print_count_table(counted, count_models, variants, counter)
+    print_against_reference(timed, counted, args.models, variants)
+    verdicts, all_met = judge(timed, counted, counter)
+    print("ALL TARGETS PASS" if all_met else "SOME TARGETS MISSED")
     if args.json:
+        everything = [r for runs in timed.values() for r in runs]
+        everything += [dict(r, counted=True) for runs in counted.values() for r in runs]
         pathlib.Path(args.json).write_text(
             json.dumps(
                 {
                     "batches": batches,
                     "rounds": rounds,
+                    "count_batches": count_lengths,
+                    "count_rounds": count_rounds,
+                    "counter": counter,
                     "threads": args.threads,
-                    "load_average": [load_before, load_after],
+                    "load_average": load,
                     "versions": versions,
-                    "runs": [r for runs in results.values() for r in runs],
+                    "runs": everything,
                     "verdicts": verdicts,
                     "skipped": skipped,
                 },
                 indent=1,
             )
         )
-    missed = any(v["met"] is False for v in verdicts)
-    return 1 if (args.strict and missed) else 0
+    return 1 if (args.strict and not all_met) else 0
 
 
 if __name__ == "__main__":

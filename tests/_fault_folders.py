@@ -62,7 +62,12 @@ class Data(torch.utils.data.Dataset):
 
 
 class Gate:
-    # Pickled inside a save: holds it (its partial directory on disk) until `release`.
+    # Pickled inside a save: holds it (its partial directory on disk) until `release`. It has
+    # no state, so a background save's snapshot keeps it as it is (the hold happens while the
+    # file is written, not while the state is copied off the trial).
+
+    def __deepcopy__(self, memo):
+        return self
 
     def __reduce__(self):
         pathlib.Path("saving").touch()

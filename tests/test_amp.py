@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 import torch
+from lightning.fabric.plugins import Precision
 
 import lightning_bridge as pytorch
 from tests._amp_trial import make_scaler_trial
@@ -36,10 +37,16 @@ def test_use_amp_without_a_gpu_does_nothing_and_says_so(caplog: pytest.LogCaptur
             context.experimental.use_amp()
             super().__init__(context)
 
+        def train_batch(self, batch: Any, epoch_idx: int, batch_idx: int) -> Any:
+            self.forward_dtype = self.model(batch[0]).dtype
+            return super().train_batch(batch, epoch_idx, batch_idx)
+
     with caplog.at_level(logging.WARNING, logger="lightning_bridge"):
         trial, trainer = fit(Amp, max_length=pytorch.Batch(2))
     assert "no effect without a GPU" in caplog.text
-    assert trainer.lightning_trainer.precision == "32-true"
+    assert trial.forward_dtype == torch.float32
+    # Lightning's full-precision plugin: no autocast, no gradient scaler.
+    assert type(trainer.fabric.strategy.precision) is Precision
 
 
 def test_configure_apex_amp_maps_to_native_amp(caplog: pytest.LogCaptureFixture) -> None:

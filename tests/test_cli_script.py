@@ -61,7 +61,7 @@ def test_script_learns_its_run_like_on_a_cluster(tmp_path: pathlib.Path) -> None
     assert seen["trainer_class"] == "lightning_bridge.translation._trainer"
     assert seen["batches"] == 1
     assert "Last validation metrics" in first.stdout
-    # One log format for the runner and the script's process; no advertising.
+    # One log format for the runner and the script's process (its engine line); no advertising.
     assert "lightning-bridge: INFO: Experiment 1, trial 1: python3 train.py" in first.stderr
     assert "lightning-bridge: INFO: GPU available" in first.stderr
     assert "Tip:" not in first.stdout + first.stderr

@@ -187,3 +187,14 @@ def test_plain_torch_dataloader_needs_opt_out() -> None:
 
     err = _fit_error(PlainLoader)
     assert "disable_dataset_reproducibility_checks" in str(err)
+
+
+def test_trainer_option_of_lightning_trainer_loop_refused() -> None:
+    err = _fit_error(init_kwargs={"trainer_kwargs": {"max_epochs": 3}})
+    assert "'max_epochs'" in str(err) and "TrialModule" in str(err)
+
+
+def test_spawning_strategy_refused() -> None:
+    init = {"strategy": "ddp_spawn", "devices": 2, "accelerator": "cpu"}
+    err = _fit_error(init_kwargs=init)
+    assert "'spawn'" in str(err) and "strategy='ddp'" in str(err) and "torchrun" in str(err)

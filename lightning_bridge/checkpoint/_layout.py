@@ -24,6 +24,7 @@ import torch
 from lightning_bridge._errors import InvalidArgumentError
 from lightning_bridge._version import __version__
 from lightning_bridge.checkpoint._code import CODE_DIR, copy_code
+from lightning_bridge.checkpoint._torch_save import save_state
 from lightning_bridge.checkpoint._writable import tensor_bytes, write_failure
 
 logger = logging.getLogger("lightning_bridge")
@@ -140,15 +141,17 @@ def write_checkpoint(
     load_data: dict[str, Any],
     code_dir: pathlib.Path | None = None,
     code_exclude: tuple[pathlib.Path, ...] = (),
+    storage_id: str | None = None,
 ) -> tuple[pathlib.Path, str]:
-    """Write one checkpoint under `base_dir/<new uuid>` atomically; returns its path and id.
+    """Write one checkpoint under `base_dir/<storage_id>` (a new uuid by default) atomically;
+    returns its path and id.
 
     The files go to `.<uuid>.partial`, are fsynced, and the directory is renamed into place
     before `latest` is moved to it; an interrupted save leaves only the `.partial` directory.
     `code_dir` (the experiment folder) is copied into the checkpoint's `code/` (see `_code`),
     leaving out `base_dir` and `code_exclude`.
     """
-    storage_id = str(uuid_lib.uuid4())
+    storage_id = storage_id or str(uuid_lib.uuid4())
     final = base_dir / storage_id
     tmp = base_dir / f".{storage_id}.partial"
     try:
@@ -157,7 +160,7 @@ def write_checkpoint(
         # Through a Python file, so a failed write raises OSError with its errno (a full disk
         # is ENOSPC), not torch's "unexpected pos" RuntimeError.
         with open(tmp / STATE_FILE, "wb") as state_file:
-            torch.save(payload, state_file)
+            save_state(payload, state_file)
         with open(tmp / "trial_state.pkl", "wb") as f:
             pickle.dump(trial_state, f)
         with open(tmp / "load_data.json", "w") as f:

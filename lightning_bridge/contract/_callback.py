@@ -65,3 +65,15 @@ class PyTorchCallback:
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore what `state_dict` returned."""
+
+
+def overrides(callback: Any, hook: str) -> bool:
+    """Whether `callback`'s class implements `hook` itself (rather than inheriting the no-op
+    of the bridge's or Determined's `PyTorchCallback`)."""
+    for cls in type(callback).__mro__:
+        if hook in vars(cls):
+            base = cls is PyTorchCallback or (
+                cls.__name__ == "PyTorchCallback" and cls.__module__.startswith("determined.")
+            )
+            return not base
+    return False

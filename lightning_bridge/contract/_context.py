@@ -396,7 +396,9 @@ class PyTorchTrialContext:
         scaler: Any = None,
     ) -> None:
         """Step a wrapped optimizer (every `aggregation_frequency` batches), clipping first."""
-        if not any(optimizer is o for o in self.optimizers):
+        # Keyed by id: every wrapped optimizer stays referenced by `self.optimizers`.
+        average = self._average_aggregated.get(id(optimizer))
+        if average is None:
             raise InvalidTrialError(
                 f"step_optimizer() got {type(optimizer).__name__} that was not returned by "
                 "context.wrap_optimizer(); wrap the optimizer in __init__ "
@@ -410,7 +412,7 @@ class PyTorchTrialContext:
             )
         if not self._should_communicate_and_update():
             return
-        divisor = self._aggregation_frequency if self._average_aggregated[id(optimizer)] else 1
+        divisor = self._aggregation_frequency if average else 1
         if scaler is not None:
             # The trial's own scaler (wrap_scaler): step through it, skipping inf/NaN steps.
             prepare_step(optimizer, clip_grads, divisor)

@@ -1,41 +1,44 @@
-"""`TrialBoundaries`: Determined's training schedule as a Lightning callback.
+"""`TrialBoundaries`: Determined's training schedule, checked by the fit loop after each batch.
 
 After every batch it checks the four boundaries in Determined's order (training length,
 validation period, checkpoint period, reporting period). When any is reached the reporting
 window closes, then validation, checkpoint and the stop request are handled in that order;
 when the training length is reached, a final validation and checkpoint run (unless current)
-and Lightning is told to stop. A SIGTERM / SIGINT stop (agreed by every process, see `_stop`)
-comes after the batch's boundaries, so a stopped run has validated and checkpointed exactly
-what an uninterrupted one had at that batch. In a search, the trial also validates at its rung
-lengths and reports each validation to the searcher, whose stop ends the fit like a preemption.
+and the loop is told to stop. The loop calls it at the moments of Lightning's callback hooks of
+the same names (`trainer` is the loop, `pl_module` the trial's `TrialCore`). Checkpoints go
+through the loop's `CheckpointWriter`; one counts (in `checkpoints`, for retention and in the
+run's record) once it is durable; when the fit ends the boundaries wait for the last one, so
+every process learns whether it failed. A SIGTERM / SIGINT stop (agreed by every process, see
+`_stop`) comes after the batch's boundaries, so a stopped run has validated and checkpointed
+exactly what an uninterrupted one had at that batch. In a search, the trial also validates at
+its rung lengths and reports each validation to the searcher, whose stop ends the fit like a
+preemption.
 """
 
 from __future__ import annotations
 
 import enum
+import functools
 import logging
 import pathlib
 import signal
-from typing import Any
-
-import lightning.pytorch as pl
+from typing import TYPE_CHECKING, Any, Protocol
 
 from lightning_bridge._errors import CheckpointWriteError, InvalidArgumentError, TrialRuntimeError
+from lightning_bridge.checkpoint._async import CheckpointWriter
 from lightning_bridge.checkpoint._claim import DirectoryClaim
 from lightning_bridge.checkpoint._layout import EXTRAS_KEY
 from lightning_bridge.checkpoint._retention import CheckpointRetention
 from lightning_bridge.checkpoint._writable import directory_bytes, space_shortfall, write_failure
 from lightning_bridge.contract._units import Batch, Epoch, TrainUnit
-from lightning_bridge.translation._lightning_compat import (
-    disable_scheduled_validation,
-    run_validation,
-)
+from lightning_bridge.translation._core import TrialCore
 from lightning_bridge.translation._metrics import searcher_value
-from lightning_bridge.translation._module import TrialModule
 from lightning_bridge.translation._payload import capture_rng_state, save_checkpoint
-from lightning_bridge.translation._run_record import RunRecord
-from lightning_bridge.translation._search_report import SearchReport
 from lightning_bridge.translation._stop import StopRequest
+
+if TYPE_CHECKING:  # only runs started by the command have them (see `Trainer`)
+    from lightning_bridge.translation._run_record import RunRecord
+    from lightning_bridge.translation._search_report import SearchReport
 
 logger = logging.getLogger("lightning_bridge")
 
@@ -51,7 +54,15 @@ class _Kind(enum.Enum):
     REPORT = "report"
 
 
-class TrialBoundaries(pl.Callback):
+class Loop(Protocol):
+    """What the boundaries need of the loop running the fit."""
+
+    should_stop: bool
+
+    def run_validation(self) -> None: ...
+
+
+class TrialBoundaries:
     """Validation, checkpoints, reporting and stopping at Determined's batch boundaries."""
 
     def __init__(
@@ -70,6 +81,7 @@ class TrialBoundaries(pl.Callback):
         retention: CheckpointRetention | None = None,
         record: RunRecord | None = None,
         search: SearchReport | None = None,
+        writer: CheckpointWriter | None = None,
     ) -> None:
         self._length: TrainUnit = Batch(1) if test_mode else max_length
         self._boundaries = [
@@ -88,6 +100,7 @@ class TrialBoundaries(pl.Callback):
         self._retention = retention
         self._run_record = record
         self._search = search
+        self._writer = writer
         self.search_stopped = False
         self.checkpoints: list[pathlib.Path] = []
         self.stopped_early = False
@@ -98,10 +111,8 @@ class TrialBoundaries(pl.Callback):
 
     # ----- Lightning hooks -----
 
-    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+    def on_train_start(self, trainer: Loop, pl_module: TrialCore) -> None:
         module = self._module(pl_module)
-        module._on_trial_schedule = True
-        disable_scheduled_validation(trainer)
         self._hold_directory(module)
         self.stop.begin()
         if self._run_record is not None and module.is_chief:
@@ -114,8 +125,8 @@ class TrialBoundaries(pl.Callback):
 
     def on_train_batch_end(
         self,
-        trainer: pl.Trainer,
-        pl_module: pl.LightningModule,
+        trainer: Loop,
+        pl_module: TrialCore,
         outputs: Any,
         batch: Any,
         batch_idx: int,
@@ -137,6 +148,7 @@ class TrialBoundaries(pl.Callback):
                 if module.context.get_stop_requested() or self.search_stopped:
                     if not state.checkpoint_is_current:
                         self._checkpoint(module)
+                    self._settle(module)
                     self.stopped_early = True
                     trainer.should_stop = True
                     return
@@ -145,19 +157,17 @@ class TrialBoundaries(pl.Callback):
         elif stop_signal:
             self._preempt(trainer, module, stop_signal)
 
-    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+    def on_train_end(self, trainer: Loop, pl_module: TrialCore) -> None:
         self.stop.end()
         self._claim.release()
 
-    def on_exception(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
-    ) -> None:
+    def on_exception(self, trainer: Loop, pl_module: TrialCore, exception: BaseException) -> None:
         self.stop.end(wait=False)
         self._claim.release()
 
     # ----- the checkpoint directory -----
 
-    def _hold_directory(self, module: TrialModule) -> None:
+    def _hold_directory(self, module: TrialCore) -> None:
         """The chief holds the checkpoint directory for the fit (removing what interrupted
         saves left, unless another run uses it) and checks a checkpoint fits there; every
         process learns the outcome, so all fail together before training."""
@@ -181,24 +191,25 @@ class TrialBoundaries(pl.Callback):
 
     # ----- preemption -----
 
-    def _preempt(self, trainer: pl.Trainer, module: TrialModule, signum: int) -> None:
+    def _preempt(self, trainer: Loop, module: TrialCore, signum: int) -> None:
         """Checkpoint (unless this batch's boundaries just did) and end the fit."""
         self.preempted_by = signal.Signals(signum).name
         if module._window:
             self._report_training(module, module.close_training_window())
         if not module.state.checkpoint_is_current:
             self._checkpoint(module)
+        self._settle(module)
         self.stopped_early = True
         trainer.should_stop = True
 
     # ----- boundary arithmetic -----
 
     @staticmethod
-    def _module(pl_module: pl.LightningModule) -> TrialModule:
-        assert isinstance(pl_module, TrialModule), "TrialBoundaries drives a TrialModule"
+    def _module(pl_module: TrialCore) -> TrialCore:
+        assert isinstance(pl_module, TrialCore), "TrialBoundaries drives a TrialCore"
         return pl_module
 
-    def _remaining(self, module: TrialModule) -> int:
+    def _remaining(self, module: TrialCore) -> int:
         assert isinstance(self._length.value, int)
         done = (
             module.state.batches_trained
@@ -207,7 +218,7 @@ class TrialBoundaries(pl.Callback):
         )
         return self._length.value - done
 
-    def _reached(self, module: TrialModule) -> list[_Kind]:
+    def _reached(self, module: TrialCore) -> list[_Kind]:
         """The boundaries the batch just trained reaches, in Determined's order."""
         batch_idx = module.state.batches_trained - 1
         epoch_idx, in_epoch = divmod(batch_idx, module.epoch_len)
@@ -229,20 +240,21 @@ class TrialBoundaries(pl.Callback):
 
     # ----- actions -----
 
-    def _finish(self, trainer: pl.Trainer, module: TrialModule) -> None:
+    def _finish(self, trainer: Loop, module: TrialCore) -> None:
         if not module.state.validation_is_current:
             self._validate(trainer, module)
         if not module.state.checkpoint_is_current:
             self._checkpoint(module)
+        self._settle(module)
         trainer.should_stop = True
 
-    def _report_training(self, module: TrialModule, averages: dict[str, Any]) -> None:
+    def _report_training(self, module: TrialCore, averages: dict[str, Any]) -> None:
         if self._run_record is not None and module.is_chief:
             state = module.state
             self._run_record.training(state.batches_trained, state.epochs_trained, averages)
 
-    def _validate(self, trainer: pl.Trainer, module: TrialModule) -> None:
-        run_validation(trainer)
+    def _validate(self, trainer: Loop, module: TrialCore) -> None:
+        trainer.run_validation()
         metrics = module.last_validation_metrics or {}
         if self._run_record is not None and module.is_chief:
             state = module.state
@@ -275,8 +287,10 @@ class TrialBoundaries(pl.Callback):
             self._best = value
         return better
 
-    def _checkpoint(self, module: TrialModule, metrics: dict[str, Any] | None = None) -> None:
-        """The chief writes the checkpoint; every process learns its id (or its failure)."""
+    def _checkpoint(self, module: TrialCore, metrics: dict[str, Any] | None = None) -> None:
+        """The chief takes the checkpoint (written in the background by the writer, if any);
+        every process learns its id, or that a write failed (this one, or the one before,
+        which a new save waits for)."""
         storage_id, failure = "", None
         if module.is_chief:
             if metrics is None and module.state.validation_is_current:
@@ -284,12 +298,24 @@ class TrialBoundaries(pl.Callback):
             value = None
             if metrics and self._searcher_metric in metrics:
                 value = float(metrics[self._searcher_metric])
-            entries = None
-            if self._retention is not None:
-                entries = {RETENTION_KEY: [self._retention.history(), value]}
+            # The checkpoint is recorded once durable (training may have gone on by then).
+            progress = (module.state.batches_trained, module.state.epochs_trained)
             try:
-                path, storage_id = save_checkpoint(module, self._checkpoint_dir, entries)
-                self._record(module, path, metrics, value)
+                if self._writer is not None:
+                    # The save before is recorded first: retention's history includes it.
+                    self._writer.wait()
+                entries = None
+                if self._retention is not None:
+                    entries = {RETENTION_KEY: [self._retention.history(), value]}
+                _, storage_id = save_checkpoint(
+                    module,
+                    self._checkpoint_dir,
+                    entries,
+                    self._writer,
+                    on_durable=functools.partial(
+                        self._record, metrics=metrics, value=value, progress=progress
+                    ),
+                )
             except CheckpointWriteError as exc:
                 failure = str(exc)
         else:
@@ -300,20 +326,34 @@ class TrialBoundaries(pl.Callback):
         for cb in module.trial_callbacks.values():
             cb.on_checkpoint_upload_end(uuid=storage_id)
 
+    def _settle(self, module: TrialCore) -> None:
+        """The fit ends: wait for the checkpoint in flight, so every process learns whether it
+        failed (and the directory is held until it is written)."""
+        if self._writer is None:
+            return
+        failure = None
+        if module.is_chief:
+            try:
+                self._writer.wait()
+            except CheckpointWriteError as exc:
+                failure = str(exc)
+        failure = module.context.distributed.broadcast(failure)
+        if failure:
+            raise CheckpointWriteError(failure)
+
     def _record(
         self,
-        module: TrialModule,
         path: pathlib.Path,
         metrics: dict[str, Any] | None,
         value: float | None,
+        progress: tuple[int, int],
     ) -> None:
+        """A checkpoint is complete: list it, record it in the run's record, and apply
+        retention (which may delete older ones only now that a newer one is durable)."""
         self.checkpoints.append(path)
         if self._run_record is not None:
-            state = module.state
             try:
-                self._run_record.checkpoint(
-                    path, path.name, state.batches_trained, state.epochs_trained, metrics
-                )
+                self._run_record.checkpoint(path, path.name, *progress, metrics)
             except OSError as exc:  # moving it into checkpoint storage (a full disk there)
                 where = pathlib.Path(self._run_record.storage.root)
                 raise write_failure(where, exc, directory_bytes(path)) from None

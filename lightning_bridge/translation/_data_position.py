@@ -51,6 +51,10 @@ class PassTracker:
         self.pass_start_rng = torch.random.get_rng_state()
         try:
             first = next(it)
+            if torch.equal(torch.random.get_rng_state(), self.pass_start_rng):
+                # The sampler drew nothing (no shuffling): the pass's order does not depend
+                # on the RNG, so checkpoints need not carry its state.
+                self.pass_start_rng = None
         except StopIteration:
             return
         finally:

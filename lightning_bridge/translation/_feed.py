@@ -2,9 +2,10 @@
 
 `build_trial_data` builds the trial's loaders in Determined's order: the training loader
 repeated, sharded across processes and skipping the batches a continued run already trained
-(with the data position tracked for exact continuation), then the validation loader. Lightning
-gets an `EpochFeed` (one iteration = one trial epoch, drawn from one endless iterator) and,
-for `evaluate_full_dataset` trials, a `FullDatasetPass` of a single placeholder batch.
+(with the data position tracked for exact continuation), then the validation loader. The
+bridge's own loop draws batches from the one endless training iterator; a `lightning.Trainer`
+gets an `EpochFeed` over it (one iteration = one trial epoch) and, for
+`evaluate_full_dataset` trials, a `FullDatasetPass` of a single placeholder batch.
 """
 
 from __future__ import annotations
@@ -57,9 +58,10 @@ class FullDatasetPass:
 
 @dataclasses.dataclass
 class TrialData:
-    """The built loaders: the training feed, the validation loader and the data position."""
+    """The built loaders: the endless training iterator (already past the batches a continued
+    run trained), the validation loader and the data position."""
 
-    feed: EpochFeed
+    iterator: Iterator
     val_loader: Any
     tracker: PassTracker | None
 
@@ -139,6 +141,4 @@ def build_trial_data(
         val_loader, _ = _loader(
             ctx, validation, "build_validation_data_loader", repeat=False, shard=False, skip=0
         )
-    return TrialData(
-        EpochFeed(iter(train), epoch_len, start_batch % epoch_len), val_loader, tracker
-    )
+    return TrialData(iter(train), val_loader, tracker)

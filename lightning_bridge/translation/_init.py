@@ -26,7 +26,6 @@ from lightning_bridge.contract._context import PyTorchTrialContext
 from lightning_bridge.contract._determined_compat import is_determined_object
 from lightning_bridge.contract._distributed import DistributedContext
 from lightning_bridge.translation._engine_check import check_engine
-from lightning_bridge.translation._search_report import end_invalid_hp
 
 
 class Engine:
@@ -110,12 +109,13 @@ def init(
     """Build the `PyTorchTrialContext` a trial is constructed with; use it as a context manager.
 
     The first five arguments are Determined's. The rest configure the Lightning engine:
-    `accelerator`, `devices`, `num_nodes`, `strategy` and `precision` go to `lightning.Trainer`,
-    as does anything in `trainer_kwargs`; `checkpoint_dir` is where checkpoints are written
-    (default: `checkpoint_storage` from `exp_conf`, else `./checkpoints`); `run_dir` holds
-    TensorBoard / CSV logs (default: the working directory); `code_dir` (`lightning-bridge run`
-    sets it to the experiment folder) is copied into every checkpoint's `code/`, so
-    `load_trial_from_checkpoint_path(path)` finds the trial class on another machine.
+    `accelerator`, `devices`, `num_nodes`, `strategy` and `precision` build the fit's
+    `lightning.Fabric`, `trainer_kwargs` the rest of its settings (`_settings`); `checkpoint_dir` is
+    where checkpoints are written (default: `checkpoint_storage` from `exp_conf`, else
+    `./checkpoints`); `run_dir` holds TensorBoard / CSV logs (default: the working directory);
+    `code_dir` (`lightning-bridge run` sets it to the experiment folder) is copied into every
+    checkpoint's `code/`, so `load_trial_from_checkpoint_path(path)` finds the trial class on
+    another machine.
     """
     # Run by `lightning-bridge run`: the runner's config and settings fill the defaults.
     given = _cluster_info.init_defaults(
@@ -195,7 +195,7 @@ def init(
         yield context
     except BaseException as exc:
         # As Determined's: InvalidHP ends the trial (the search replaces it); exit 0.
-        if is_invalid_hp(exc) and end_invalid_hp(exc):
+        if is_invalid_hp(exc) and _end_invalid_hp(exc):
             raise SystemExit(0) from None
         raise
     finally:
@@ -210,3 +210,11 @@ def init(
             and torch.distributed.is_initialized()
         ):
             torch.distributed.destroy_process_group()
+
+
+def _end_invalid_hp(exc: BaseException) -> bool:
+    """`end_invalid_hp`, imported only when a trial raises InvalidHP: the search and record
+    modules (SQLAlchemy, pydantic) stay out of runs that do not need them."""
+    from lightning_bridge.translation._search_report import end_invalid_hp
+
+    return end_invalid_hp(exc)

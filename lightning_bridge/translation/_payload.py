@@ -2,9 +2,9 @@
 
 `trial_payload` gathers the trial's models, optimizers, LR schedulers, callbacks, gradient
 scaler and RNG states (plus the bridge's own entry: the data position and gradients
-accumulated towards a step not yet taken); `apply_payload` puts them back. `save` writes a
-checkpoint through the storage layer and fires the trial callbacks' save hooks in
-Determined's order.
+accumulated towards a step not yet taken); `apply_payload` puts them back. `save_checkpoint`
+writes a checkpoint through the storage layer (in the background when given a
+`CheckpointWriter`) and fires the trial callbacks' save hooks in Determined's order.
 """
 
 from __future__ import annotations
@@ -12,25 +12,27 @@ from __future__ import annotations
 import logging
 import pathlib
 import random
+from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 import numpy as np
 import torch
 
+from lightning_bridge.checkpoint._async import CheckpointWriter
 from lightning_bridge.checkpoint._layout import EXTRAS_KEY, write_checkpoint
 from lightning_bridge.checkpoint._models import check_count, entries, load_models
 from lightning_bridge.checkpoint._state import TrialState
+from lightning_bridge.contract._callback import overrides
 from lightning_bridge.contract._context import PyTorchTrialContext
 
 logger = logging.getLogger("lightning_bridge")
 
 
 class PayloadSource(Protocol):
-    """What the payload functions need of the module driving a trial (`TrialModule`)."""
+    """What the payload functions need of the object driving a trial (`TrialCore`)."""
 
     state: TrialState
     trial_callbacks: dict[str, Any]
-    _trainer: Any
 
     @property
     def context(self) -> PyTorchTrialContext: ...
@@ -40,24 +42,22 @@ class PayloadSource(Protocol):
 
     def data_state(self) -> dict[str, Any]: ...
 
-
-def plugin_scaler(trainer: Any) -> Any:
-    """The gradient scaler of Lightning's precision plugin, if it has one."""
-    plugin = getattr(trainer, "precision_plugin", None) if trainer is not None else None
-    return getattr(plugin, "scaler", None)
+    def gradient_scaler(self) -> Any:
+        """The engine's precision-plugin gradient scaler, if it has one."""
 
 
 # ----- RNG state in a form `torch.load(weights_only=True)` accepts -----
 
 
 def capture_rng_state() -> dict[str, Any]:
-    """Every RNG the training loop draws from; numpy's key is stored as a tensor."""
+    """Every RNG the training loop draws from; numpy's key is stored as a uint32 tensor (its
+    own type, which `np.random.set_state` accepts as is)."""
     np_state: Any = np.random.get_state()
     state: dict[str, Any] = {
         "cpu_rng_state": torch.random.get_rng_state(),
         "np_rng_state": (
             str(np_state[0]),
-            torch.from_numpy(np.asarray(np_state[1], dtype=np.int64)),
+            torch.from_numpy(np.array(np_state[1], dtype=np.uint32)),
             int(np_state[2]),
             int(np_state[3]),
             float(np_state[4]),
@@ -85,7 +85,7 @@ def restore_rng_state(state: dict[str, Any]) -> None:
 
 
 def _scaler(module: PayloadSource) -> Any:
-    return module.context._scaler or plugin_scaler(module._trainer)
+    return module.context._scaler or module.gradient_scaler()
 
 
 def trial_payload(module: PayloadSource) -> dict[str, Any]:
@@ -160,14 +160,30 @@ def apply_payload(module: PayloadSource, payload: dict[str, Any]) -> None:
         _restore_gradients(module, grads)
 
 
+# Hooks promised a complete checkpoint: a trial implementing one waits for its saves.
+WRITTEN_HOOKS = ("on_checkpoint_end", "on_checkpoint_write_end", "on_checkpoint_upload_end")
+
+
+def observes_written_checkpoints(callbacks: Iterable[Any]) -> bool:
+    """Whether a trial callback implements a hook that may read the written checkpoint."""
+    return any(overrides(cb, hook) for cb in callbacks for hook in WRITTEN_HOOKS)
+
+
 def save_checkpoint(
-    module: PayloadSource, base_dir: pathlib.Path, entries: dict[str, Any] | None = None
+    module: PayloadSource,
+    base_dir: pathlib.Path,
+    entries: dict[str, Any] | None = None,
+    writer: CheckpointWriter | None = None,
+    on_durable: Callable[[pathlib.Path], None] | None = None,
 ) -> tuple[pathlib.Path, str]:
-    """Write the trial's checkpoint under `base_dir/<uuid>`; returns its path and id.
+    """Checkpoint the trial under `base_dir/<uuid>`; returns its path and id.
 
     Fires the trial callbacks' save and write hooks in Determined's order (the caller fires
-    `on_checkpoint_upload_end` on every process once the id is shared). `entries` join the
-    bridge's own entry of the payload (the boundaries' retention record).
+    `on_checkpoint_upload_end` on every process once the id is shared) and `on_durable(path)`
+    once the checkpoint is complete. `entries` join the bridge's own entry of the payload (the
+    boundaries' retention record). With a `writer`, the files are written in the background
+    (the caller `start`s it) unless a trial callback implements one of `WRITTEN_HOOKS`: those
+    are promised a complete checkpoint, so the save then completes here, as without a writer.
     """
     state = module.state
     state.last_ckpt = state.batches_trained
@@ -176,22 +192,32 @@ def save_checkpoint(
     # Callbacks see (and may extend) exactly the entries Determined writes; the bridge's own
     # entry is added after them.
     extras = payload.pop(EXTRAS_KEY)
-    for cb in module.trial_callbacks.values():
+    callbacks = list(module.trial_callbacks.values())
+    for cb in callbacks:
         cb.on_checkpoint_save_start(payload)
     payload[EXTRAS_KEY] = {**extras, **(entries or {})}
     ctx = module.context
-    final, storage_id = write_checkpoint(
-        base_dir,
-        payload,
-        state.to_dict(),
-        _load_data(module),
-        code_dir=ctx._code_dir,
+    options: dict[str, Any] = {
+        "code_dir": ctx._code_dir,
         # What the run writes into its folder is output, not code.
-        code_exclude=tuple(ctx._run_dir / d for d in ("tensorboard", "csv_logs", "lightning_logs")),
+        "code_exclude": tuple(
+            ctx._run_dir / d for d in ("tensorboard", "csv_logs", "lightning_logs")
+        ),
+    }
+    if writer is not None and not observes_written_checkpoints(callbacks):
+        return writer.submit(
+            base_dir, payload, state.to_dict(), _load_data(module), on_durable, **options
+        )
+    if writer is not None:
+        writer.wait()  # one save at a time, so `latest` only ever moves forward
+    final, storage_id = write_checkpoint(
+        base_dir, payload, state.to_dict(), _load_data(module), **options
     )
-    for cb in module.trial_callbacks.values():
+    for cb in callbacks:
         cb.on_checkpoint_end(str(final))
         cb.on_checkpoint_write_end(str(final))
+    if on_durable is not None:
+        on_durable(final)
     return final, storage_id
 
 

@@ -1,21 +1,20 @@
-"""The `lightning.Trainer` arguments for a fit, and where its files go.
+"""The settings of a fit (its `lightning.Fabric` and its loop), and where its files go.
 
-The bridge's fixed choices (Determined's schedule is driven by `TrialBoundaries`, so
-Lightning's own validation, checkpointing and samplers are off), the loggers (TensorBoard
-when installed, else CSV), the strategy (DDP that finds unused parameters for several
-models) and the engine settings given to `init()`.
+The engine settings given to `init()` (accelerator, devices, strategy, precision) build the
+fit's `lightning.Fabric`; the strategy is DDP that finds unused parameters for several models.
+`trainer_kwargs` may also set the progress bar, the model summary, the loggers (TensorBoard
+when installed, else CSV, by default) and Lightning's profiler.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import pathlib
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from lightning_bridge._errors import InvalidArgumentError
 from lightning_bridge.contract._context import PyTorchTrialContext
-
-if TYPE_CHECKING:
-    from lightning_bridge.translation._boundaries import TrialBoundaries
 
 
 def checkpoint_dir(context: PyTorchTrialContext, explicit: Any) -> pathlib.Path:
@@ -49,68 +48,118 @@ def _loggers(context: PyTorchTrialContext) -> list[Any]:
 def _strategy(ctx: PyTorchTrialContext, strategy: Any) -> Any:
     """The strategy for a fit: DDP over several wrapped models looks for unused parameters.
 
-    Determined wraps each model in its own DistributedDataParallel; Lightning wraps the whole
-    `TrialModule`, so a trial that steps its models separately (a GAN: the discriminator's loss
-    leaves the generator's parameters without gradients) would stop DDP with "parameters that
-    were not used". With several models, DDP is told to find them, so every backward
-    all-reduces the gradients it produced, as the per-model wrappers did.
+    Determined wraps each model in its own DistributedDataParallel; the bridge wraps the
+    trial's models under one root module, so a trial that steps its models separately (a GAN:
+    the discriminator's loss leaves the generator's parameters without gradients) would stop
+    DDP with "parameters that were not used". With several models, DDP is told to find them,
+    so every backward all-reduces the gradients it produced, as the per-model wrappers did.
     """
     processes = max(ctx._slots or ctx.distributed.size, 1)
     if len(ctx.models) > 1 and processes > 1 and strategy in ("auto", "ddp"):
-        from lightning.pytorch.strategies import DDPStrategy
+        from lightning.fabric.strategies import DDPStrategy
 
         return DDPStrategy(find_unused_parameters=True)
     return strategy
 
 
-def lightning_settings(
-    ctx: PyTorchTrialContext,
-    boundaries: TrialBoundaries,
-    *,
-    test_mode: bool,
-    resuming: bool,
-    profiling_enabled: bool,
-) -> dict[str, Any]:
-    """The `lightning.Trainer` arguments for a fit: the bridge's fixed choices (Determined's
-    schedule is driven by `boundaries`), then the engine settings given to `init()`."""
-    engine: Any = getattr(ctx, "_engine", None)
-    kwargs: dict[str, Any] = {
-        "accelerator": engine.accelerator if engine else "auto",
-        "devices": (engine.devices if engine and engine.devices is not None else 1),
-        "num_nodes": engine.num_nodes if engine else 1,
-        "strategy": _strategy(ctx, engine.strategy if engine else "auto"),
-        "max_epochs": -1,
-        "max_steps": -1,
-        "num_sanity_val_steps": 0,
-        "enable_checkpointing": False,
-        "use_distributed_sampler": False,
-        "inference_mode": False,
-        "enable_model_summary": False,
-        "logger": _loggers(ctx) if ctx.get_enable_tensorboard_logging() else False,
-        "default_root_dir": str(ctx._run_dir),
-        "callbacks": [boundaries],
-    }
-    if engine and engine.precision is not None:
-        kwargs["precision"] = engine.precision
-    elif ctx.experimental._auto_amp:
-        kwargs["precision"] = "16-mixed"
-    if test_mode:
-        kwargs["limit_val_batches"] = 1
-    if resuming:
-        # A run continued mid-epoch first trains a short epoch; re-reading the training
-        # data's length every epoch lets Lightning's epochs stay aligned with the trial's.
-        kwargs["reload_dataloaders_every_n_epochs"] = 1
+# `trainer_kwargs` keys with a meaning for the bridge's loop (other lightning.Trainer options
+# configure the Trainer's own loop, which a trial's fit does not run on).
+ENGINE_KEYS = ("accelerator", "devices", "num_nodes", "strategy", "precision", "plugins")
+LOOP_KEYS = ("enable_progress_bar", "enable_model_summary", "logger", "profiler")
+
+
+@dataclasses.dataclass
+class FitSettings:
+    """How a fit runs: the `lightning.Fabric` arguments and the loop's options."""
+
+    fabric: dict[str, Any]
+    loggers: list[Any]
+    progress_bar: bool
+    model_summary: bool
+    profiler: Any
+
+
+def _trainer_kwargs(engine: Any) -> dict[str, Any]:
+    extra = dict(engine.trainer_kwargs) if engine else {}
+    unknown = sorted(set(extra) - set(ENGINE_KEYS) - set(LOOP_KEYS))
+    if unknown:
+        raise InvalidArgumentError(
+            f"trainer_kwargs {', '.join(map(repr, unknown))} configure lightning.Trainer's own "
+            "loop, which Trainer.fit does not run on (its loop is the trial's, on "
+            f"lightning.Fabric); supported keys: {', '.join(ENGINE_KEYS + LOOP_KEYS)}. For full "
+            "control of a lightning.Trainer, hand TrialModule(trial, context) to your own."
+        )
+    return extra
+
+
+def _logger_setting(ctx: PyTorchTrialContext, value: Any) -> list[Any]:
+    if value is None or value is True:
+        return _loggers(ctx)
+    if value is False:
+        return []
+    return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+def _profiler(ctx: PyTorchTrialContext, value: Any, profiling_enabled: bool) -> Any:
+    """Lightning's profiler for the fit: `set_profiler`'s PyTorch profiler, a profiler given in
+    `trainer_kwargs`, or the simple one for `profiling_enabled`."""
     if ctx._profiler_kwargs is not None:
         from lightning.pytorch.profilers import PyTorchProfiler
 
-        kwargs["profiler"] = PyTorchProfiler(
-            dirpath=str(ctx.get_tensorboard_path()), **ctx._profiler_kwargs
+        value = PyTorchProfiler(dirpath=str(ctx.get_tensorboard_path()), **ctx._profiler_kwargs)
+    elif value is None and profiling_enabled:
+        value = "simple"
+    if isinstance(value, str):
+        from lightning.pytorch.profilers import (
+            AdvancedProfiler,
+            PassThroughProfiler,
+            PyTorchProfiler,
+            SimpleProfiler,
         )
-    elif profiling_enabled:
-        kwargs["profiler"] = "simple"
-    if engine:
-        extra = dict(engine.trainer_kwargs)
-        callbacks = extra.pop("callbacks", [])
-        kwargs["callbacks"] = [boundaries, *callbacks]
-        kwargs.update(extra)
-    return kwargs
+
+        names = {
+            "simple": SimpleProfiler,
+            "advanced": AdvancedProfiler,
+            "pytorch": PyTorchProfiler,
+            "passthrough": PassThroughProfiler,
+        }
+        if value not in names:
+            raise InvalidArgumentError(
+                f"profiler={value!r} is not one of Lightning's profilers: {', '.join(names)}."
+            )
+        value = names[value]()
+    if value is not None:
+        value.setup(stage="fit", local_rank=ctx.distributed.local_rank, log_dir=str(ctx._run_dir))
+    return value
+
+
+def fit_settings(
+    ctx: PyTorchTrialContext, *, test_mode: bool, profiling_enabled: bool
+) -> FitSettings:
+    """The settings of a fit: the engine settings given to `init()` (and its
+    `trainer_kwargs`), the loggers (TensorBoard when installed, else CSV), the progress bar,
+    the model summary and the profiler."""
+    engine: Any = getattr(ctx, "_engine", None)
+    extra = _trainer_kwargs(engine)
+    fabric: dict[str, Any] = {
+        "accelerator": engine.accelerator if engine else "auto",
+        "devices": (engine.devices if engine and engine.devices is not None else 1),
+        "num_nodes": engine.num_nodes if engine else 1,
+        "strategy": engine.strategy if engine else "auto",
+    }
+    if engine and engine.precision is not None:
+        fabric["precision"] = engine.precision
+    elif ctx.experimental._auto_amp:
+        fabric["precision"] = "16-mixed"
+    fabric.update({k: v for k, v in extra.items() if k in ENGINE_KEYS})
+    fabric["strategy"] = _strategy(ctx, fabric["strategy"])
+    loggers: list[Any] = []
+    if ctx.get_enable_tensorboard_logging():
+        loggers = _logger_setting(ctx, extra.get("logger"))
+    return FitSettings(
+        fabric=fabric,
+        loggers=loggers,
+        progress_bar=bool(extra.get("enable_progress_bar", True)),
+        model_summary=bool(extra.get("enable_model_summary", True)),
+        profiler=_profiler(ctx, extra.get("profiler"), profiling_enabled),
+    )

@@ -13,9 +13,9 @@ its own batch times; the same all-reduce agrees on the smallest). Every process 
 values after the same batches, so all stop after the same one, at most about two spacings
 after the signal. A single process reads its own flag after every batch.
 
-Lightning's own SIGTERM handling is kept out of the way (`keep_signal_handlers`): its handler
-broadcasts from inside the signal handler, which pairs with whatever collective the other
-processes are in.
+The fit runs on `lightning.Fabric`, which installs no signal handler of its own (unlike
+`lightning.Trainer`, whose SIGTERM handler broadcasts from inside the handler, pairing with
+whatever collective the other processes are in).
 """
 
 from __future__ import annotations

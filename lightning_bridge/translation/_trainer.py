@@ -1,8 +1,9 @@
-"""`Trainer`: the Trainer API's fit, running on a `lightning.Trainer`.
+"""`Trainer`: the Trainer API's fit, running the trial's loop on `lightning.Fabric`.
 
-`Trainer(trial, context).fit(...)` (the context from `init()`) checks the arguments, wraps the
-trial in a `TrialModule`, adds the `TrialBoundaries` callback for Determined's schedule and
-runs Lightning's fit loop.
+`Trainer(trial, context).fit(...)` (the context from `init()`) checks the arguments, builds
+the trial's `TrialCore`, `TrialBoundaries` for Determined's schedule and a `lightning.Fabric`
+(launching the processes of a multi-device run), and runs `FitLoop`. A trial that should run
+under a `lightning.Trainer` instead is handed to one as a `TrialModule`.
 """
 
 from __future__ import annotations
@@ -13,10 +14,11 @@ import sys
 import warnings
 from typing import Any
 
-import lightning.pytorch as pl
+import lightning as L
 
 from lightning_bridge import _logging
 from lightning_bridge._errors import BridgeError, InvalidArgumentError, TrialTypeError
+from lightning_bridge.checkpoint._async import CheckpointWriter
 from lightning_bridge.checkpoint._layout import resolve_checkpoint
 from lightning_bridge.checkpoint._retention import CheckpointRetention
 from lightning_bridge.checkpoint._safe_load import read_checkpoint
@@ -25,33 +27,27 @@ from lightning_bridge.contract import _cluster_info
 from lightning_bridge.contract._context import PyTorchTrialContext
 from lightning_bridge.contract._units import Batch, TrainUnit, check_length, check_period
 from lightning_bridge.translation._boundaries import TrialBoundaries
-from lightning_bridge.translation._lightning_compat import keep_signal_handlers
-from lightning_bridge.translation._module import TrialModule
+from lightning_bridge.translation._core import TrialCore
+from lightning_bridge.translation._fabric_engine import FabricEngine
+from lightning_bridge.translation._fit_loop import FitLoop, model_summary
 from lightning_bridge.translation._resume import starts_new_run
-from lightning_bridge.translation._run_record import RunRecord
-from lightning_bridge.translation._search_report import SearchReport
-from lightning_bridge.translation._settings import checkpoint_dir, lightning_settings
+from lightning_bridge.translation._settings import checkpoint_dir, fit_settings
 
 logger = logging.getLogger("lightning_bridge")
 
 CHECKPOINT_POLICIES = ("best", "all", "none")
 TRUST_HINT = "fit(..., trust_checkpoint=True) (lightning-bridge run --trust-checkpoint)"
 
-# Lightning warnings about choices the bridge makes on the user's behalf (the trial fetches its
-# own batches; metrics are reported at Determined's boundaries, not Lightning's logging
-# interval). They say nothing actionable to a trial's author, so fits run without them.
+# Lightning warnings about choices the bridge makes on the user's behalf. They say nothing
+# actionable to a trial's author, so fits run without them.
 _ENGINE_WARNINGS = (
-    r".*`dataloader_iter` step flavor.*",
-    r".*Found `dataloader_iter` argument.*",
-    r".*smaller than the logging interval.*",
-    r".*It is recommended to use `self.log\(.*sync_dist=True.*",
     # Lightning 2.6 on recent torch: its own use of a deprecated torch pytree API.
     r".*isinstance\(treespec, LeafSpec\).*",
 )
 
 
 class Trainer:
-    """Trains a `PyTorchTrial` with Determined's schedule on a `lightning.Trainer`."""
+    """Trains a `PyTorchTrial` with Determined's schedule, its loop on `lightning.Fabric`."""
 
     def __init__(self, trial: Any, context: PyTorchTrialContext) -> None:
         if not isinstance(context, PyTorchTrialContext):
@@ -61,7 +57,8 @@ class Trainer:
             )
         self._trial = trial
         self._context = context
-        self.lightning_trainer: pl.Trainer | None = None
+        # The `lightning.Fabric` of the latest fit (its strategy and precision plugin).
+        self.fabric: L.Fabric | None = None
         self.checkpoints: list[pathlib.Path] = []
         # The metrics of the last validation of the latest fit (None before one ran).
         self.last_validation_metrics: dict[str, Any] | None = None
@@ -163,9 +160,7 @@ class Trainer:
         check_writable(ckpt_dir)
         if latest_checkpoint is not None:
             latest_checkpoint = str(resolve_checkpoint(latest_checkpoint, ckpt_dir))
-        module = TrialModule(
-            self._trial, ctx, test_mode=test_mode, latest_checkpoint=latest_checkpoint
-        )
+        core = TrialCore(self._trial, ctx, test_mode=test_mode, latest_checkpoint=latest_checkpoint)
         payload: dict[str, Any] = {}
         warm = False
         if latest_checkpoint is not None:
@@ -173,14 +168,14 @@ class Trainer:
                 latest_checkpoint, trusted=trust_checkpoint, trust_hint=TRUST_HINT
             )
             warm = starts_new_run(state, ctx.get_trial_id(), warm_start, latest_checkpoint)
-            module.resume_from(payload, state, warm_start=warm)
-        record = RunRecord.from_runner(ctx._exp_conf, ckpt_dir)
-        search = None if test_mode else SearchReport.from_runner()
+            core.resume_from(payload, state, warm_start=warm)
+        record, search = _runner_reports(ctx, ckpt_dir, test_mode)
         retention = (
             record.retention()
-            if record is not None and module.is_chief
+            if record is not None and core.is_chief
             else CheckpointRetention.from_config(ctx._exp_conf)
         )
+        writer = CheckpointWriter()
         boundaries = TrialBoundaries(
             max_length=length,
             validation_period=validation,
@@ -195,45 +190,58 @@ class Trainer:
             retention=retention,
             record=record,
             search=search,
+            writer=writer,
         )
         if latest_checkpoint is not None and record is None and not warm:
             # A run continued outside the command: retention covers the checkpoints the run
             # it continues kept (the command's record knows them itself).
             boundaries.continue_retention(pathlib.Path(latest_checkpoint), payload)
         _logging.adopt_lightning()
-        trainer = pl.Trainer(
-            **lightning_settings(
-                ctx,
-                boundaries,
-                test_mode=test_mode,
-                resuming=latest_checkpoint is not None,
-                profiling_enabled=profiling_enabled,
-            )
-        )
-        self.lightning_trainer = trainer
-        keep_signal_handlers(trainer)
+        settings = fit_settings(ctx, test_mode=test_mode, profiling_enabled=profiling_enabled)
+        fabric = L.Fabric(**settings.fabric)
+        _check_launcher(fabric)
+        self.fabric = fabric
+        status = "failed"
         boundaries.stop.install()
         try:
             with warnings.catch_warnings():
                 for pattern in _ENGINE_WARNINGS:
                     warnings.filterwarnings("ignore", message=pattern)
-                trainer.fit(module)
+                fabric.launch()
+                if core.is_chief:
+                    _log_engine(fabric)
+                fit_engine = FabricEngine(fabric, ctx, settings.loggers)
+                core.attach(fit_engine)
+                if settings.model_summary and core.is_chief:
+                    print(model_summary(ctx.models), flush=True)
+                loop = FitLoop(
+                    core,
+                    fit_engine,
+                    boundaries,
+                    writer=writer,
+                    progress_bar=settings.progress_bar,
+                    profiler=settings.profiler,
+                    length=Batch(1) if test_mode else length,
+                )
+                loop.run()
+            status = "success"
             if boundaries.search_stopped:
                 # The searcher stopped it at the rung its signal came at: it is done.
                 boundaries.preempted_by = None
-            if record is not None and module.is_chief:
+            if record is not None and core.is_chief:
                 record.ended(boundaries.preempted_by)
-            if search is not None and module.is_chief:
+            if search is not None and core.is_chief:
                 search.ended(boundaries.preempted_by is not None, boundaries.stopped_early)
         except BaseException as exc:
-            if search is not None and module.is_chief:
+            if search is not None and core.is_chief:
                 search.failed(exc)
             raise
         finally:
             boundaries.stop.restore()
-            module.shutdown()
+            core.shutdown()
+            _close(settings, status)
             self.checkpoints = list(boundaries.checkpoints)
-            self.last_validation_metrics = module.last_validation_metrics
+            self.last_validation_metrics = core.last_validation_metrics
             if record is not None:
                 record.close()
             if search is not None:
@@ -248,10 +256,61 @@ class Trainer:
                 if boundaries.checkpoints:
                     where = record.storage.url(boundaries.checkpoints[-1].name)
                 how = f"Continue with: {record.continue_command}"
-            if module.is_chief:
+            if core.is_chief:
                 print(
                     f"Stopped by {boundaries.preempted_by} after batch "
-                    f"{module.state.batches_trained}; checkpoint {where}. {how}",
+                    f"{core.state.batches_trained}; checkpoint {where}. {how}",
                     flush=True,
                 )
             raise SystemExit(0)
+
+
+def _log_engine(fabric: L.Fabric) -> None:
+    """One line on the engine, in place of the device lines `lightning.Trainer` logs."""
+    import torch
+
+    processes = fabric.world_size
+    logger.info(
+        "GPU available: %s, used: %s (lightning.Fabric, %s, %s, %d process%s)",
+        torch.cuda.is_available(),
+        fabric.device.type == "cuda",
+        type(fabric.strategy).__name__,
+        type(fabric.strategy.precision).__name__,
+        processes,
+        "" if processes == 1 else "es",
+    )
+
+
+def _runner_reports(
+    ctx: PyTorchTrialContext, ckpt_dir: pathlib.Path, test_mode: bool
+) -> tuple[Any, Any]:
+    """The run's record and its search report when `lightning-bridge run` started the fit
+    (None, None otherwise: their modules, with SQLAlchemy and pydantic, are not even loaded)."""
+    if _cluster_info.runner_run() is None:
+        return None, None
+    from lightning_bridge.translation._run_record import RunRecord
+    from lightning_bridge.translation._search_report import SearchReport
+
+    record = RunRecord.from_runner(ctx._exp_conf, ckpt_dir)
+    return record, None if test_mode else SearchReport.from_runner()
+
+
+def _check_launcher(fabric: L.Fabric) -> None:
+    """Processes started by multiprocessing (`ddp_spawn`, `ddp_fork`, `ddp_notebook`) would
+    each train a copy of the trial, leaving the caller's untrained: refuse them."""
+    launcher = getattr(fabric.strategy, "launcher", None)
+    if launcher is not None and type(launcher).__name__ == "_MultiProcessingLauncher":
+        raise InvalidArgumentError(
+            f"strategy {type(fabric.strategy).__name__} with start method "
+            f"{getattr(launcher, '_start_method', '?')!r} starts processes that would each train "
+            "a copy of the trial; use strategy='ddp' (each process runs the script, as "
+            "Determined's launcher does) or launch the script with torchrun."
+        )
+
+
+def _close(settings: Any, status: str) -> None:
+    """Flush and close the fit's loggers, and write the profiler's report."""
+    for fit_logger in settings.loggers:
+        fit_logger.finalize(status)
+    if settings.profiler is not None:
+        settings.profiler.describe()

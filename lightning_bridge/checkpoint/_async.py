@@ -1,0 +1,164 @@
+"""`CheckpointWriter`: checkpoints written in a background thread, one at a time.
+
+Saving has a fast part that must happen while training is paused (collecting the state dicts
+and, when training goes on, copying their tensors off the live model) and a slow part that
+need not (serializing, writing, fsync, the atomic rename, moving `latest`). The writer takes
+the slow part off the training path, as Lightning's `AsyncCheckpointIO` and torch's
+asynchronous distributed checkpointing do, and keeps the layout's promise: `write_checkpoint`
+still makes the directory durable before it is renamed into place and `latest` names it, so a
+kill at any moment leaves at most a `.partial` directory.
+
+A save is `submit`ted, then `start`ed: with `copy=True` when training continues (the thread
+writes a snapshot, see `_snapshot`), with `copy=False` when nothing will change the tensors
+before the write is done (the end of a fit, a preemption). At most one save is in flight:
+`submit` waits for the previous one. `wait()` blocks until the write is durable and runs the
+save's `on_durable` callbacks on the calling thread; an error in the thread is raised there
+(or by `poll()`, which finishes a save that is already done without blocking). The thread is
+not a daemon, so even an interpreter that exits early lets a started write finish.
+"""
+
+from __future__ import annotations
+
+import logging
+import pathlib
+import threading
+import uuid as uuid_lib
+from collections.abc import Callable
+from typing import Any
+
+from lightning_bridge._errors import BridgeError
+from lightning_bridge.checkpoint._layout import write_checkpoint
+from lightning_bridge.checkpoint._snapshot import Snapshotter
+
+logger = logging.getLogger("lightning_bridge")
+
+
+class _Save:
+    """One submitted save: what to write, and how it ended."""
+
+    def __init__(
+        self,
+        base_dir: pathlib.Path,
+        payload: dict[str, Any],
+        trial_state: dict[str, int],
+        load_data: dict[str, Any],
+        storage_id: str,
+        on_durable: list[Callable[[pathlib.Path], None]],
+        options: dict[str, Any],
+    ) -> None:
+        self.base_dir = base_dir
+        self.payload: dict[str, Any] | None = payload
+        self.trial_state = trial_state
+        self.load_data = load_data
+        self.storage_id = storage_id
+        self.path = base_dir / storage_id
+        self.on_durable = on_durable
+        self.options = options  # further arguments of `write_checkpoint`
+        self.error: BaseException | None = None
+        self.done = threading.Event()
+        self.thread: threading.Thread | None = None
+
+    def run(self) -> None:
+        try:
+            payload, self.payload = self.payload, None
+            assert payload is not None
+            write_checkpoint(
+                self.base_dir,
+                payload,
+                self.trial_state,
+                self.load_data,
+                storage_id=self.storage_id,
+                **self.options,
+            )
+        except BaseException as exc:  # re-raised on the training thread
+            self.error = exc
+        finally:
+            self.done.set()
+
+
+class CheckpointWriter:
+    """Writes submitted checkpoints in a background thread, one at a time (see module doc)."""
+
+    def __init__(self) -> None:
+        self._save: _Save | None = None
+        self._snapshots = Snapshotter()
+
+    @property
+    def busy(self) -> bool:
+        """Whether a save is submitted and not yet finished by `wait` / `poll`."""
+        return self._save is not None
+
+    @property
+    def queued(self) -> bool:
+        """Whether a submitted save waits for `start`."""
+        return self._save is not None and self._save.thread is None
+
+    def submit(
+        self,
+        base_dir: pathlib.Path,
+        payload: dict[str, Any],
+        trial_state: dict[str, int],
+        load_data: dict[str, Any],
+        on_durable: Callable[[pathlib.Path], None] | None = None,
+        **options: Any,
+    ) -> tuple[pathlib.Path, str]:
+        """Queue a checkpoint (after the previous one is durable); returns its future path and
+        id. `start` begins the write; `on_durable(path)` runs once it is complete; `options` go
+        to `write_checkpoint` (the code folder to copy)."""
+        self.wait()
+        storage_id = str(uuid_lib.uuid4())
+        callbacks = [] if on_durable is None else [on_durable]
+        self._save = _Save(
+            base_dir, payload, trial_state, load_data, storage_id, callbacks, options
+        )
+        return self._save.path, storage_id
+
+    def on_durable(self, callback: Callable[[pathlib.Path], None]) -> None:
+        """Also run `callback(path)` when the save in flight is durable."""
+        assert self._save is not None, "no save in flight"
+        self._save.on_durable.append(callback)
+
+    def start(self, copy: bool) -> None:
+        """Begin writing the queued save; `copy` snapshots its tensors first (see module doc)."""
+        save = self._save
+        if save is None or save.thread is not None:
+            return
+        if copy:
+            save.payload = self._snapshots.copy(save.payload)
+        save.thread = threading.Thread(
+            target=save.run, name=f"checkpoint-{save.storage_id[:8]}", daemon=False
+        )
+        save.thread.start()
+
+    def poll(self) -> None:
+        """Finish the save in flight if its write is done (runs callbacks, raises its error)."""
+        save = self._save
+        if save is not None and save.done.is_set():
+            self._finish(save)
+
+    def wait(self) -> None:
+        """Write the save in flight (uncopied, if it was not started) and block until it is
+        durable; runs its callbacks, raises its error."""
+        save = self._save
+        if save is None:
+            return
+        self.start(copy=False)
+        assert save.thread is not None
+        save.thread.join()
+        self._finish(save)
+
+    def close(self) -> None:
+        """Wait for the save in flight, then free the snapshots' memory (the end of a fit)."""
+        try:
+            self.wait()
+        finally:
+            self._snapshots.release()
+
+    def _finish(self, save: _Save) -> None:
+        self._save = None
+        if save.error is not None:
+            if not isinstance(save.error, BridgeError):  # those name the path already
+                save.error.add_note(f"(while writing checkpoint {save.path} in the background)")
+            raise save.error
+        for callback in save.on_durable:
+            callback(save.path)

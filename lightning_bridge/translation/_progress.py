@@ -1,0 +1,56 @@
+"""`ProgressBar`: the fit's progress on a tqdm bar, refreshed at a rate, not every batch.
+
+Drawing a bar costs more than a small model's training step, so the loop touches the bar only
+every `stride` batches, with the stride re-estimated from the measured batch rate so that the
+bar moves about every `interval` seconds (Lightning's progress bar offers the same through its
+`refresh_rate`). The bar shows batches trained out of the fit's length and the latest
+reported window averages and validation metrics.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any
+
+from tqdm.auto import tqdm
+
+
+class ProgressBar:
+    """Batches trained, refreshed about every `interval` seconds (see the module docstring)."""
+
+    def __init__(self, total: int | None, initial: int, interval: float = 0.5) -> None:
+        self._bar: Any = tqdm(
+            total=total,
+            initial=initial,
+            desc="Training",
+            unit="batch",
+            dynamic_ncols=True,
+            file=sys.stderr,
+            smoothing=0,
+        )
+        self._interval = interval
+        self._metrics: dict[str, str] = {}
+        self._shown = initial
+        self._at = time.monotonic()
+        self.next_at = initial + 1  # the batch count at which the loop calls `advance` next
+
+    def advance(self, batches_trained: int) -> None:
+        """Move the bar to `batches_trained` and pick the next batch count to refresh at."""
+        now = time.monotonic()
+        done = batches_trained - self._shown
+        if done > 0:
+            self._bar.update(done)
+        rate = done / max(now - self._at, 1e-6)
+        self._shown, self._at = batches_trained, now
+        self.next_at = batches_trained + max(1, int(rate * self._interval))
+
+    def show(self, metrics: dict[str, float]) -> None:
+        """Show the latest reported metrics beside the bar."""
+        if metrics:
+            self._metrics.update({k: f"{v:.4g}" for k, v in metrics.items()})
+            self._bar.set_postfix(self._metrics, refresh=False)
+
+    def close(self, batches_trained: int) -> None:
+        self.advance(batches_trained)
+        self._bar.close()
