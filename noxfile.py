@@ -137,6 +137,11 @@ def _test_files() -> list[Path]:
     return sorted({*tests.rglob("test_*.py"), *tests.rglob("*_test.py")})
 
 
+# One pytest worker per core; a module's tests stay on one worker, so an expensive
+# module-scoped run is made once.
+XDIST = ["-n", "auto", "--dist", "loadscope"]
+
+
 def _pytest(
     session: nox.Session, args: Iterable[str], env: dict[str, str], allow_empty: str | None
 ) -> None:
@@ -162,10 +167,7 @@ def _tests(session: nox.Session, lightning: str) -> None:
     marks = "not interop and not examples and not postgres"
     if lightning != LATEST_LIGHTNING:
         marks += " and not search and not processes"
-    # One pytest worker per core; a module's tests stay on one worker, so an expensive
-    # module-scoped run is made once.
-    xdist = ["-n", "auto", "--dist", "loadscope"]
-    _pytest(session, ["-m", marks, "-q", *xdist], _data_home(session), allow_empty)
+    _pytest(session, ["-m", marks, "-q", *XDIST], _data_home(session), allow_empty)
 
 
 def _register_tests(lightning: str) -> None:
@@ -239,7 +241,7 @@ def interop(session: nox.Session) -> None:
         conftests = (ROOT / "tests").rglob("conftest.py")
         mentioned = any("interop" in p.read_text(encoding="utf-8") for p in conftests)
     allow_empty = None if mentioned else "no test file uses the interop marker yet"
-    _pytest(session, ["-m", "interop", "-q"], _data_home(session), allow_empty)
+    _pytest(session, ["-m", "interop", "-q", *XDIST], _data_home(session), allow_empty)
 
 
 # Examples convention: each example is a folder examples/<name>/ holding a const.yaml (the
