@@ -23,6 +23,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
 from lightning_bridge._errors import InvalidArgumentError
+from lightning_bridge._process import pid_alive
 from lightning_bridge.record._schema import (
     SCHEMA_VERSION,
     Base,
@@ -80,16 +81,6 @@ def plain_metrics(values: dict[str, Any]) -> dict[str, Any]:
             number = float(value)  # type: ignore[arg-type]
             out[str(key)] = int(number) if isinstance(value, numbers.Integral) else number
     return out
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class Registry:
@@ -401,7 +392,7 @@ class Registry:
                 select(TrialRow).where(TrialRow.state == TrialState.ACTIVE.value)
             )
             for row in rows:
-                if row.host == host and row.pid is not None and not _pid_alive(row.pid):
+                if row.host == host and row.pid is not None and not pid_alive(row.pid):
                     row.state = TrialState.ERROR.value
                     row.end_time = row.end_time or time.time()
                     row.message = f"its process ({row.pid}) ended without recording an end"

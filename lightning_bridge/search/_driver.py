@@ -22,6 +22,7 @@ import time
 from typing import Any
 
 from lightning_bridge._errors import InvalidArgumentError
+from lightning_bridge._process import pid_alive
 from lightning_bridge.search._methods import Create, Record, method_for, signed
 from lightning_bridge.search._optuna_view import params_and_distributions
 from lightning_bridge.search._space import parse_space, trial_draw
@@ -349,7 +350,7 @@ class SearchDriver:
                 attrs = trial.system_attrs
                 worker = str(attrs.get(_WORKER, {}).get("worker", ""))
                 name, _, pid = worker.rpartition(":")
-                if _TRIAL in attrs and name == host and pid.isdigit() and not _alive(int(pid)):
+                if _TRIAL in attrs and name == host and pid.isdigit() and not pid_alive(int(pid)):
                     self._requeue(trial._trial_id)
                     numbers.append(attrs[_TRIAL]["request"])
         return numbers
@@ -410,13 +411,3 @@ class SearchDriver:
     def close(self) -> None:
         """Release the storage's lock handle (the storage itself needs no closing)."""
         self._lock.close()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
