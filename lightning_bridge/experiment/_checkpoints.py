@@ -77,6 +77,21 @@ def _reached(plan: Plan, checkpoint: Checkpoint) -> bool:
     return isinstance(length.value, int) and done >= length.value
 
 
+def named_checkpoint(registry: Registry, value: str, unknown: str, incomplete: str) -> Source:
+    """The checkpoint `value` names: a complete checkpoint of the workspace by id, else a
+    checkpoint directory. `unknown` is the error when it is neither; `incomplete` (with
+    `{state}`) when the id names a checkpoint that never completed."""
+    known = registry.checkpoint(value)
+    if known is None:
+        path = pathlib.Path(value).expanduser()
+        if path.is_dir():
+            return Source(str(path.resolve()), directory=path.resolve())
+        raise InvalidArgumentError(unknown)
+    if known.state != CheckpointState.COMPLETED.value:
+        raise InvalidArgumentError(incomplete.replace("{state}", known.state.lower()))
+    return Source(known.uuid, checkpoint=known)
+
+
 def resolve_resume(registry: Registry, value: str, plan: Plan, config_path: pathlib.Path) -> Source:
     """The checkpoint `run --resume VALUE` continues from (not fetched yet)."""
     where = registry.workspace.root
@@ -97,22 +112,18 @@ def resolve_resume(registry: Registry, value: str, plan: Plan, config_path: path
             )
         checkpoint = found
     else:
-        known = registry.checkpoint(value)
-        if known is None:
-            path = pathlib.Path(value).expanduser()
-            if path.is_dir():
-                return Source(str(path.resolve()), directory=path.resolve())
-            raise InvalidArgumentError(
-                f"--resume {value}: not a checkpoint directory, nor a checkpoint id in the "
-                f"workspace {where}, nor 'latest'; `lightning-bridge checkpoint list` shows "
-                "the checkpoints."
-            )
-        if known.state != CheckpointState.COMPLETED.value:
-            raise InvalidArgumentError(
-                f"--resume {value}: that checkpoint is {known.state.lower()}, not complete; "
-                "choose another (lightning-bridge checkpoint list)."
-            )
-        checkpoint = known
+        named = named_checkpoint(
+            registry,
+            value,
+            unknown=f"--resume {value}: not a checkpoint directory, nor a checkpoint id in the "
+            f"workspace {where}, nor 'latest'; `lightning-bridge checkpoint list` shows "
+            "the checkpoints.",
+            incomplete=f"--resume {value}: that checkpoint is {{state}}, not complete; "
+            "choose another (lightning-bridge checkpoint list).",
+        )
+        if named.checkpoint is None:
+            return named
+        checkpoint = named.checkpoint
     trial = registry.trial(checkpoint.trial_id)
     newest = registry.latest_checkpoint(trial.id)
     if (

@@ -9,13 +9,11 @@ start: it continues the checkpoint it names (`_checkpoints.resolve_resume`).
 
 from __future__ import annotations
 
-import pathlib
 from typing import Any
 
 from lightning_bridge._errors import InvalidArgumentError
-from lightning_bridge.experiment._checkpoints import Source
+from lightning_bridge.experiment._checkpoints import Source, named_checkpoint
 from lightning_bridge.record._registry import Registry
-from lightning_bridge.record._schema import CheckpointState
 
 
 def warm_start_source(registry: Registry, searcher: dict[str, Any]) -> Source | None:
@@ -23,22 +21,15 @@ def warm_start_source(registry: Registry, searcher: dict[str, Any]) -> Source | 
     where = registry.workspace.root
     uuid = searcher.get("source_checkpoint_uuid")
     if uuid is not None:
-        known = registry.checkpoint(str(uuid))
-        if known is None:
-            path = pathlib.Path(str(uuid)).expanduser()
-            if path.is_dir():
-                return Source(str(path.resolve()), directory=path.resolve())
-            raise InvalidArgumentError(
-                f"searcher.source_checkpoint_uuid: {uuid!r} is not a checkpoint id in the "
-                f"workspace {where} (nor a checkpoint directory); `lightning-bridge checkpoint "
-                "list` shows the checkpoints."
-            )
-        if known.state != CheckpointState.COMPLETED.value:
-            raise InvalidArgumentError(
-                f"searcher.source_checkpoint_uuid: checkpoint {uuid} is {known.state.lower()}, "
-                "not complete; name another (lightning-bridge checkpoint list)."
-            )
-        return Source(known.uuid, checkpoint=known)
+        return named_checkpoint(
+            registry,
+            str(uuid),
+            unknown=f"searcher.source_checkpoint_uuid: {uuid!r} is not a checkpoint id in the "
+            f"workspace {where} (nor a checkpoint directory); `lightning-bridge checkpoint "
+            "list` shows the checkpoints.",
+            incomplete=f"searcher.source_checkpoint_uuid: checkpoint {uuid} is {{state}}, "
+            "not complete; name another (lightning-bridge checkpoint list).",
+        )
     trial_id = searcher.get("source_trial_id")
     if trial_id is not None:
         newest = registry.latest_checkpoint(int(trial_id))
