@@ -139,6 +139,8 @@ def _test_files() -> list[Path]:
 
 # One pytest worker per core; a module's tests stay on one worker, so an expensive
 # module-scoped run is made once.
+# (Not the interop session: its tests map `determined` onto the bridge or load the real one
+# in the same process, so they run in one worker, in file order.)
 XDIST = ["-n", "auto", "--dist", "loadscope"]
 
 
@@ -241,7 +243,7 @@ def interop(session: nox.Session) -> None:
         conftests = (ROOT / "tests").rglob("conftest.py")
         mentioned = any("interop" in p.read_text(encoding="utf-8") for p in conftests)
     allow_empty = None if mentioned else "no test file uses the interop marker yet"
-    _pytest(session, ["-m", "interop", "-q", *XDIST], _data_home(session), allow_empty)
+    _pytest(session, ["-m", "interop", "-q"], _data_home(session), allow_empty)
 
 
 # Examples convention: each example is a folder examples/<name>/ holding a const.yaml (the
