@@ -3,14 +3,17 @@
 ``./test`` runs every session below (it is the project's test command and what CI runs);
 ``./test -s NAME`` runs one, ``./test -l`` lists them. Arguments after ``--`` go to pytest.
 
-torch is installed once, into ``.nox/_shared/``, and every session's virtual environment reads
-it through a ``.pth`` file, so seven sessions cost one torch install (about 750 MB) instead of
-seven. Everything else is installed under a constraints file that pins torch (and lightning
-where the session fixes its version), so no later install can swap either of them out. Virtual
-environments are reused between runs (``nox -R`` skips the installs entirely). Tool versions
-(pytest, ruff, mypy, import-linter, determined, the examples' extras) come from the
-optional-dependency groups in pyproject.toml, so ``pip install -e .[dev]`` gives a developer
-the same tools.
+torch and the packages every session has in common (the package's dependencies other than
+lightning, the test tools, the storage and search back ends, the examples' extras) are
+installed once, into ``.nox/_shared/``, and every session's virtual environment reads them
+through a ``.pth`` file: the sessions cost one install of them (about 1.5 GB) instead of
+seven. A session installs only what is its own (its lightning, determined, mypy, ruff) under a
+constraints file that pins torch (and lightning where the session fixes its version), so no
+later install can swap either of them out. Virtual environments are reused between runs
+(``nox -R`` skips the installs entirely). Tool versions (pytest, ruff, mypy, import-linter,
+determined, the examples' extras) come from the optional-dependency groups in pyproject.toml,
+so ``pip install -e .[dev]`` gives a developer the same tools. pytest keeps the temporary
+folders of failed tests only (``tmp_path_retention_policy`` in pyproject.toml).
 
 Sessions:
 
@@ -34,6 +37,7 @@ batch, DDP) every tests session checks in process or with two ranks.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import pwd
 import shutil
@@ -46,6 +50,8 @@ from pathlib import Path
 
 import nox
 import nox.command
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 nox.needs_version = ">=2024.4.15"
 nox.options.error_on_missing_interpreters = True
@@ -69,28 +75,61 @@ def _extra(name: str) -> list[str]:
     return list(project["optional-dependencies"][name])
 
 
-def _install_torch(session: nox.Session, lightning: str | None = None) -> str:
-    """Make the shared torch install importable in the session; return a constraints file
-    that keeps it (and lightning) pinned.
+# Requirements no session fixes the version of: torch (pinned), the project's dependencies
+# other than lightning, and the tools and back ends the tests and examples use. They are
+# installed once into a shared folder (see _install_shared).
+_PER_SESSION = {"lightning", "pytorch-lightning"}
 
-    torch goes into one folder under ``.nox/_shared`` (installed the first time, marked complete
-    only when pip succeeded) and a ``.pth`` file puts that folder on the session's ``sys.path``,
-    after the session's own site-packages. pip sees it as installed, so the constraints keep
-    every later install from fetching another build; torch's own dependencies are installed
-    into each session as usual.
+
+def _shared_requirements() -> list[str]:
+    """What goes into the shared folder: every requirement of the package, its ``test`` and
+    ``examples`` groups and tensorboard, except lightning (each session fixes its version)."""
+    with open(ROOT / "pyproject.toml", "rb") as f:
+        project = tomllib.load(f)["project"]
+    wanted = [*project["dependencies"], *_extra("test"), *_extra("examples"), "tensorboard"]
+    shared = set()
+    for text in wanted:
+        name = canonicalize_name(Requirement(text).name)
+        if name == "torch":
+            shared.add(f"torch=={TORCH}")
+        elif name not in _PER_SESSION:
+            shared.add(text)
+    return sorted(shared)
+
+
+def _install_shared(session: nox.Session, lightning: str | None = None) -> str:
+    """Make the shared install importable in the session; return a constraints file that keeps
+    torch (and lightning) pinned.
+
+    torch and the requirements every session has in common (_shared_requirements) are
+    installed once into a folder under ``.nox/_shared`` named after what it holds (installed
+    the first time, marked complete only when pip succeeded; any other folder there is
+    removed). A ``.pth`` file puts it on the session's ``sys.path`` after the session's own
+    site-packages, so pip sees those packages as installed: a session's install adds only what
+    is missing (lightning, the session's tools) and, where the session's lightning needs
+    another version of a shared package, installs that version into the session's own
+    site-packages, which comes first. The constraints keep any install from fetching another
+    torch build. Console scripts of the shared folder are not on the session's PATH: run the
+    tools as ``python -m``.
     """
-    target = SHARED / f"torch-{TORCH}-py{PYTHON}"
+    requirements = _shared_requirements()
+    digest = hashlib.sha256("\n".join([PYTHON, *requirements]).encode()).hexdigest()[:12]
+    target = SHARED / f"py{PYTHON}-torch{TORCH}-{digest}"
     if not (target / ".complete").is_file():
-        shutil.rmtree(target, ignore_errors=True)
+        for old in SHARED.glob("*") if SHARED.is_dir() else []:
+            shutil.rmtree(old, ignore_errors=True)
         session.run(
-            "python", "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(target),
-            f"torch=={TORCH}",
+            "python", "-m", "pip", "install", "--quiet", "--no-compile", "--target",
+            str(target), *requirements,
         )  # fmt: skip
-        (target / ".complete").write_text(TORCH + "\n")
+        (target / ".complete").write_text("\n".join(requirements) + "\n")
     purelib = session.run(
         "python", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])", silent=True
     )
-    (Path(str(purelib).strip()) / "_lightning_bridge_shared_torch.pth").write_text(f"{target}\n")
+    site = Path(str(purelib).strip())
+    for stale in site.glob("_lightning_bridge_shared*.pth"):
+        stale.unlink()
+    (site / "_lightning_bridge_shared.pth").write_text(f"{target}\n")
     constraints = Path(session.create_tmp()) / "constraints.txt"
     lines = [f"torch=={TORCH}"]
     if lightning is not None:
@@ -152,12 +191,12 @@ def _pytest(
     if allow_empty is not None:
         session.log(f"{allow_empty}: pytest's exit code 5 (no tests collected) counts as success")
         success.append(5)
-    session.run("pytest", *args, *session.posargs, env=env, success_codes=success)
+    session.run("python", "-m", "pytest", *args, *session.posargs, env=env, success_codes=success)
 
 
 def _tests(session: nox.Session, lightning: str) -> None:
     """Unit and integration tests against one lightning minor version."""
-    constraints = _install_torch(session, lightning)
+    constraints = _install_shared(session, lightning)
     session.install("-c", constraints, f"lightning=={lightning}.*", "torchmetrics", *_extra("test"))
     session.install("-c", constraints, "-e", ".")
     _check_versions(session, lightning)
@@ -205,7 +244,7 @@ def typecheck(session: nox.Session) -> None:
     if not any((ROOT / "lightning_bridge").rglob("*.py")):
         session.log("no Python files in lightning_bridge/ yet: nothing to type-check")
         return
-    constraints = _install_torch(session, LATEST_LIGHTNING)
+    constraints = _install_shared(session, LATEST_LIGHTNING)
     session.install(
         "-c",
         constraints,
@@ -222,7 +261,7 @@ def typecheck(session: nox.Session) -> None:
 @nox.session(python=PYTHON)
 def interop(session: nox.Session) -> None:
     """Tests marked ``interop``: lightning_bridge and determined==0.38.1 side by side."""
-    constraints = _install_torch(session, LATEST_LIGHTNING)
+    constraints = _install_shared(session, LATEST_LIGHTNING)
     session.install(
         "-c",
         constraints,
@@ -289,7 +328,7 @@ def examples(session: nox.Session) -> None:
             "example with '_'."
         )
 
-    constraints = _install_torch(session, LATEST_LIGHTNING)
+    constraints = _install_shared(session, LATEST_LIGHTNING)
     session.install(
         "-c",
         constraints,
@@ -406,7 +445,7 @@ def postgres(session: nox.Session) -> None:
         shutil.rmtree(folder, ignore_errors=True)
         session.skip(f"no PostgreSQL server could be started: {reason}")
     try:
-        constraints = _install_torch(session, LATEST_LIGHTNING)
+        constraints = _install_shared(session, LATEST_LIGHTNING)
         session.install(
             "-c", constraints, f"lightning=={LATEST_LIGHTNING}.*", "torchmetrics", *_extra("test")
         )
