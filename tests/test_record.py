@@ -9,6 +9,7 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
+import threading
 
 import pytest
 
@@ -79,6 +80,38 @@ def test_concurrent_writers_and_a_killed_one(tmp_path: pathlib.Path) -> None:
         (gone,) = registry.reconcile()
         assert registry.trial(gone).state == "ERROR"
         assert "ended without recording an end" in registry.trial(gone).message
+
+
+def test_wal_switch_waits_for_a_lock_sqlite_refuses_at_once(tmp_path: pathlib.Path) -> None:
+    """SQLite can refuse the switch to WAL at once, without its busy timeout (here: a timeout
+    of 0 while another connection holds the file exclusively); the record retries until the
+    lock is gone instead of failing."""
+    from lightning_bridge.record._sqlite import _use_wal
+
+    path = tmp_path / "registry.db"
+    locked, release = threading.Event(), threading.Event()
+
+    def holder() -> None:
+        other = sqlite3.connect(path, isolation_level=None)
+        other.execute("CREATE TABLE t (x)")
+        other.execute("BEGIN EXCLUSIVE")
+        other.execute("INSERT INTO t VALUES (1)")
+        locked.set()
+        release.wait(10)
+        other.execute("COMMIT")
+        other.close()
+
+    thread = threading.Thread(target=holder)
+    thread.start()
+    assert locked.wait(10)
+    impatient = sqlite3.connect(path, timeout=0, isolation_level=None)
+    with pytest.raises(sqlite3.OperationalError, match="locked"):
+        impatient.execute("PRAGMA journal_mode=WAL")  # what SQLite answers while locked
+    threading.Timer(0.3, release.set).start()
+    _use_wal(impatient)
+    thread.join(10)
+    assert impatient.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+    assert impatient.execute("SELECT x FROM t").fetchall() == [(1,)]
 
 
 def test_local_storage_publish_fetch_delete(tmp_path: pathlib.Path) -> None:

@@ -1,9 +1,9 @@
 """`Registry`: the experiment record of one workspace, in SQLite through SQLAlchemy.
 
 Several processes write at once (the runner, each trial's own process, the commands): every
-write is one short `BEGIN IMMEDIATE` transaction on a database in WAL mode with a generous busy
-timeout, so writers queue instead of failing and readers never see half a write. Each commit
-is synced to disk, so what was recorded survives a crash of any process.
+write is one short transaction on the engine of `_sqlite` (WAL mode, a generous busy timeout),
+so writers queue instead of failing and readers never see half a write. Each commit is synced
+to disk, so what was recorded survives a crash of any process.
 """
 
 from __future__ import annotations
@@ -11,15 +11,13 @@ from __future__ import annotations
 import math
 import numbers
 import os
-import pathlib
 import socket
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from sqlalchemy import create_engine, event, select, update
-from sqlalchemy.engine import Engine
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from lightning_bridge._errors import InvalidArgumentError
@@ -35,34 +33,9 @@ from lightning_bridge.record._schema import (
     TrialRow,
     TrialState,
 )
+from lightning_bridge.record._sqlite import sqlite_engine
 from lightning_bridge.record._views import Checkpoint, Experiment, Metric, Trial
 from lightning_bridge.record._workspace import Workspace
-
-BUSY_TIMEOUT_S = 120
-
-
-def _engine(path: pathlib.Path) -> Engine:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    engine = create_engine(
-        f"sqlite:///{path}",
-        connect_args={"timeout": BUSY_TIMEOUT_S, "isolation_level": None},
-    )
-
-    @event.listens_for(engine, "connect")
-    def _on_connect(dbapi_connection: Any, record: Any) -> None:
-        cursor = dbapi_connection.cursor()
-        cursor.execute("PRAGMA journal_mode=WAL")
-        cursor.execute("PRAGMA synchronous=FULL")
-        cursor.execute("PRAGMA foreign_keys=ON")
-        cursor.close()
-
-    @event.listens_for(engine, "begin")
-    def _on_begin(connection: Any) -> None:
-        # Take the write lock when the transaction starts: two writers never deadlock on a
-        # read-to-write upgrade, the second one waits for the first.
-        connection.exec_driver_sql("BEGIN IMMEDIATE")
-
-    return engine
 
 
 def plain_metrics(values: dict[str, Any]) -> dict[str, Any]:
@@ -88,7 +61,7 @@ class Registry:
 
     def __init__(self, workspace: Workspace | str | os.PathLike[str] | None = None) -> None:
         self.workspace = workspace if isinstance(workspace, Workspace) else Workspace(workspace)
-        self._engine = _engine(self.workspace.registry_path)
+        self._engine = sqlite_engine(self.workspace.registry_path)
         with self._session() as session:
             Base.metadata.create_all(session.connection())
             version = session.get(Meta, "schema_version")

@@ -1,0 +1,56 @@
+"""The SQLite engine of the experiment record: WAL mode, synced commits, queued writers.
+
+Several processes open the same database at once (the runner, the trials, the commands). A
+writer takes the write lock when its transaction begins (`BEGIN IMMEDIATE`), so two writers
+queue on the busy timeout instead of deadlocking on a read-to-write upgrade. Switching a
+database to WAL can still be refused at once, without waiting (SQLite does so when waiting
+could deadlock, e.g. while another process opens or recovers the file): that step is retried
+until the same timeout.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import sqlite3
+import time
+from typing import Any
+
+from sqlalchemy import create_engine, event
+from sqlalchemy.engine import Engine
+
+BUSY_TIMEOUT_S = 120
+_RETRY_PAUSE_S = 0.05
+
+
+def _use_wal(connection: sqlite3.Connection) -> None:
+    """Put the database in WAL mode, retrying while another process holds it locked."""
+    deadline = time.monotonic() + BUSY_TIMEOUT_S
+    while True:
+        try:
+            connection.execute("PRAGMA journal_mode=WAL").fetchall()
+            return
+        except sqlite3.OperationalError as err:
+            if "locked" not in str(err) or time.monotonic() >= deadline:
+                raise
+            time.sleep(_RETRY_PAUSE_S)
+
+
+def sqlite_engine(path: pathlib.Path) -> Engine:
+    """An engine on the database file `path` (created with its folder when missing)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    engine = create_engine(
+        f"sqlite:///{path}",
+        connect_args={"timeout": BUSY_TIMEOUT_S, "isolation_level": None},
+    )
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, record: Any) -> None:
+        _use_wal(dbapi_connection)
+        dbapi_connection.execute("PRAGMA synchronous=FULL")
+        dbapi_connection.execute("PRAGMA foreign_keys=ON")
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(connection: Any) -> None:
+        connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+    return engine
