@@ -10,6 +10,7 @@ import importlib
 import itertools
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -465,6 +466,36 @@ def test_installed_code_is_installed_by_the_hook_not_copied() -> None:
     bridge_dependency = importlib.import_module("lightning.pytorch.demos.boring_classes")
     assert _sources([Loaded("_pytest.python:Class", object, installed)]) == ([], ["pytest"])
     assert _sources([Loaded("x:BoringModel", object, bridge_dependency)]) == ([], [])
+
+
+def test_a_distribution_installed_outside_site_packages_is_not_copied(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A package installed with ``pip install --target`` into a folder on the path (as pip
+    lays it out: the package and its dist-info RECORD) is installed by the hook, not copied."""
+    from lightning_bridge.port._folder import Loaded
+    from lightning_bridge.port._sources import _sources
+
+    target = tmp_path / "target"
+    (target / "targetpkg").mkdir(parents=True)
+    (target / "targetpkg" / "__init__.py").write_text("class Model:\n    pass\n")
+    info = target / "targetpkg-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: targetpkg\nVersion: 1.0\n")
+    (info / "top_level.txt").write_text("targetpkg\n")
+    (info / "RECORD").write_text(
+        "targetpkg/__init__.py,,\ntargetpkg-1.0.dist-info/METADATA,,\n"
+        "targetpkg-1.0.dist-info/RECORD,,\n"
+    )
+    monkeypatch.syspath_prepend(str(target))
+    module = importlib.import_module("targetpkg")
+    assert _sources([Loaded("targetpkg:Model", module.Model, module)]) == ([], ["targetpkg"])
+    # The same folder without the distribution's record is the user's code: it is copied.
+    sys.modules.pop("targetpkg")
+    shutil.rmtree(info)
+    module = importlib.import_module("targetpkg")
+    copies, requirements = _sources([Loaded("targetpkg:Model", module.Model, module)])
+    assert copies == [("targetpkg", target / "targetpkg")] and requirements == []
 
 
 REAL_WORLD = """

@@ -24,15 +24,29 @@ from lightning_bridge.port._folder import MODEL_DEF, Loaded
 _RESERVED_TOP_LEVEL = {"model_def", "lightning_bridge", "determined"}
 
 
-def _installed(path: pathlib.Path) -> bool:
-    """Whether `path` is part of an installation (site-packages or the standard library)."""
+def _installed(path: pathlib.Path, distributions: list[str]) -> bool:
+    """Whether `path` (a top-level module or package) is part of an installation: the standard
+    library, site-packages, or a file an installed distribution of that name recorded (as for
+    a ``pip install --target`` folder on ``PYTHONPATH``)."""
     resolved = path.resolve()
     paths = sysconfig.get_paths()
     for key in ("purelib", "platlib", "stdlib", "platstdlib"):
         base = paths.get(key)
         if base and resolved.is_relative_to(pathlib.Path(base).resolve()):
             return True
-    return any(part in ("site-packages", "dist-packages") for part in resolved.parts)
+    if any(part in ("site-packages", "dist-packages") for part in resolved.parts):
+        return True
+    module_file = resolved / "__init__.py" if resolved.is_dir() else resolved
+    for name in distributions:
+        try:
+            files = importlib.metadata.distribution(name).files or []
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        for file in files:
+            if file.parts[0] == resolved.name and file.name == module_file.name:
+                if pathlib.Path(str(file.locate())).resolve() == module_file:
+                    return True
+    return False
 
 
 def _top_level_path(name: str) -> pathlib.Path | None:
@@ -120,7 +134,7 @@ def _sources(
         entry = _top_level_path(top)
         if entry is None:
             continue
-        if _installed(entry):
+        if _installed(entry, distributions.get(top, [])):
             wanted.update(distributions.get(top, []))
             continue
         queue.append((top, entry.parent))
