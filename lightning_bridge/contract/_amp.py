@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from lightning_bridge._errors import InvalidTrialError
+
 logger = logging.getLogger("lightning_bridge")
 
 _warned: set[str] = set()
@@ -54,3 +56,24 @@ class AutocastForward(torch.nn.Module):
             return super().__getattr__(name)
         except AttributeError:
             return getattr(self._modules["module"], name)
+
+
+def autocast_forward(module: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+    """`module` with its forward under autocast on a GPU; unchanged (with a warning) on the
+    CPU, as in Determined."""
+    if device.type != "cuda":
+        message = "autocast_forward_pass() has no effect without a GPU (as in Determined)."
+        warn_once("autocast-cpu", message)
+        return module
+    return AutocastForward(module, device.type)
+
+
+def check_scaler(scaler: Any) -> Any:
+    """`scaler` if it has a gradient scaler's methods; else an error naming the one missing."""
+    for method in ("scale", "step", "update", "unscale_", "state_dict", "load_state_dict"):
+        if not callable(getattr(scaler, method, None)):
+            raise InvalidTrialError(
+                f"wrap_scaler() takes a gradient scaler such as torch.amp.GradScaler(); "
+                f"{type(scaler).__name__} has no {method}()."
+            )
+    return scaler

@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from lightning_bridge._errors import InvalidArgumentError, InvalidTrialError
-from lightning_bridge.contract._amp import AutocastForward, warn_once
+from lightning_bridge.contract._amp import autocast_forward, check_scaler, warn_once
+from lightning_bridge.contract._batch_size import split_batch_size
 from lightning_bridge.contract._data import to_device
 from lightning_bridge.contract._determined_compat import as_bridge_enum
 from lightning_bridge.contract._distributed import DistributedContext
@@ -69,7 +70,9 @@ class PyTorchTrialContext:
         # The experiment folder checkpoints carry a copy of (None: no code/ copy).
         self._code_dir = code_dir
         self._slots = slots
-        self._per_slot_batch_size, self._global_batch_size = self._batch_sizes()
+        self._per_slot_batch_size, self._global_batch_size = split_batch_size(
+            hparams, max(slots or distributed.size, 1)
+        )
 
         self.models: list[torch.nn.Module] = []
         self.optimizers: list[torch.optim.Optimizer] = []
@@ -91,22 +94,6 @@ class PyTorchTrialContext:
         self._steps_completed = 0
 
     # ----- configuration accessors -----
-
-    def _batch_sizes(self) -> tuple[int | None, int | None]:
-        if not self._hparams or self._hparams.get("global_batch_size") is None:
-            return None, None
-        global_bs = self._hparams["global_batch_size"]
-        if isinstance(global_bs, bool) or not isinstance(global_bs, int) or global_bs < 1:
-            raise InvalidArgumentError(
-                f"The global_batch_size hyperparameter must be a positive int; got {global_bs!r}."
-            )
-        slots = max(self._slots or self.distributed.size, 1)
-        if global_bs % slots != 0:
-            raise InvalidArgumentError(
-                f"global_batch_size={global_bs} does not divide evenly across {slots} processes; "
-                f"set it to a multiple of {slots}, e.g. {max(slots, global_bs - global_bs % slots)}"
-            )
-        return global_bs // slots, global_bs
 
     def get_hparams(self) -> dict[str, Any]:
         if self._hparams is None:
@@ -300,13 +287,7 @@ class PyTorchTrialContext:
             raise InvalidTrialError("Call wrap_scaler() or use_amp() once, not both or twice.")
         if self.models:
             raise InvalidTrialError("Call wrap_scaler() before wrap_model().")
-        for method in ("scale", "step", "update", "unscale_", "state_dict", "load_state_dict"):
-            if not callable(getattr(scaler, method, None)):
-                raise InvalidTrialError(
-                    f"wrap_scaler() takes a gradient scaler such as torch.amp.GradScaler(); "
-                    f"{type(scaler).__name__} has no {method}()."
-                )
-        self._scaler = scaler
+        self._scaler = check_scaler(scaler)
         return scaler
 
     def configure_apex_amp(
@@ -329,13 +310,7 @@ class PyTorchTrialContext:
 
     def autocast_forward_pass(self, to_wrap: torch.nn.Module) -> torch.nn.Module:
         """`to_wrap` with its forward under autocast (GPU only, as in Determined)."""
-        if self.device.type != "cuda":
-            warn_once(
-                "autocast-cpu",
-                "autocast_forward_pass() has no effect without a GPU (as in Determined).",
-            )
-            return to_wrap
-        return AutocastForward(to_wrap, self.device.type)
+        return autocast_forward(to_wrap, self.device)
 
     def set_profiler(self, *args: Any, **kwargs: Any) -> None:
         """Profile training with Lightning's PyTorch profiler (arguments of torch.profiler)."""

@@ -6,8 +6,8 @@ expected (`searcher.max_length.epochs: expected a positive integer, got -3`). De
 the runner does not use are collected so the command can warn about them once; keys Determined
 itself does not know are refused, as Determined refuses them.
 
-The keys and their models are declared in `_config_schema`; this module reads, overrides,
-validates and resolves.
+The keys and their models are declared in `_config_schema`, the error lines worded in
+`_config_errors`; this module reads, overrides, validates and resolves.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from pydantic import BaseModel
 from lightning_bridge._errors import InvalidArgumentError
 from lightning_bridge.checkpoint._bounded import check_expanded_size
 from lightning_bridge.contract._units import Batch, Epoch, TrainUnit
+from lightning_bridge.experiment._config_errors import as_yaml, config_errors
 from lightning_bridge.experiment._config_schema import (
     IGNORED_KEYS,
     KNOWN_KEYS,
@@ -33,7 +34,6 @@ from lightning_bridge.experiment._config_schema import (
     ExperimentConfig,
 )
 from lightning_bridge.search import (
-    HP_TYPES,
     REMOVED,
     SEARCHER_NAMES,
     SearchSpec,
@@ -209,94 +209,6 @@ class ResolvedConfig:
         return Batch(max(value // gbs, 1))
 
 
-def _describe(value: Any) -> str:
-    """A value as the user wrote it in YAML (flow style), strings quoted."""
-    if isinstance(value, str):
-        return repr(value)
-    try:
-        text = yaml.safe_dump(value, default_flow_style=True, width=1000)
-    except yaml.YAMLError:
-        return repr(value)
-    return text.strip().removesuffix("...").strip()
-
-
-def _expected(err: Any) -> str:
-    kind = err["type"]
-    ctx = err.get("ctx") or {}
-    if kind == "greater_than" and ctx.get("gt") == 0:
-        return "expected a positive integer"
-    if kind == "greater_than":
-        return f"expected a number greater than {ctx.get('gt'):g}"
-    if kind == "greater_than_equal" and ctx.get("ge") == 0:
-        return "expected a non-negative integer"
-    if kind == "greater_than_equal":
-        return f"expected an integer of at least {ctx.get('ge')}"
-    if kind in ("int_type", "int_parsing", "int_from_float"):
-        return "expected an integer"
-    if kind in ("float_type", "float_parsing"):
-        return "expected a number"
-    if kind in ("bool_type", "bool_parsing"):
-        return "expected true or false"
-    if kind in ("string_type",):
-        return "expected a string"
-    if kind in ("dict_type", "model_type", "model_attributes_type"):
-        return "expected a mapping"
-    if kind == "list_type":
-        return "expected a list"
-    if kind == "literal_error":
-        return f"expected {ctx.get('expected')}"
-    if kind == "extra_forbidden":
-        return "unknown key"
-    if kind == "missing":
-        return "required"
-    if kind == "union_tag_invalid":
-        return f"expected one of {', '.join(HP_TYPES)} (or a nested group without 'type')"
-    if kind == "union_tag_not_found":
-        return "needs a type"
-    if kind == "value_error":
-        return str(ctx.get("error", err["msg"]))
-    return str(err["msg"])
-
-
-# What a required searcher key is for, added to its "required" message.
-_REQUIRED_HINTS = {
-    "searcher.metric": "the validation metric that ranks trials, e.g. metric: validation_loss",
-    "searcher.max_trials": "how many trials the search runs, e.g. max_trials: 16",
-    "searcher.num_rungs": "how many rungs trials are ranked at, e.g. num_rungs: 3",
-}
-
-
-def _format_errors(
-    exc: pydantic.ValidationError, prefix: tuple[str, ...] = (), hparam: bool = False
-) -> list[str]:
-    lines = []
-    for err in exc.errors():
-        loc = [str(p) for p in err["loc"]]
-        # Union branches appear as extra path parts ("str", "list[str]"; a hyperparameter's
-        # form name): they are not keys of the config.
-        loc = [p for p in loc if not (p.endswith("]") or p in ("str", "int", "list", "dict"))]
-        if hparam and loc and loc[0] in HP_TYPES:
-            loc = loc[1:]
-        if len(loc) > 1 and loc[0] == "searcher" and loc[1] in SEARCHER_NAMES:
-            del loc[1]  # the searcher's name, as pydantic tags its union branch
-        value = err.get("input")
-        if err["type"] == "union_tag_invalid":
-            loc.append("type")
-            value = (err.get("ctx") or {}).get("tag")
-        path = ".".join([*prefix, *loc]) or "(config)"
-        message = f"{path}: {_expected(err)}"
-        if err["type"] == "missing" and path in _REQUIRED_HINTS:
-            message += f" ({_REQUIRED_HINTS[path]})"
-        if err["type"] not in ("missing", "extra_forbidden"):
-            message += f", got {_describe(value)}"
-        lines.append(message)
-    # Union alternatives may repeat a path; keep the first message per path.
-    seen: dict[str, str] = {}
-    for line in lines:
-        seen.setdefault(line.split(":", 1)[0], line)
-    return list(seen.values())
-
-
 def _check_searcher(searcher: Any, errors: list[str]) -> dict[str, Any] | Any:
     """Name the searcher (`single` when absent, as the runner always did); a removed or
     unknown name is one error, and the section is then checked as `single`."""
@@ -310,7 +222,7 @@ def _check_searcher(searcher: Any, errors: list[str]) -> dict[str, Any] | Any:
         errors.append(f"searcher.name: {REMOVED[name]}")
     else:
         errors.append(
-            f"searcher.name: expected one of {', '.join(SEARCHER_NAMES)}, got {_describe(name)}"
+            f"searcher.name: expected one of {', '.join(SEARCHER_NAMES)}, got {as_yaml(name)}"
         )
     return {k: v for k, v in searcher.items() if k in ("metric", "smaller_is_better")}
 
@@ -326,7 +238,7 @@ def _check_space(raw: Any, model: ExperimentConfig | None, errors: list[str]) ->
         if isinstance(problem, str):
             errors.append(f"{'.'.join(where)}: {problem}")
         else:
-            errors.extend(_format_errors(problem, where, hparam=True))
+            errors.extend(config_errors(problem, where, hparam=True))
     if model is not None and model.searcher.name == "grid" and not problems:
         for path in missing_counts(space):
             key = ".".join(("hyperparameters", *path))
@@ -366,7 +278,7 @@ def apply_overrides(config: dict[str, Any], overrides: list[str]) -> dict[str, A
             if not isinstance(child, dict):
                 where = ".".join(parts[: depth + 1])
                 raise InvalidArgumentError(
-                    f"--set {item!r}: {where} is {_describe(child)}, not a mapping, so it has "
+                    f"--set {item!r}: {where} is {as_yaml(child)}, not a mapping, so it has "
                     f"no key {parts[depth + 1]!r}"
                 )
             node = child
@@ -381,7 +293,7 @@ def parse_config(config: Any, overrides: list[str] | None = None) -> ResolvedCon
     check_expanded_size(config, "the experiment config")
     if not isinstance(config, dict):
         raise InvalidArgumentError(
-            f"the experiment config must be a mapping of keys to values; got {_describe(config)}"
+            f"the experiment config must be a mapping of keys to values; got {as_yaml(config)}"
         )
     raw = apply_overrides(config, overrides or [])
     errors: list[str] = []
@@ -398,7 +310,7 @@ def parse_config(config: Any, overrides: list[str] | None = None) -> ResolvedCon
     try:
         model = ExperimentConfig.model_validate(known)
     except pydantic.ValidationError as exc:
-        errors.extend(_format_errors(exc))
+        errors.extend(config_errors(exc))
     space = _check_space(known.get("hyperparameters"), model, errors)
     if errors or model is None:
         raise InvalidArgumentError(

@@ -14,9 +14,7 @@ never run again.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
-import secrets
 import socket
 import time
 from typing import Any
@@ -27,9 +25,9 @@ from lightning_bridge.search._methods import Create, Record, method_for, signed
 from lightning_bridge.search._optuna_view import params_and_distributions
 from lightning_bridge.search._space import parse_space, trial_draw
 from lightning_bridge.search._storage import import_optuna, open_storage
+from lightning_bridge.search._study import open_study
 from lightning_bridge.search._views import Decision, SearchSpec, TrialSpec, TrialView
 
-_SEARCH = "lightning_bridge:search"  # study: the search's config and experiment seed
 _TRIAL = "lightning_bridge:trial"  # trial, fixed at creation: request, bracket, cause, values
 _STATE = "lightning_bridge:state"  # trial, one write per event: rung, rungs, stopped, exit
 _WORKER = "lightning_bridge:worker"  # trial: who pulled it and when
@@ -54,7 +52,7 @@ class SearchDriver:
         self.name = name
         self.worker = worker or f"{socket.gethostname()}:{os.getpid()}"
         with self._lock.hold():
-            self.spec, self._study_id = self._open_study(spec)
+            self.spec, self._study_id = open_study(self._storage, name, spec)
             space, problems = parse_space(self.spec.hyperparameters)
             assert not problems, "the stored search was validated when created"
             self._space = space
@@ -63,41 +61,6 @@ class SearchDriver:
             self._unit = length[0] if length else None
             records, _ = self._load()
             self._create(self._method.top_up(records), records)
-
-    def _open_study(self, spec: SearchSpec | None) -> tuple[SearchSpec, int]:
-        try:
-            study_id = self._storage.get_study_id_from_name(self.name)
-        except KeyError:
-            if spec is None:
-                raise InvalidArgumentError(
-                    f"no search named {self.name!r} in this storage; check the name and --storage"
-                ) from None
-            seed = spec.experiment_seed
-            if seed is None:
-                seed = secrets.randbelow(1 << 31)
-            direction = self._optuna.study.StudyDirection
-            study_id = self._storage.create_new_study(
-                [direction.MINIMIZE if spec.searcher.smaller_is_better else direction.MAXIMIZE],
-                self.name,
-            )
-            self._storage.set_study_system_attr(study_id, _SEARCH, spec.to_json(seed))
-        stored = self._storage.get_study_system_attrs(study_id).get(_SEARCH)
-        if stored is None:
-            raise InvalidArgumentError(
-                f"the study {self.name!r} in this storage was not made by lightning-bridge; "
-                "give the search another name"
-            )
-        if spec is not None:
-            given = spec.to_json(stored["experiment_seed"])
-            if spec.experiment_seed is None:
-                given["experiment_seed"] = stored["experiment_seed"]
-            if json.dumps(given, sort_keys=True) != json.dumps(stored, sort_keys=True):
-                raise InvalidArgumentError(
-                    f"the search {self.name!r} in this storage was started with another searcher, "
-                    "hyperparameters or experiment seed; continue it as it was, or start a new "
-                    "search under another name"
-                )
-        return SearchSpec.from_json(stored), study_id
 
     # -- reading the search back from the study --------------------------------------------
     def _load(self) -> tuple[list[Record], dict[int, Any]]:
