@@ -6,7 +6,7 @@
 torch and the packages every session has in common (the package's dependencies other than
 lightning, the test tools, the storage and search back ends, the examples' extras) are
 installed once, into ``.nox/_shared/``, and every session's virtual environment reads them
-through a ``.pth`` file: the sessions cost one install of them (about 1.5 GB) instead of
+through a ``.pth`` file: the sessions cost one install of them (about 1.4 GB) instead of
 seven. A session installs only what is its own (its lightning, determined, mypy, ruff) under a
 constraints file that pins torch (and lightning where the session fixes its version), so no
 later install can swap either of them out. Virtual environments are reused between runs
