@@ -26,7 +26,22 @@ def as_yaml(value: Any) -> str:
     return text.strip().removesuffix("...").strip()
 
 
+# pydantic error types whose line needs nothing from the error's context.
+_FIXED = {
+    **dict.fromkeys(("int_type", "int_parsing", "int_from_float"), "expected an integer"),
+    **dict.fromkeys(("float_type", "float_parsing"), "expected a number"),
+    **dict.fromkeys(("bool_type", "bool_parsing"), "expected true or false"),
+    "string_type": "expected a string",
+    **dict.fromkeys(("dict_type", "model_type", "model_attributes_type"), "expected a mapping"),
+    "list_type": "expected a list",
+    "extra_forbidden": "unknown key",
+    "missing": "required",
+    "union_tag_not_found": "needs a type",
+}
+
+
 def _expected(err: Any) -> str:
+    """What the key expected, in the config's words, for one pydantic error."""
     kind = err["type"]
     ctx = err.get("ctx") or {}
     if kind == "greater_than" and ctx.get("gt") == 0:
@@ -37,28 +52,12 @@ def _expected(err: Any) -> str:
         return "expected a non-negative integer"
     if kind == "greater_than_equal":
         return f"expected an integer of at least {ctx.get('ge')}"
-    if kind in ("int_type", "int_parsing", "int_from_float"):
-        return "expected an integer"
-    if kind in ("float_type", "float_parsing"):
-        return "expected a number"
-    if kind in ("bool_type", "bool_parsing"):
-        return "expected true or false"
-    if kind in ("string_type",):
-        return "expected a string"
-    if kind in ("dict_type", "model_type", "model_attributes_type"):
-        return "expected a mapping"
-    if kind == "list_type":
-        return "expected a list"
+    if kind in _FIXED:
+        return _FIXED[kind]
     if kind == "literal_error":
         return f"expected {ctx.get('expected')}"
-    if kind == "extra_forbidden":
-        return "unknown key"
-    if kind == "missing":
-        return "required"
     if kind == "union_tag_invalid":
         return f"expected one of {', '.join(HP_TYPES)} (or a nested group without 'type')"
-    if kind == "union_tag_not_found":
-        return "needs a type"
     if kind == "value_error":
         return str(ctx.get("error", err["msg"]))
     return str(err["msg"])
