@@ -12,7 +12,7 @@ import logging
 import pathlib
 import sys
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import lightning as L
 
@@ -32,6 +32,10 @@ from lightning_bridge.translation._fabric_engine import FabricEngine
 from lightning_bridge.translation._fit_loop import FitLoop, model_summary
 from lightning_bridge.translation._resume import starts_new_run
 from lightning_bridge.translation._settings import checkpoint_dir, fit_settings
+
+if TYPE_CHECKING:  # loaded only under `lightning-bridge run` (see _runner_reports)
+    from lightning_bridge.translation._run_record import RunRecord
+    from lightning_bridge.translation._search_report import SearchReport
 
 logger = logging.getLogger("lightning_bridge")
 
@@ -283,7 +287,7 @@ def _log_engine(fabric: L.Fabric) -> None:
 
 def _runner_reports(
     ctx: PyTorchTrialContext, ckpt_dir: pathlib.Path, test_mode: bool
-) -> tuple[Any, Any]:
+) -> tuple[RunRecord | None, SearchReport | None]:
     """The run's record and its search report when `lightning-bridge run` started the fit
     (None, None otherwise: their modules, with SQLAlchemy and pydantic, are not even loaded)."""
     if _cluster_info.runner_run() is None:
