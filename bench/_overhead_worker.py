@@ -62,6 +62,29 @@ class Marks:
             instructions.phase("steady")
 
 
+class LossReport:
+    """The training report of the hand-written loops, made as a trial's is: each batch's loss
+    kept on the device, their average read back every `REPORT_EVERY` batches and at the last.
+    `done` counts the batches."""
+
+    def __init__(self, batches: int) -> None:
+        import torch
+
+        self._stack = torch.stack
+        self._losses: list[Any] = []
+        self.batches = batches
+        self.done = 0
+
+    def add(self, loss: Any) -> bool:
+        """Count one batch with its loss; True when it was the last."""
+        self._losses.append(loss.detach())
+        self.done += 1
+        if self.done % REPORT_EVERY == 0 or self.done == self.batches:
+            self._stack(self._losses).mean().item()
+            self._losses.clear()
+        return self.done == self.batches
+
+
 def _datasets(spec: ModelSpec) -> tuple[Any, Any]:
     """Training and validation sets: inputs and the outputs of a fixed random linear teacher."""
     import torch
@@ -113,10 +136,9 @@ def _hand_written_loop(recipe: h.Recipe, batches: int, fabric: Any = None) -> An
         model, opt = fabric.setup(model, opt)
         loader = fabric.setup_dataloaders(loader)
     loss_fn = recipe.loss
-    done = 0
-    window: list[torch.Tensor] = []
+    report = LossReport(batches)
     model.train()
-    while done < batches:
+    while report.done < batches:
         for x, y in loader:
             Marks.step_begins()
             loss = loss_fn(model(x), y)
@@ -126,13 +148,9 @@ def _hand_written_loop(recipe: h.Recipe, batches: int, fabric: Any = None) -> An
                 fabric.backward(loss)
             opt.step()
             opt.zero_grad()
-            window.append(loss.detach())
-            done += 1
-            if done % REPORT_EVERY == 0 or done == batches:
-                torch.stack(window).mean().item()
-                window.clear()
+            last = report.add(loss)
             Marks.step_ends()
-            if done == batches:
+            if last:
                 break
     model.eval()
     val_loader: Any = torch.utils.data.DataLoader(recipe.val_data(), batch_size=recipe.batch_size)

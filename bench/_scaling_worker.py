@@ -20,7 +20,7 @@ from typing import Any
 
 import _harness as h
 import _instructions as instructions
-from _overhead_worker import MODELS, REPORT_EVERY, Marks, _datasets, _recipe
+from _overhead_worker import MODELS, REPORT_EVERY, LossReport, Marks, _datasets, _recipe
 
 
 def _run_raw(recipe: h.Recipe, batches: int, aggregation: int) -> None:
@@ -41,16 +41,15 @@ def _run_raw(recipe: h.Recipe, batches: int, aggregation: int) -> None:
             else torch.utils.data.RandomSampler(data)
         )
         loader = torch.utils.data.DataLoader(data, batch_size=recipe.batch_size, sampler=sampler)
-        done, epoch = 0, 0
-        window: list[torch.Tensor] = []
+        report, epoch = LossReport(batches), 0
         model.train()
-        while done < batches:
+        while report.done < batches:
             if distributed:
                 sampler.set_epoch(epoch)
             epoch += 1
             for x, y in loader:
                 Marks.step_begins()
-                steps = (done + 1) % aggregation == 0
+                steps = (report.done + 1) % aggregation == 0
                 if steps or not distributed:
                     loss = recipe.loss(model(x), y)
                     loss.backward()
@@ -65,13 +64,9 @@ def _run_raw(recipe: h.Recipe, batches: int, aggregation: int) -> None:
                                 p.grad.div_(aggregation)
                     opt.step()
                     opt.zero_grad()
-                window.append(loss.detach())
-                done += 1
-                if done % REPORT_EVERY == 0 or done == batches:
-                    torch.stack(window).mean().item()
-                    window.clear()
+                last = report.add(loss)
                 Marks.step_ends()
-                if done == batches:
+                if last:
                     break
     finally:
         if distributed:
