@@ -25,6 +25,7 @@ import math
 import os
 import socket
 import time
+from collections.abc import Callable
 from typing import Any
 
 from lightning_bridge._errors import InvalidArgumentError
@@ -109,7 +110,8 @@ class SearchDriver:
             causes.add(create.cause)
 
     def _spec(self, attempt: Any) -> TrialSpec:
-        info, attrs = attempt.user_attrs[TRIAL], attempt.user_attrs
+        attrs = attempt.user_attrs
+        info = attrs[TRIAL]
         return TrialSpec(
             number=info["request"],
             hparams=info["hparams"],
@@ -198,15 +200,15 @@ class SearchDriver:
             request = chosen.user_attrs[TRIAL]["request"]
             if chosen.state == self._states.WAITING:
                 # Trials are enqueued in request order, so `ask` pops this one.
-                trial = self._study.ask(fixed_distributions=self._distributions)
+                trial = self._store.ask(self._distributions)
                 if trial.user_attrs.get(TRIAL, {}).get("request") != request:
                     raise InvalidArgumentError(
                         f"the study {self.name!r} holds waiting trials lightning-bridge did "
                         "not make; give the search a study of its own"
                     )
                 trial.set_user_attr(PULL, pull)
-            else:
-                self._retry(chosen, pull)
+                return self._spec(trial)
+            self._retry(chosen, pull)
             return self._spec(self._store.attempts()[request])
 
     def _retry(self, previous: Any, pull: dict[str, Any]) -> None:
@@ -322,39 +324,41 @@ class SearchDriver:
         """What `set_search_note` kept under `key` (None when nothing was)."""
         return self._study.user_attrs.get(NOTE + key)
 
-    def _running(self) -> list[Any]:
-        running = self._states.RUNNING
-        return [a for a in self._store.attempts().values() if a.state == running]
-
-    def requeue_orphans(self) -> list[int]:
-        """Give back running trials pulled by a process of this host that is gone (a worker
-        killed before it could give its trials back); returns their numbers."""
-        host, numbers = socket.gethostname(), []
+    def _give_back_lost(self, lost: Callable[[Any], bool]) -> list[int]:
+        """Give back the running trials `lost` says are lost; returns their numbers."""
+        numbers = []
         with self._store.lock.hold():
-            for attempt in self._running():
-                worker = str(attempt.user_attrs.get(PULL, {}).get("worker", ""))
-                name, _, pid = worker.rpartition(":")
-                if name == host and pid.isdigit() and not pid_alive(int(pid)):
+            for attempt in self._store.attempts().values():
+                if attempt.state == self._states.RUNNING and lost(attempt.user_attrs):
                     self._give_back(attempt)
                     numbers.append(attempt.user_attrs[TRIAL]["request"])
         return numbers
 
+    def requeue_orphans(self) -> list[int]:
+        """Give back running trials pulled by a process of this host that is gone (a worker
+        killed before it could give its trials back); returns their numbers."""
+        host = socket.gethostname()
+
+        def orphan(attrs: dict[str, Any]) -> bool:
+            name, _, pid = str(attrs.get(PULL, {}).get("worker", "")).rpartition(":")
+            return name == host and pid.isdigit() and not pid_alive(int(pid))
+
+        return self._give_back_lost(orphan)
+
     def requeue_stale(self, timeout_s: float) -> list[int]:
         """Give back running trials not heard of (pulled, reported, `heartbeat`) for more than
         `timeout_s` (their worker died); returns their numbers."""
-        now, numbers = time.time(), []
-        with self._store.lock.hold():
-            for attempt in self._running():
-                attrs = attempt.user_attrs
-                beats = (
-                    attrs.get(BEAT, 0.0),
-                    attrs.get(STATE, {}).get("beat", 0.0),
-                    attrs.get(PULL, {}).get("since", 0.0),
-                )
-                if now - max(beats) > timeout_s:
-                    self._give_back(attempt)
-                    numbers.append(attrs[TRIAL]["request"])
-        return numbers
+        now = time.time()
+
+        def stale(attrs: dict[str, Any]) -> bool:
+            beats = (
+                attrs.get(BEAT, 0.0),
+                attrs.get(STATE, {}).get("beat", 0.0),
+                attrs.get(PULL, {}).get("since", 0.0),
+            )
+            return now - max(beats) > timeout_s
+
+        return self._give_back_lost(stale)
 
     def is_finished(self) -> bool:
         """Whether every trial of the search has closed and none is left to create."""

@@ -19,6 +19,7 @@ write per event; reported metrics are its intermediate values, keyed by length.
 
 from __future__ import annotations
 
+import functools
 import json
 import secrets
 from typing import Any
@@ -35,6 +36,11 @@ PULL = "lightning_bridge:pull"  # attempt: worker, since, attempt (1 for the fir
 BEAT = "lightning_bridge:beat"  # attempt: when its worker last said it is alive
 NOTE = "lightning_bridge:note:"  # attempt or study: what workers note for each other
 GIVEN_BACK = "given_back"  # STATE's exit of an attempt given back (pending again)
+
+
+@functools.cache
+def _states() -> Any:
+    return import_optuna().trial.TrialState
 
 
 def current_attempts(trials: list[Any]) -> dict[int, Any]:
@@ -59,7 +65,7 @@ def exit_of(attempt: Any) -> str | None:
 
 def is_pending(attempt: Any) -> bool:
     """Whether the trial waits for a worker: never pulled, or given back."""
-    state = import_optuna().trial.TrialState
+    state = _states()
     return attempt.state == state.WAITING or (
         attempt.state == state.FAIL and exit_of(attempt) == GIVEN_BACK
     )
@@ -72,7 +78,7 @@ def record_of(attempt: Any) -> Record:
         number=int(info["request"]),
         bracket=int(info["bracket"]),
         cause=str(info["cause"]),
-        open=attempt.state == import_optuna().trial.TrialState.RUNNING or is_pending(attempt),
+        open=attempt.state == _states().RUNNING or is_pending(attempt),
         invalid=state.get("exit") == "invalid_hp",
         rung=int(state.get("rung", 0)),
         rungs={int(k): list(v) for k, v in state.get("rungs", {}).items()},
@@ -92,7 +98,9 @@ class SearchStudy:
         self.name = name
         self.storage, self.lock = open_storage(url, name)
         self._study_id: int | None = None
-        self._trial_ids: dict[int, int] = {}  # a trial's number and storage id never change
+        # Handles kept for the process's life: an attempt is reported to by one process only,
+        # so what a handle caches of it (its metrics) stays true.
+        self._handles: dict[int, Any] = {}
         with self.lock.hold():
             self.study, self.spec = self._open(spec)
 
@@ -147,13 +155,18 @@ class SearchStudy:
         reported to by its own process and closed or given back by either. So the handle is
         rebuilt from the trial's storage id, the only use of Optuna's storage interface here.
         """
-        if number not in self._trial_ids:
+        if number not in self._handles:
             if self._study_id is None:
                 self._study_id = self.storage.get_study_id_from_name(self.name)
-            self._trial_ids[number] = self.storage.get_trial_id_from_study_id_trial_number(
-                self._study_id, number
-            )
-        return self._optuna.trial.Trial(self.study, self._trial_ids[number])
+            trial_id = self.storage.get_trial_id_from_study_id_trial_number(self._study_id, number)
+            self._handles[number] = self._optuna.trial.Trial(self.study, trial_id)
+        return self._handles[number]
+
+    def ask(self, distributions: dict[str, Any]) -> Any:
+        """`Study.ask` (the oldest waiting trial, now running), its handle kept."""
+        trial = self.study.ask(fixed_distributions=distributions)
+        self._handles[trial.number] = trial
+        return trial
 
     def close(self) -> None:
         """Release the lock's handle (the storage itself needs no closing)."""
