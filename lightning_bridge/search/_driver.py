@@ -66,7 +66,7 @@ class SearchDriver:
             distributions,
         )
 
-        self._optuna = import_optuna()
+        self._optuna = import_optuna()  # imported by the study already: the module
         self._states = self._optuna.trial.TrialState
         self.name = name
         self.spec = self._store.spec
@@ -130,7 +130,6 @@ class SearchDriver:
         record: Record | None,
         exit: str | None = None,
         report: tuple[int, float, bool] | None = None,
-        handle: Any = None,
     ) -> None:
         """The attempt's searcher state after an event (`record`: as the method left it; None:
         unchanged), with the report taken and how the attempt ended."""
@@ -146,7 +145,7 @@ class SearchDriver:
             state["reports"].append([*report, now])
         if exit is not None:
             state["exit"] = exit
-        (handle or self._store.handle(attempt.number)).set_user_attr(STATE, state)
+        self._store.handle(attempt.number).set_user_attr(STATE, state)
 
     def _find(self, trial: TrialSpec | int) -> tuple[list[Record], Record, Any]:
         """The records, the trial's record and its latest attempt."""
@@ -232,7 +231,7 @@ class SearchDriver:
     def report(self, trial: TrialSpec | int, length: int, metric: float) -> Decision:
         """`trial` validated after `length` units of training with searcher metric `metric`."""
         with self._store.lock.hold():
-            _, record, attempt = self._find(trial)
+            _, _, attempt = self._find(trial)
             if not self._held(trial, attempt):
                 return Decision(stop=True)  # closed, or given back: not this run's to train
             handle = self._store.handle(attempt.number)
@@ -244,7 +243,7 @@ class SearchDriver:
             records, record, creates = self._pruner.outcome
             self._create(creates, records)
             report = (int(length), float(metric), stop)
-            self._write_state(attempt, record, report=report, handle=handle)
+            self._write_state(attempt, record, report=report)
         rungs = self._method.rung_lengths(record.bracket)
         upcoming = [r for r in rungs if r > length]
         return Decision(stop=stop, next_rung=None if stop or not upcoming else upcoming[0])
