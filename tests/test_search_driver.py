@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from lightning_bridge import InvalidArgumentError
-from lightning_bridge.search import SEARCHER, SearchDriver, SearchSpec
+from lightning_bridge.search import SEARCHER, SearchDriver, SearchSpec, search_exists
 
 optuna = pytest.importorskip("optuna")
 
@@ -278,3 +278,51 @@ def test_search_names_and_configs_are_checked(
     monkeypatch.setitem(sys.modules, "optuna", None)
     with pytest.raises(InvalidArgumentError, match=r"pip install 'lightning-bridge\[search\]'"):
         SearchDriver(journal, "exp")
+
+
+def test_the_search_uses_optuna_s_public_api() -> None:
+    """No private Optuna module or member in the search package (ruff's SLF001, set for the
+    package in its ruff.toml, refuses private members too), and Optuna's storage interface,
+    documented as not for library users, used in one place only: `SearchStudy.handle`."""
+    import ast
+
+    import lightning_bridge.search
+
+    storage_methods = {n for n in dir(optuna.storages.BaseStorage) if not n.startswith("_")}
+    allowed = {"get_study_id_from_name", "get_trial_id_from_study_id_trial_number"}
+    package = pathlib.Path(lightning_bridge.search.__file__).parent
+    found: list[str] = []
+    for path in sorted(package.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("optuna"):
+                modules = [f"{node.module}.{alias.name}" for alias in node.names]
+            elif isinstance(node, ast.Import):
+                modules = [alias.name for alias in node.names]
+            else:
+                modules = []
+            for module in modules:
+                if module.startswith("optuna") and any(
+                    p.startswith("_") for p in module.split(".")
+                ):
+                    found.append(f"{path.name}:{node.lineno}: {module}")
+            if isinstance(node, ast.Attribute):
+                owner = node.value.id if isinstance(node.value, ast.Name) else ""
+                private = node.attr.startswith("_") and not node.attr.endswith("__")
+                if private and owner not in ("self", "cls"):
+                    found.append(f"{path.name}:{node.lineno}: .{node.attr}")
+                if node.attr in storage_methods and not (
+                    path.name == "_study.py" and node.attr in allowed
+                ):
+                    found.append(f"{path.name}:{node.lineno}: storage.{node.attr}")
+    assert not found
+
+
+def test_search_exists_reads_without_creating(tmp_path: pathlib.Path) -> None:
+    journal, db = tmp_path / "search.journal", tmp_path / "s.db"
+    assert not search_exists(str(journal), "exp") and not journal.exists()
+    assert not search_exists(f"sqlite:///{db}", "exp") and not db.exists()
+    for url in (str(journal), f"sqlite:///{db}"):
+        SearchDriver(url, "exp", _spec({"name": "single"})).close()
+        assert search_exists(url, "exp") and not search_exists(url, "other")
+    with pytest.raises(InvalidArgumentError, match="expected a journal file path, sqlite"):
+        search_exists("redis://localhost", "exp")

@@ -1,12 +1,13 @@
-"""Hyperparameter search: Determined's searchers, kept in an Optuna storage.
+"""Hyperparameter search: Determined's searchers, run on an Optuna study.
 
 The hyperparameter space of an experiment config (`_space`, `_grid`), its `searcher` section
 (`_searchers`), the reference's search methods over a search's trials (`_methods`, `_asha`),
-and `SearchDriver`, which keeps a search in an Optuna study (a journal file, SQLite or
-PostgreSQL; `_storage`) so several processes can serve it and a restarted one goes on: the
+Determined's sampler and pruner (`_extensions`), and `SearchDriver`, which runs a search on an
+Optuna study (a journal file, SQLite or PostgreSQL; `_storage`, `_study`) through Optuna's
+ask / report / tell, so several processes can serve it and a restarted one goes on: the
 workers that start trials and the trials' own processes, which report to it (`_views` holds
-what they pass each other). Optuna is the `search` extra; nothing here imports it until a
-driver is made.
+what they pass each other). `search_exists` says whether a storage holds a search. Optuna is
+the `search` extra; nothing here imports it until a driver is made or a storage read.
 """
 
 from lightning_bridge.search._driver import SearchDriver
@@ -27,6 +28,7 @@ from lightning_bridge.search._space import (
     parse_space,
     trial_draw,
 )
+from lightning_bridge.search._storage import search_exists
 from lightning_bridge.search._views import Decision, SearchSpec, TrialSpec, TrialView
 
 __all__ = [
@@ -48,5 +50,6 @@ __all__ = [
     "is_constant",
     "missing_counts",
     "parse_space",
+    "search_exists",
     "trial_draw",
 ]

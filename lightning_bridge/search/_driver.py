@@ -1,39 +1,51 @@
-"""`SearchDriver`: a Determined search kept in an Optuna study.
+"""`SearchDriver`: a Determined search run on an Optuna study through ask / tell / report.
 
-Each trial of the search is an Optuna trial: created WAITING with its hyperparameters (Optuna
-`params` for the dashboard; the whole values, trial seed, bracket and cause in system attrs),
-RUNNING once a worker pulls it, then COMPLETE, PRUNED (stopped at a rung below the top) or
-FAIL (an error or InvalidHP). Reported metrics are its intermediate values, keyed by length.
-The search method's state is read back from the trials at every event (`_methods`), under the
-storage's lock (`_storage`), so any number of processes sharing the storage pull disjoint
-trials and take the reference's decisions in one order, and a restarted driver goes on where
-the last one stopped: pending trials stay pending, rungs keep their metrics, finished trials
-never run again.
+Determined's searcher sits on Optuna's extension points (`_extensions`): its sampler gives each
+trial its configuration, its pruner stops trials at rungs. Which trials to create, and when, is
+Determined's search method (`_methods`), read from the search's trials as the study holds them
+(`_study`). A trial is created with `Study.enqueue_trial`, pulled with `Study.ask`, reported to
+with `Trial.report` and `Trial.should_prune`, and closed with `Study.tell`. Every event runs
+under the search's lock (`_storage`), so any number of processes sharing the storage pull
+disjoint trials and take the reference's decisions in one order, and a restarted driver goes on
+where the last one stopped: pending trials stay pending, rungs keep their metrics, finished
+trials never run again.
+
+A trial given back (Ctrl-C, its worker gone) is retried as Optuna's `RetryFailedTrialCallback`
+retries a stale trial: its attempt is told FAIL, and the next pull attempts it again as a copy
+that keeps its reported metrics. Workers keep their trials alive themselves (`heartbeat`,
+`requeue_stale`): Optuna's heartbeat (`RDBStorage(heartbeat_interval=...)`,
+`fail_stale_trials`) serves `Study.optimize` on a database only (`Study.ask` warns when it is
+on, the journal file has none, and its grace period is the storage's, not each worker's
+`--lost-after`), so a beat is a user attr of the trial.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import math
 import os
 import socket
 import time
+from collections.abc import Callable
 from typing import Any
 
 from lightning_bridge._errors import InvalidArgumentError
 from lightning_bridge._process import pid_alive
-from lightning_bridge.search._methods import Create, Record, method_for, signed
-from lightning_bridge.search._optuna_view import params_and_distributions
-from lightning_bridge.search._space import parse_space, trial_draw
-from lightning_bridge.search._storage import import_optuna, open_storage
-from lightning_bridge.search._study import open_study
+from lightning_bridge.search._methods import Create, Record, method_for
+from lightning_bridge.search._space import parse_space
+from lightning_bridge.search._storage import import_optuna
+from lightning_bridge.search._study import (
+    BEAT,
+    GIVEN_BACK,
+    NOTE,
+    PULL,
+    STATE,
+    TRIAL,
+    SearchStudy,
+    exit_of,
+    is_pending,
+    record_of,
+)
 from lightning_bridge.search._views import Decision, SearchSpec, TrialSpec, TrialView
-
-_TRIAL = "lightning_bridge:trial"  # trial, fixed at creation: request, bracket, cause, values
-_STATE = "lightning_bridge:state"  # trial, one write per event: rung, rungs, stopped, exit
-_WORKER = "lightning_bridge:worker"  # trial: who pulled it and when
-_HEARTBEAT = "lightning_bridge:heartbeat"
-_RESUME = "lightning_bridge:resume"
-_NOTE = "lightning_bridge:note:"  # trial: what workers note for each other (`note`)
 
 
 class SearchDriver:
@@ -47,61 +59,45 @@ class SearchDriver:
     def __init__(
         self, storage: str, name: str, spec: SearchSpec | None = None, worker: str | None = None
     ) -> None:
-        self._optuna = import_optuna()
-        self._storage, self._lock = open_storage(storage, name)
+        self._store = SearchStudy(storage, name, spec)
+        from lightning_bridge.search._extensions import (
+            DeterminedPruner,
+            DeterminedSampler,
+            distributions,
+        )
+
+        self._optuna = import_optuna()  # imported by the study already: the module
+        self._states = self._optuna.trial.TrialState
         self.name = name
+        self.spec = self._store.spec
         self.worker = worker or f"{socket.gethostname()}:{os.getpid()}"
-        with self._lock.hold():
-            self.spec, self._study_id = open_study(self._storage, name, spec)
-            space, problems = parse_space(self.spec.hyperparameters)
-            assert not problems, "the stored search was validated when created"
-            self._space = space
-            self._method = method_for(self.spec.searcher, space)
-            length = self.spec.searcher.length()
-            self._unit = length[0] if length else None
-            records, _ = self._load()
+        space, problems = parse_space(self.spec.hyperparameters)
+        assert not problems, "the stored search was validated when created"
+        assert self.spec.experiment_seed is not None, "a stored search has its seed"
+        self._method = method_for(self.spec.searcher, space)
+        self._distributions = distributions(space)
+        length = self.spec.searcher.length()
+        self._unit = length[0] if length else None
+        self._sampler = DeterminedSampler(space, self.spec.experiment_seed)
+        self._pruner = DeterminedPruner(self._method, self.spec.searcher.smaller_is_better)
+        self._study = self._store.study
+        self._study.sampler, self._study.pruner = self._sampler, self._pruner
+        with self._store.lock.hold():
+            records = self._records()
             self._create(self._method.top_up(records), records)
 
-    # -- reading the search back from the study --------------------------------------------
-    def _load(self) -> tuple[list[Record], dict[int, Any]]:
-        """The search's records in creation order, and their Optuna trials by number."""
-        states = self._optuna.trial.TrialState
-        trials = self._storage.get_all_trials(self._study_id, deepcopy=False)
-        records: list[Record] = []
-        frozen: dict[int, Any] = {}
-        for trial in trials:
-            info = trial.system_attrs.get(_TRIAL)
-            if info is None:
-                continue  # a trial someone else added to the study
-            state = trial.system_attrs.get(_STATE, {})
-            records.append(
-                Record(
-                    number=info["request"],
-                    bracket=info["bracket"],
-                    cause=info["cause"],
-                    open=trial.state in (states.WAITING, states.RUNNING),
-                    invalid=state.get("exit") == "invalid_hp",
-                    rung=state.get("rung", 0),
-                    rungs={int(k): list(v) for k, v in state.get("rungs", {}).items()},
-                    stopped=state.get("stopped", False),
-                )
-            )
-            frozen[info["request"]] = trial
-        records.sort(key=lambda r: r.number)
-        return records, frozen
+    # -- the search as the study holds it ----------------------------------------------------
+    def _records(self) -> list[Record]:
+        return [record_of(a) for a in self._store.attempts().values()]
 
     def _create(self, creates: list[Create], records: list[Record]) -> None:
+        """Enqueue the trials the search method decided on (once per cause)."""
         causes = {r.cause for r in records}
-        seed_base = self.spec.experiment_seed
-        assert seed_base is not None
         for create in creates:
             if create.cause in causes:
                 continue
             request = len(records)
-            seed, hparams = trial_draw(self._space, seed_base, request)
-            if create.point is not None:
-                hparams = create.point
-            params, dists = params_and_distributions(self._space, hparams)
+            seed, hparams = self._sampler.configuration(request, create.point)
             info = {
                 "request": request,
                 "bracket": create.bracket,
@@ -109,18 +105,13 @@ class SearchDriver:
                 "seed": seed,
                 "hparams": hparams,
             }
-            template = self._optuna.trial.create_trial(
-                state=self._optuna.trial.TrialState.WAITING,
-                params=params,
-                distributions=dists,
-                system_attrs={_TRIAL: info},
-            )
-            self._storage.create_new_trial(self._study_id, template_trial=template)
+            self._study.enqueue_trial({}, user_attrs={TRIAL: info})
             records.append(Record(number=request, bracket=create.bracket, cause=create.cause))
             causes.add(create.cause)
 
-    def _spec(self, trial: Any) -> TrialSpec:
-        info = trial.system_attrs[_TRIAL]
+    def _spec(self, attempt: Any) -> TrialSpec:
+        attrs = attempt.user_attrs
+        info = attrs[TRIAL]
         return TrialSpec(
             number=info["request"],
             hparams=info["hparams"],
@@ -128,87 +119,131 @@ class SearchDriver:
             bracket=info["bracket"],
             rungs=tuple(self._method.rung_lengths(info["bracket"])),
             unit=self._unit,
-            resumed=bool(trial.system_attrs.get(_RESUME, False)),
-            notes={
-                k[len(_NOTE) :]: v for k, v in trial.system_attrs.items() if k.startswith(_NOTE)
-            },
+            resumed=int(attrs.get(PULL, {}).get("attempt", 0)) > 1,
+            notes={k[len(NOTE) :]: v for k, v in attrs.items() if k.startswith(NOTE)},
+            attempt=attempt.number,
         )
 
     def _write_state(
         self,
-        trial: Any,
-        record: Record,
+        attempt: Any,
+        record: Record | None,
         exit: str | None = None,
         report: tuple[int, float, bool] | None = None,
     ) -> None:
-        before = trial.system_attrs.get(_STATE, {})
+        """The attempt's searcher state after an event (`record`: as the method left it; None:
+        unchanged), with the report taken and how the attempt ended."""
+        state: dict[str, Any] = dict(attempt.user_attrs.get(STATE, {}))
         now = time.time()
-        state: dict[str, Any] = {
-            "rung": record.rung,
-            "rungs": {str(k): v for k, v in record.rungs.items()},
-            "stopped": record.stopped,
-            "beat": now,  # a report is a heartbeat too (see `requeue_stale`)
-            "reports": list(before.get("reports", [])),
-        }
+        if record is not None:
+            state["rung"] = record.rung
+            state["rungs"] = {str(k): v for k, v in record.rungs.items()}
+            state["stopped"] = record.stopped
+        state["beat"] = now  # a report is a heartbeat too (see `requeue_stale`)
+        state["reports"] = list(state.get("reports", []))
         if report is not None:
             state["reports"].append([*report, now])
         if exit is not None:
             state["exit"] = exit
-        self._storage.set_trial_system_attr(trial._trial_id, _STATE, state)
+        self._store.handle(attempt.number).set_user_attr(STATE, state)
 
     def _find(self, trial: TrialSpec | int) -> tuple[list[Record], Record, Any]:
-        """The records, the trial's record and its Optuna trial."""
+        """The records, the trial's record and its latest attempt."""
         number = trial if isinstance(trial, int) else trial.number
-        records, frozen = self._load()
-        if number not in frozen:
+        attempts = self._store.attempts()
+        if number not in attempts:
             raise InvalidArgumentError(f"trial {number} is not part of search {self.name!r}")
-        record = next(r for r in records if r.number == number)
-        return records, record, frozen[number]
+        records = [record_of(a) for a in attempts.values()]
+        return records, records[number], attempts[number]
 
-    def _held(self, trial: TrialSpec | int, frozen: Any) -> bool:
+    def _held(self, trial: TrialSpec | int, attempt: Any) -> bool:
         """Whether `trial` is running, and (for a TrialSpec from a pull) still under that
         pull: the caller may report, close it or give it back."""
-        if frozen.state != self._optuna.trial.TrialState.RUNNING:
+        if attempt.state != self._states.RUNNING:
             return False
-        if isinstance(trial, TrialSpec) and trial.attempt:
-            return int(frozen.system_attrs.get(_WORKER, {}).get("attempt", 0)) == trial.attempt
-        return True
+        return not isinstance(trial, TrialSpec) or trial.attempt in (None, attempt.number)
+
+    def _give_back(self, attempt: Any) -> None:
+        """End the attempt as given back: the trial is pending again (see `next_trial`)."""
+        self._write_state(attempt, None, exit=GIVEN_BACK)
+        self._study.tell(attempt.number, state=self._states.FAIL)
+
+    def _close(self, attempt: Any, record: Record, exit: str, pruned: bool = False) -> None:
+        """Tell the attempt's end: PRUNED (stopped below the top rung), COMPLETE with its last
+        metric, or FAIL (an error, InvalidHP, or no metric to complete with, as Optuna's
+        `tell` has it)."""
+        self._write_state(attempt, record, exit=exit)
+        values = attempt.intermediate_values
+        last = values[max(values)] if values else math.nan
+        if pruned:
+            self._study.tell(attempt.number, state=self._states.PRUNED)
+        elif exit == "completed" and not math.isnan(last):
+            self._study.tell(attempt.number, last)
+        else:
+            self._study.tell(attempt.number, state=self._states.FAIL)
 
     # -- the API a runner uses ---------------------------------------------------------------
     def next_trial(self) -> TrialSpec | None:
         """The oldest pending trial, now running in this worker; None when none is pending
         (the search may still create more when running trials report: see `is_finished`)."""
-        waiting = self._optuna.trial.TrialState.WAITING
-        running = self._optuna.trial.TrialState.RUNNING
-        with self._lock.hold():
-            trials = self._storage.get_all_trials(self._study_id, deepcopy=False, states=(waiting,))
-            for trial in sorted(trials, key=lambda t: t.number):
-                if _TRIAL not in trial.system_attrs:
-                    continue
-                if self._storage.set_trial_state_values(trial._trial_id, running):
-                    attempt = int(trial.system_attrs.get(_WORKER, {}).get("attempt", 0)) + 1
-                    pulled: dict[str, Any] = {
-                        "worker": self.worker,
-                        "since": time.time(),
-                        "attempt": attempt,
-                    }
-                    self._storage.set_trial_system_attr(trial._trial_id, _WORKER, pulled)
-                    return dataclasses.replace(self._spec(trial), attempt=attempt)
-        return None
+        with self._store.lock.hold():
+            pending = [a for a in self._store.attempts().values() if is_pending(a)]
+            if not pending:
+                return None
+            chosen = pending[0]
+            pull = {
+                "worker": self.worker,
+                "since": time.time(),
+                "attempt": int(chosen.user_attrs.get(PULL, {}).get("attempt", 0)) + 1,
+            }
+            request = chosen.user_attrs[TRIAL]["request"]
+            if chosen.state == self._states.WAITING:
+                # Trials are enqueued in request order, so `ask` pops this one.
+                trial = self._store.ask(self._distributions)
+                if trial.user_attrs.get(TRIAL, {}).get("request") != request:
+                    raise InvalidArgumentError(
+                        f"the study {self.name!r} holds waiting trials lightning-bridge did "
+                        "not make; give the search a study of its own"
+                    )
+                trial.set_user_attr(PULL, pull)
+                return self._spec(trial)
+            self._retry(chosen, pull)
+            return self._spec(self._store.attempts()[request])
+
+    def _retry(self, previous: Any, pull: dict[str, Any]) -> None:
+        """Attempt a given-back trial again: a running copy of its last attempt, with its
+        parameters, attrs and reported metrics (Optuna's `RetryFailedTrialCallback` makes the
+        same copy, waiting; this one is pulled at once, so it runs before newer trials)."""
+        attrs = {k: v for k, v in previous.user_attrs.items() if k != BEAT}
+        state = dict(attrs.get(STATE, {}))
+        state.pop("exit", None)
+        attrs[STATE], attrs[PULL] = state, pull
+        self._study.add_trial(
+            self._optuna.trial.create_trial(
+                state=self._states.RUNNING,
+                params=previous.params,
+                distributions=previous.distributions,
+                user_attrs=attrs,
+                intermediate_values=previous.intermediate_values,
+            )
+        )
 
     def report(self, trial: TrialSpec | int, length: int, metric: float) -> Decision:
         """`trial` validated after `length` units of training with searcher metric `metric`."""
-        with self._lock.hold():
-            records, record, frozen = self._find(trial)
-            if not self._held(trial, frozen):
+        with self._store.lock.hold():
+            _, _, attempt = self._find(trial)
+            if not self._held(trial, attempt):
                 return Decision(stop=True)  # closed, or given back: not this run's to train
-            self._storage.set_trial_intermediate_value(frozen._trial_id, int(length), float(metric))
-            smaller = self.spec.searcher.smaller_is_better
-            stop, creates = self._method.on_report(
-                records, record, int(length), signed(float(metric), smaller)
-            )
+            handle = self._store.handle(attempt.number)
+            if int(length) not in attempt.intermediate_values:
+                handle.report(float(metric), int(length))
+            self._pruner.outcome = None
+            stop = bool(handle.should_prune())
+            assert self._pruner.outcome is not None, "the pruner decided on the report"
+            records, record, creates = self._pruner.outcome
             self._create(creates, records)
-            self._write_state(frozen, record, report=(int(length), float(metric), stop))
+            report = (int(length), float(metric), stop)
+            self._write_state(attempt, record, report=report)
         rungs = self._method.rung_lengths(record.bracket)
         upcoming = [r for r in rungs if r > length]
         return Decision(stop=stop, next_rung=None if stop or not upcoming else upcoming[0])
@@ -217,10 +252,9 @@ class SearchDriver:
         """`trial` finished training (its max_length, or a stop) and closed normally;
         `early`: it stopped on its own before either (the trial asked to stop), which the
         searcher takes as an early exit, as Determined's does."""
-        states = self._optuna.trial.TrialState
-        with self._lock.hold():
-            records, record, frozen = self._find(trial)
-            if not self._held(trial, frozen):
+        with self._store.lock.hold():
+            records, record, attempt = self._find(trial)
+            if not self._held(trial, attempt):
                 return
             record.open = False
             if early and not record.stopped:
@@ -230,142 +264,128 @@ class SearchDriver:
             self._create(creates, records)
             top = len(self._method.rung_lengths(record.bracket)) - 1
             pruned = record.stopped and record.rung < top
-            self._write_state(frozen, record, exit="stopped" if pruned else "completed")
-            values = frozen.intermediate_values
-            last = [values[max(values)]] if values else None
-            self._storage.set_trial_state_values(
-                frozen._trial_id, states.PRUNED if pruned else states.COMPLETE, last
-            )
+            self._close(attempt, record, "stopped" if pruned else "completed", pruned)
 
     def fail(self, trial: TrialSpec | int, invalid_hp: bool = False) -> None:
         """`trial` exited early: an error, or InvalidHP (`invalid_hp`), which the searcher
         replaces where Determined's does."""
-        with self._lock.hold():
-            records, record, frozen = self._find(trial)
-            if not self._held(trial, frozen):
+        with self._store.lock.hold():
+            records, record, attempt = self._find(trial)
+            if not self._held(trial, attempt):
                 return
             record.open = False
             self._create(self._method.on_early_exit(records, record, invalid_hp), records)
-            self._write_state(frozen, record, exit="invalid_hp" if invalid_hp else "errored")
-            self._storage.set_trial_state_values(
-                frozen._trial_id, self._optuna.trial.TrialState.FAIL
-            )
+            self._close(attempt, record, "invalid_hp" if invalid_hp else "errored")
 
     def pause(self, trial: TrialSpec | int) -> None:
         """Give `trial` back: pending again, to resume from its checkpoint (Ctrl-C, a worker
         shutting down)."""
-        with self._lock.hold():
-            _, _, frozen = self._find(trial)
-            if self._held(trial, frozen):
-                self._requeue(frozen._trial_id)
-
-    def _requeue(self, trial_id: int) -> None:
-        self._storage.set_trial_system_attr(trial_id, _RESUME, True)
-        self._storage.set_trial_state_values(trial_id, self._optuna.trial.TrialState.WAITING)
+        with self._store.lock.hold():
+            _, _, attempt = self._find(trial)
+            if self._held(trial, attempt):
+                self._give_back(attempt)
 
     def heartbeat(self, trial: TrialSpec | int) -> None:
         """`trial` is alive (see `requeue_stale`)."""
-        with self._lock.hold():
-            _, _, frozen = self._find(trial)
-            if self._held(trial, frozen):  # a closed trial's attributes cannot change
-                self._storage.set_trial_system_attr(frozen._trial_id, _HEARTBEAT, time.time())
+        with self._store.lock.hold():
+            _, _, attempt = self._find(trial)
+            if self._held(trial, attempt):  # a closed trial's attributes cannot change
+                self._store.handle(attempt.number).set_user_attr(BEAT, time.time())
 
     def lost(self, trial: TrialSpec | int, give_back: bool) -> bool:
         """The process that ran `trial` is gone. If the trial is still running (that process
         neither closed it nor gave it back), give it back (`give_back`: the run was stopped)
         or close it as errored. Returns whether it was still running."""
-        with self._lock.hold():
-            records, record, frozen = self._find(trial)
-            if not self._held(trial, frozen):
+        with self._store.lock.hold():
+            records, record, attempt = self._find(trial)
+            if not self._held(trial, attempt):
                 return False
             if give_back:
-                self._requeue(frozen._trial_id)
+                self._give_back(attempt)
                 return True
             record.open = False
             self._create(self._method.on_early_exit(records, record, False), records)
-            self._write_state(frozen, record, exit="errored")
-            self._storage.set_trial_state_values(
-                frozen._trial_id, self._optuna.trial.TrialState.FAIL
-            )
+            self._close(attempt, record, "errored")
         return True
 
     def note(self, trial: TrialSpec | int, key: str, value: Any) -> None:
-        """Keep `value` (JSON) on `trial` under `key`; `TrialSpec.notes` has it next time."""
-        with self._lock.hold():
-            _, _, frozen = self._find(trial)
-            self._storage.set_trial_system_attr(frozen._trial_id, _NOTE + key, value)
+        """Keep `value` (JSON) on `trial` (running) under `key`; `TrialSpec.notes` has it
+        next time."""
+        with self._store.lock.hold():
+            _, _, attempt = self._find(trial)
+            self._store.handle(attempt.number).set_user_attr(NOTE + key, value)
 
     def set_search_note(self, key: str, value: Any) -> None:
         """Keep `value` (JSON) on the search under `key`: what its workers need to know."""
-        self._storage.set_study_system_attr(self._study_id, _NOTE + key, value)
+        self._study.set_user_attr(NOTE + key, value)
 
     def search_note(self, key: str) -> Any:
         """What `set_search_note` kept under `key` (None when nothing was)."""
-        return self._storage.get_study_system_attrs(self._study_id).get(_NOTE + key)
+        return self._study.user_attrs.get(NOTE + key)
+
+    def _give_back_lost(self, lost: Callable[[Any], bool]) -> list[int]:
+        """Give back the running trials `lost` says are lost; returns their numbers."""
+        numbers = []
+        with self._store.lock.hold():
+            for attempt in self._store.attempts().values():
+                if attempt.state == self._states.RUNNING and lost(attempt.user_attrs):
+                    self._give_back(attempt)
+                    numbers.append(attempt.user_attrs[TRIAL]["request"])
+        return numbers
 
     def requeue_orphans(self) -> list[int]:
-        """Put back running trials pulled by a process of this host that is gone (a worker
+        """Give back running trials pulled by a process of this host that is gone (a worker
         killed before it could give its trials back); returns their numbers."""
-        running = self._optuna.trial.TrialState.RUNNING
-        host, numbers = socket.gethostname(), []
-        with self._lock.hold():
-            for trial in self._storage.get_all_trials(self._study_id, states=(running,)):
-                attrs = trial.system_attrs
-                worker = str(attrs.get(_WORKER, {}).get("worker", ""))
-                name, _, pid = worker.rpartition(":")
-                if _TRIAL in attrs and name == host and pid.isdigit() and not pid_alive(int(pid)):
-                    self._requeue(trial._trial_id)
-                    numbers.append(attrs[_TRIAL]["request"])
-        return numbers
+        host = socket.gethostname()
+
+        def orphan(attrs: dict[str, Any]) -> bool:
+            name, _, pid = str(attrs.get(PULL, {}).get("worker", "")).rpartition(":")
+            return name == host and pid.isdigit() and not pid_alive(int(pid))
+
+        return self._give_back_lost(orphan)
 
     def requeue_stale(self, timeout_s: float) -> list[int]:
-        """Put back running trials not heard of (pulled, reported, `heartbeat`) for more than
+        """Give back running trials not heard of (pulled, reported, `heartbeat`) for more than
         `timeout_s` (their worker died); returns their numbers."""
-        running = self._optuna.trial.TrialState.RUNNING
-        now, numbers = time.time(), []
-        with self._lock.hold():
-            for trial in self._storage.get_all_trials(self._study_id, states=(running,)):
-                attrs = trial.system_attrs
-                if _TRIAL in attrs:
-                    beats = (
-                        attrs.get(_HEARTBEAT, 0.0),
-                        attrs.get(_STATE, {}).get("beat", 0.0),
-                        attrs.get(_WORKER, {}).get("since", 0.0),
-                    )
-                    if now - max(beats) > timeout_s:
-                        self._requeue(trial._trial_id)
-                        numbers.append(attrs[_TRIAL]["request"])
-        return numbers
+        now = time.time()
+
+        def stale(attrs: dict[str, Any]) -> bool:
+            beats = (
+                attrs.get(BEAT, 0.0),
+                attrs.get(STATE, {}).get("beat", 0.0),
+                attrs.get(PULL, {}).get("since", 0.0),
+            )
+            return now - max(beats) > timeout_s
+
+        return self._give_back_lost(stale)
 
     def is_finished(self) -> bool:
         """Whether every trial of the search has closed and none is left to create."""
-        with self._lock.hold():
-            records, _ = self._load()
+        with self._store.lock.hold():
+            records = self._records()
         return not any(r.open for r in records)
 
     def trials(self) -> list[TrialView]:
         """Every trial of the search in creation order."""
-        states = self._optuna.trial.TrialState
-        names = {states.WAITING: "waiting", states.RUNNING: "running"}
-        with self._lock.hold():
-            records, frozen = self._load()
+        names = {self._states.WAITING: "waiting", self._states.RUNNING: "running"}
+        with self._store.lock.hold():
+            attempts = self._store.attempts()
         views = []
-        for record in records:
-            trial = frozen[record.number]
-            info = trial.system_attrs[_TRIAL]
-            exit = trial.system_attrs.get(_STATE, {}).get("exit", "")
+        for attempt in attempts.values():
+            info, record = attempt.user_attrs[TRIAL], record_of(attempt)
+            state = "waiting" if is_pending(attempt) else names.get(attempt.state)
             views.append(
                 TrialView(
                     number=record.number,
-                    state=names.get(trial.state, exit),
+                    state=state or exit_of(attempt) or "",
                     hparams=info["hparams"],
                     seed=info["seed"],
                     bracket=record.bracket,
                     rungs=record.rungs,
-                    metrics=dict(trial.intermediate_values),
+                    metrics=dict(attempt.intermediate_values),
                     reports=[
                         (int(r[0]), float(r[1]), bool(r[2]), float(r[3]))
-                        for r in trial.system_attrs.get(_STATE, {}).get("reports", [])
+                        for r in attempt.user_attrs.get(STATE, {}).get("reports", [])
                     ],
                 )
             )
@@ -373,4 +393,4 @@ class SearchDriver:
 
     def close(self) -> None:
         """Release the storage's lock handle (the storage itself needs no closing)."""
-        self._lock.close()
+        self._store.close()

@@ -80,11 +80,6 @@ class _Searcher(BaseModel):
             raise ValueError("set either max_length or max_time + time_metric, not both")
         return self
 
-    @property
-    def trials_many(self) -> bool:
-        """Whether this searcher runs more than one trial."""
-        return getattr(self, "name", "single") != "single"
-
     def length(self) -> tuple[str, int] | None:
         """The longest training as (unit, value): `max_time` in `time_metric`, else the legacy
         `max_length`; None when neither is set."""

@@ -48,13 +48,14 @@ class TrialSpec:
     # ASHA: the lengths (in `unit`) at which the trial is ranked; the last is max_length.
     rungs: tuple[int, ...]
     unit: str | None
-    # Paused before (Ctrl-C, a lost worker): continue from its latest checkpoint.
+    # Given back before (Ctrl-C, a lost worker): continue from its latest checkpoint.
     resumed: bool
     # What workers noted on the trial (`SearchDriver.note`), e.g. where they recorded it.
     notes: dict[str, Any] = dataclasses.field(default_factory=dict)
-    # How many times a worker pulled it (1 the first time); a process holding an older pull
-    # (its trial was given back meanwhile) can no longer report, close or give it back.
-    attempt: int = 0
+    # The Optuna trial of this pull (each attempt at training the trial is one); a process
+    # holding an older pull (its trial was given back meanwhile) can no longer report, close
+    # or give it back. None: not from a pull (whatever attempt is running).
+    attempt: int | None = None
 
 
 @dataclass(frozen=True)
