@@ -77,7 +77,7 @@ def test_runs_an_unchanged_trial_folder(
     assert (workspace / "experiments" / "1" / "trials" / "1" / "tensorboard").is_dir()
     # Nothing is written beside the code: no log folder can shadow a package there.
     assert sorted(p.name for p in folder.iterdir()) == [
-        "const.yaml", "events.jsonl", "model_def.py", "seen.json", "train.py",
+        "const.yaml", "events.jsonl", "init.0.json", "model_def.py", "seen.json", "train.py",
     ]  # fmt: skip
     # One warning lists the Determined keys the run does not use.
     assert err.count("not used by lightning-bridge") == 1
@@ -274,6 +274,11 @@ def test_two_processes_from_slots_per_trial(tmp_path: pathlib.Path) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     seen = json.loads((config.parent / "seen.json").read_text())
     assert seen["size"] == 2
+    # The trial's __init__ runs once every process is started: rank, size, local and cross
+    # rank and size as Determined gives them.
+    for rank in (0, 1):
+        got = json.loads((config.parent / f"init.{rank}.json").read_text())
+        assert got == [rank, 2, rank, 2, 0, 1]
     # Each rank trains 4 records of the 8-record global batch: 8 batches an epoch as before,
     # so the same validations happen; the table is printed once.
     assert len(validations(config.parent)) == 4
