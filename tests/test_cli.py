@@ -256,6 +256,21 @@ def test_entrypoint_errors(tmp_path: pathlib.Path, capsys: pytest.CaptureFixture
     assert "Data is not a PyTorchTrial subclass" in capsys.readouterr().err
 
 
+def test_what_determined_refuses_runs_with_one_warning_saying_so(
+    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    searcher = {"name": "single", "metric": "validation_loss", "max_time": 4}
+    config = write_folder(tmp_path, _config(searcher={**searcher, "time_metric": "batches"}))
+    assert main(["run", str(config)]) == 0
+    out, err = capsys.readouterr()
+    assert "Trial 1: COMPLETED after 4 batches" in out
+    said = (
+        "Determined 0.38.1 would not run this config: searcher.max_time, searcher.time_metric: "
+        "the single searcher of Determined has no such keys"
+    )
+    assert err.count(said) == 1
+
+
 def test_two_processes_from_slots_per_trial(tmp_path: pathlib.Path) -> None:
     """slots_per_trial: 2 runs two DDP processes through Lightning's launcher, which re-runs
     the command for rank 1 (so this runs the real command line, `python -m lightning_bridge`)."""
