@@ -195,3 +195,13 @@ def test_a_time_metric_of_the_trials_own(tmp_path: pathlib.Path, monkeypatch: An
         (40, False), (80, False), (120, False), (128, True),
     ]  # fmt: skip
     assert sorted(view.rungs) == [0, 1, 2] and view.state == "completed"
+
+
+def test_a_missing_time_metric_names_it(tmp_path: pathlib.Path, monkeypatch: Any) -> None:
+    monkeypatch.setitem(SEARCHER_CONFIG, "time_metric", "samples")
+    driver = _driver(tmp_path)
+    spec = driver.next_trial()
+    assert spec is not None
+    exp_conf = _as_search_trial(tmp_path, monkeypatch, driver, spec)
+    with pytest.raises(Exception, match=r"'samples' \(searcher.time_metric\), but validation"):
+        fit(init_kwargs={"exp_conf": exp_conf}, max_length=Batch(4), checkpoint_policy="none")
