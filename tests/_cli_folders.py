@@ -69,6 +69,11 @@ class LinearTrial(pytorch.PyTorchTrial):
             seed = context.get_trial_seed()
         except Exception:  # Determined's local mode has no trial seed
             seed = None
+        d = context.distributed
+        seen = [d.get_rank(), d.get_size(), d.get_local_rank(), d.get_local_size()]
+        seen += [d.get_cross_rank(), d.get_cross_size()]
+        with open(f"init.{d.get_rank()}.json", "w") as f:
+            json.dump(seen, f)  # what __init__ sees, per rank
         with open("seen.json", "w") as f:
             json.dump(
                 {

@@ -14,6 +14,12 @@ from tests._trials import LinearTrial, quiet_init
 
 
 class Trial(LinearTrial):
+    def __init__(self, context: pytorch.PyTorchTrialContext) -> None:
+        super().__init__(context)
+        d = context.distributed
+        self.seen_at_init = [d.get_rank(), d.get_size(), d.get_local_rank(), d.get_local_size()]
+        self.seen_at_init += [d.get_cross_rank(), d.get_cross_size()]
+
     def train_batch(self, batch: Any, epoch_idx: int, batch_idx: int) -> Any:
         if self.hp.get("fail_rank") == self.context.distributed.rank and batch_idx == 2:
             raise RuntimeError(f"deliberate failure on rank {self.context.distributed.rank}")
@@ -60,6 +66,7 @@ def main(out: str, agg: int, launcher: str, fail_rank: int | None) -> None:
         record = {
             "rank": ctx.distributed.rank,
             "size": ctx.distributed.size,
+            "seen_at_init": trial.seen_at_init,
             "weight": trial.model.weight.detach().flatten().tolist(),
             "bias": trial.model.bias.detach().flatten().tolist(),
             "follower": [p.detach().flatten().tolist() for p in trial.follower.parameters()]

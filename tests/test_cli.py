@@ -77,7 +77,7 @@ def test_runs_an_unchanged_trial_folder(
     assert (workspace / "experiments" / "1" / "trials" / "1" / "tensorboard").is_dir()
     # Nothing is written beside the code: no log folder can shadow a package there.
     assert sorted(p.name for p in folder.iterdir()) == [
-        "const.yaml", "events.jsonl", "model_def.py", "seen.json", "train.py",
+        "const.yaml", "events.jsonl", "init.0.json", "model_def.py", "seen.json", "train.py",
     ]  # fmt: skip
     # One warning lists the Determined keys the run does not use.
     assert err.count("not used by lightning-bridge") == 1
@@ -256,6 +256,21 @@ def test_entrypoint_errors(tmp_path: pathlib.Path, capsys: pytest.CaptureFixture
     assert "Data is not a PyTorchTrial subclass" in capsys.readouterr().err
 
 
+def test_what_determined_refuses_runs_with_one_warning_saying_so(
+    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    searcher = {"name": "single", "metric": "validation_loss", "max_time": 4}
+    config = write_folder(tmp_path, _config(searcher={**searcher, "time_metric": "batches"}))
+    assert main(["run", str(config)]) == 0
+    out, err = capsys.readouterr()
+    assert "Trial 1: COMPLETED after 4 batches" in out
+    said = (
+        "Determined 0.38.1 would not run this config: searcher.max_time, searcher.time_metric: "
+        "the single searcher of Determined has no such keys"
+    )
+    assert err.count(said) == 1
+
+
 def test_two_processes_from_slots_per_trial(tmp_path: pathlib.Path) -> None:
     """slots_per_trial: 2 runs two DDP processes through Lightning's launcher, which re-runs
     the command for rank 1 (so this runs the real command line, `python -m lightning_bridge`)."""
@@ -274,6 +289,11 @@ def test_two_processes_from_slots_per_trial(tmp_path: pathlib.Path) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     seen = json.loads((config.parent / "seen.json").read_text())
     assert seen["size"] == 2
+    # The trial's __init__ runs once every process is started: rank, size, local and cross
+    # rank and size as Determined gives them.
+    for rank in (0, 1):
+        got = json.loads((config.parent / f"init.{rank}.json").read_text())
+        assert got == [rank, 2, rank, 2, 0, 1]
     # Each rank trains 4 records of the 8-record global batch: 8 batches an epoch as before,
     # so the same validations happen; the table is printed once.
     assert len(validations(config.parent)) == 4

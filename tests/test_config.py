@@ -218,8 +218,132 @@ def test_checkpoint_storage_types_need_their_keys() -> None:
     for kind, message in cases.items():
         with pytest.raises(InvalidArgumentError, match=message):
             parse_config({"checkpoint_storage": {"type": kind}})
-    with pytest.raises(InvalidArgumentError, match="connection_string, or account_url"):
+    with pytest.raises(InvalidArgumentError, match="exactly one of connection_string or acc"):
         parse_config({"checkpoint_storage": {"type": "azure", "container": "c"}})
+
+
+@pytest.mark.parametrize(
+    ("storage", "line"),
+    [
+        (
+            {"type": "azure", "container": "c", "connection_string": "s", "account_url": "u"},
+            "type azure needs exactly one of connection_string or account_url",
+        ),
+        (
+            {"type": "azure", "container": "c", "connection_string": "s", "credential": "k"},
+            "credential and connection_string must not both be set",
+        ),
+        ({"type": "s3", "bucket": "b", "prefix": "runs/../x"}, "prefix cannot contain /../"),
+        ({"type": "gcs", "bucket": "b", "prefix": ".."}, "prefix cannot contain /../"),
+        ({"type": "s3", "bucket": "b", "prefix": "runs/.."}, "prefix cannot contain /../"),
+        (
+            {"type": "shared_fs", "host_path": "/data", "storage_path": "a/../../up"},
+            "storage_path must either be a relative directory or a subdirectory of host_path",
+        ),
+        (
+            {"type": "shared_fs", "host_path": "/data", "storage_path": "/elsewhere/ck"},
+            "storage_path must either be a relative directory or a subdirectory of host_path",
+        ),
+    ],
+)
+def test_checkpoint_storage_paths_and_credentials(storage: dict[str, Any], line: str) -> None:
+    """Determined refuses these storages (checkpoints outside their prefix or host_path,
+    ambiguous Azure credentials); so does the bridge, naming the key."""
+    assert f"checkpoint_storage: {line}" in _error({"checkpoint_storage": storage})
+
+
+def test_checkpoint_storage_paths_inside_are_accepted() -> None:
+    for storage in (
+        {"type": "shared_fs", "host_path": "/data", "storage_path": "/data/ck"},
+        {"type": "shared_fs", "host_path": "/data", "storage_path": "a/../ck"},
+        {"type": "s3", "bucket": "b", "prefix": "runs/..x/y"},
+        {"type": "azure", "container": "c", "account_url": "u", "credential": "k"},
+    ):
+        assert parse_config({"checkpoint_storage": storage}).model.checkpoint_storage
+
+
+_ASHA = {"name": "adaptive_asha", "metric": "loss", "max_trials": 4}
+
+
+def test_max_length_with_max_time_as_determined_reads_them() -> None:
+    """A legacy trial class's ASHA config: max_length is the trial's length, max_time in
+    time_metric the searcher's (its rungs), as in Determined 0.38."""
+    conf = parse_config(
+        {
+            "searcher": {
+                **_ASHA,
+                "max_length": {"epochs": 2},
+                "max_time": 400,
+                "time_metric": "batches",
+            }
+        }
+    )
+    assert str(conf.length("max_length")) == str(lightning_bridge.Epoch(2))
+    assert conf.model.searcher.length() == ("batches", 400)
+    assert conf.determined_differences == []
+
+
+def test_time_metric_is_any_validation_metric() -> None:
+    conf = parse_config(
+        {
+            "searcher": {
+                **_ASHA,
+                "max_length": {"batches": 50},
+                "max_time": 3200,
+                "time_metric": "samples",
+            }
+        }
+    )
+    assert conf.model.searcher.length() == ("samples", 3200)
+    assert str(conf.length("max_length")) == str(lightning_bridge.Batch(50))
+    # Without max_length a metric of the trial's own is no training length: a script's
+    # fit(max_length=...) gives it (a trial class is refused when the run is prepared).
+    alone = parse_config({"searcher": {**_ASHA, "max_time": 3200, "time_metric": "samples"}})
+    assert alone.length("max_length") is None
+    # A unit of training as time_metric is also the trial's length when max_length is absent.
+    timed = parse_config({"searcher": {**_ASHA, "max_time": 30, "time_metric": "epochs"}})
+    assert str(timed.length("max_length")) == str(lightning_bridge.Epoch(30))
+    assert "searcher.time_metric: expected a string, got 3" in _error(
+        {"searcher": {**_ASHA, "max_time": 10, "time_metric": 3}}
+    )
+
+
+def test_unitless_max_length_is_accepted_without_a_length() -> None:
+    """Determined takes `max_length: 10` (no unit); only a script's fit(max_length) can use it."""
+    conf = parse_config({"searcher": {"name": "single", "metric": "loss", "max_length": 10}})
+    assert conf.length("max_length") is None
+    message = _error({"searcher": {"max_length": "ten"}})
+    assert message.splitlines()[1:] == ["  searcher.max_length: expected a mapping, got 'ten'"]
+    # ASHA needs a length with a unit to place its rungs.
+    assert "needs max_time and time_metric" in _error({"searcher": {**_ASHA, "max_length": 10}})
+
+
+@pytest.mark.parametrize(
+    ("config", "said"),
+    [
+        ({}, "searcher: Determined requires a searcher section"),
+        ({"searcher": {"name": "single"}}, "searcher.metric: Determined requires it"),
+        (
+            {"searcher": {**_ASHA, "max_length": {"batches": 90}}},
+            "Determined 0.38 refuses the adaptive_asha searcher without max_time",
+        ),
+        (
+            {"searcher": {"metric": "loss", "max_time": 9, "time_metric": "batches"}},
+            "the single searcher of Determined has no such keys",
+        ),
+        (
+            {
+                "hyperparameters": {"global_batch_size": 4},
+                "searcher": {**_ASHA, "max_time": 90, "time_metric": "records"},
+            },
+            "records is not a metric Determined's harness reports",
+        ),
+    ],
+)
+def test_what_determined_would_refuse_is_run_and_said(config: dict[str, Any], said: str) -> None:
+    """Configs the bridge runs and Determined 0.38.1 refuses: one line each saying so."""
+    lines = parse_config(config).determined_differences
+    assert len(lines) == 1 and said in lines[0]
 
 
 def test_load_config_file_errors(tmp_path: pathlib.Path) -> None:

@@ -55,6 +55,10 @@ def test_two_processes_match_one(tmp_path: pathlib.Path, agg: int, launcher: str
     one = _load(tmp_path, "single", 0)
     ranks = [_load(tmp_path, "ddp", r) for r in (0, 1)]
     assert [r["size"] for r in ranks] == [2, 2] and one["size"] == 1
+    # The trial's __init__ runs once every process is started, as in Determined: each rank
+    # sees its own rank, the world size, its local rank and the node's.
+    assert [r["seen_at_init"] for r in ranks] == [[0, 2, 0, 2, 0, 1], [1, 2, 1, 2, 0, 1]]
+    assert one["seen_at_init"] == [0, 1, 0, 1, 0, 1]
     for rank in ranks:
         # Float sums over two shards of 4 instead of one batch of 8: equal up to rounding.
         np.testing.assert_allclose(rank["weight"], one["weight"], rtol=1e-5, atol=1e-6)

@@ -159,3 +159,49 @@ def test_a_signal_at_a_rung_validates_it_first(
     assert view_of().state == "waiting"
     again = driver.next_trial()
     assert again is not None and again.number == spec.number and again.resumed
+
+
+class CountsSamples(LinearTrial):
+    """Reports `samples` (records trained) with each validation, a time metric of its own."""
+
+    samples = 0
+
+    def train_batch(self, batch: Any, epoch_idx: int, batch_idx: int) -> Any:
+        self.samples = (batch_idx + 1) * 8
+        return super().train_batch(batch, epoch_idx, batch_idx)
+
+    def evaluate_batch(self, batch: Any, batch_idx: int) -> dict[str, Any]:
+        return {**super().evaluate_batch(batch, batch_idx), "samples": float(self.samples)}
+
+
+def test_a_time_metric_of_the_trials_own(tmp_path: pathlib.Path, monkeypatch: Any) -> None:
+    """`time_metric: samples`: the searcher reads each validation's `samples`, as Determined's
+    does, and ranks the trial at the rungs it passes (no extra validations are scheduled)."""
+    monkeypatch.setitem(SEARCHER_CONFIG, "time_metric", "samples")
+    monkeypatch.setitem(SEARCHER_CONFIG, "max_time", 128)
+    driver = _driver(tmp_path)
+    spec = driver.next_trial()
+    assert spec is not None and spec.rungs == (32, 64, 128) and spec.unit == "samples"
+    exp_conf = _as_search_trial(tmp_path, monkeypatch, driver, spec)
+    fit(
+        CountsSamples,
+        init_kwargs={"exp_conf": exp_conf},
+        max_length=Batch(16),
+        validation_period=Batch(5),
+        checkpoint_policy="none",
+    )
+    view = driver.trials()[spec.number]
+    assert [(length, stop) for length, _m, stop, _t in view.reports] == [
+        (40, False), (80, False), (120, False), (128, True),
+    ]  # fmt: skip
+    assert sorted(view.rungs) == [0, 1, 2] and view.state == "completed"
+
+
+def test_a_missing_time_metric_names_it(tmp_path: pathlib.Path, monkeypatch: Any) -> None:
+    monkeypatch.setitem(SEARCHER_CONFIG, "time_metric", "samples")
+    driver = _driver(tmp_path)
+    spec = driver.next_trial()
+    assert spec is not None
+    exp_conf = _as_search_trial(tmp_path, monkeypatch, driver, spec)
+    with pytest.raises(Exception, match=r"'samples' \(searcher.time_metric\), but validation"):
+        fit(init_kwargs={"exp_conf": exp_conf}, max_length=Batch(4), checkpoint_policy="none")

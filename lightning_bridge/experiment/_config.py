@@ -43,6 +43,7 @@ from lightning_bridge.search import (
     parse_space,
     trial_draw,
 )
+from lightning_bridge.search._searchers import UNITS
 
 
 class ResolvedConfig:
@@ -148,6 +149,46 @@ class ResolvedConfig:
             )
         return sorted(found)
 
+    @property
+    def determined_differences(self) -> list[str]:
+        """What Determined 0.38.1 says of the config where the bridge runs it and Determined
+        would not: one line each, for the command to warn about once."""
+        raw_searcher = self.raw.get("searcher")
+        searcher = self.model.searcher
+        lines = []
+        if not raw_searcher:
+            lines.append(
+                "searcher: Determined requires a searcher section (searcher is a required "
+                "property); lightning-bridge runs the single searcher"
+            )
+        elif searcher.metric is None:
+            lines.append(
+                "searcher.metric: Determined requires it for every searcher (metric is a "
+                "required property); lightning-bridge trains without ranking validations"
+            )
+        name = searcher.name
+        timed = searcher.max_time is not None
+        if name in ("adaptive_asha", "async_halving") and not timed:
+            lines.append(
+                f"searcher: Determined 0.38 refuses the {name} searcher without max_time and "
+                "time_metric (max_length is deprecated); lightning-bridge ranks trials at "
+                "fractions of max_length"
+            )
+        if name in ("single", "random", "grid") and timed:
+            lines.append(
+                f"searcher.max_time, searcher.time_metric: the {name} searcher of Determined "
+                "has no such keys (additional properties are not allowed); lightning-bridge "
+                "takes them as the trial's length, Determined takes max_length or "
+                "fit(max_length=...)"
+            )
+        if searcher.time_metric == "records":
+            lines.append(
+                "searcher.time_metric: records is not a metric Determined's harness reports "
+                "(it adds batches and epochs to each validation); lightning-bridge counts "
+                "records as batches x global_batch_size"
+            )
+        return lines
+
     def experiment_config(self, base: pathlib.Path | None = None) -> dict[str, Any]:
         """The config an experiment records and hands to the trial
         (`context.get_experiment_config()`): the searcher's defaults filled in, and
@@ -176,9 +217,15 @@ class ResolvedConfig:
         """`max_length`, `min_validation_period` or `min_checkpoint_period` as a TrainUnit
         (None when not configured; a period of 0 means never, as in Determined)."""
         if field == "max_length":
+            # The trial's length: `max_length` as Determined's harness reads it for a trial
+            # class; else `max_time` when its `time_metric` is a unit of training (a metric
+            # of the trial's own, such as `samples`, is the searcher's time only).
             searcher = self.model.searcher
-            if searcher.max_time is not None and searcher.time_metric is not None:
-                return self._unit(searcher.time_metric, searcher.max_time, "searcher.max_time")
+            time = searcher.max_time, searcher.time_metric
+            if searcher.max_length is None and time[0] is not None and time[1] in UNITS:
+                return self._unit(time[1], time[0], "searcher.max_time")
+            if isinstance(searcher.max_length, int):
+                return None  # no unit: a script's fit(max_length=...) gives the length
             spec: BaseModel | None = searcher.max_length
             path = "searcher.max_length"
         else:

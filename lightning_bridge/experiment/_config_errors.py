@@ -63,6 +63,9 @@ def _expected(err: Any) -> str:
     return str(err["msg"])
 
 
+# Union branch names pydantic puts in an error's path (besides "list[str]", "constrained-int").
+_BRANCHES = ("str", "int", "list", "dict")
+
 # What a required searcher key is for, added to its "required" message.
 _REQUIRED_HINTS = {
     "searcher.metric": "the validation metric that ranks trials, e.g. metric: validation_loss",
@@ -82,7 +85,11 @@ def config_errors(
         loc = [str(p) for p in err["loc"]]
         # Union branches appear as extra path parts ("str", "list[str]"; a hyperparameter's
         # form name): they are not keys of the config.
-        loc = [p for p in loc if not (p.endswith("]") or p in ("str", "int", "list", "dict"))]
+        loc = [
+            p
+            for p in loc
+            if not (p.endswith("]") or p.startswith("constrained-") or p in _BRANCHES)
+        ]
         if hparam and loc and loc[0] in HP_TYPES:
             loc = loc[1:]
         if len(loc) > 1 and loc[0] == "searcher" and loc[1] in SEARCHER_NAMES:

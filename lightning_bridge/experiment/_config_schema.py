@@ -9,6 +9,8 @@ turning validation errors into messages are in `_config`.
 
 from __future__ import annotations
 
+import posixpath
+import re
 from typing import Annotated, Any, Literal
 
 import pydantic
@@ -101,6 +103,20 @@ STORAGE_KEYS = {
 RETENTION_DEFAULTS = {"save_experiment_best": 0, "save_trial_best": 1, "save_trial_latest": 1}
 
 
+# A `..` part of an object store prefix (Determined refuses it: the checkpoints would land
+# outside the prefix).
+_PARENT = re.compile(r"(^|/)\.\.(/|$)")
+
+
+def _inside(path: str, parent: str) -> bool:
+    """A relative path not climbing out, or an absolute one under `parent` (Determined's
+    check of storage_path against host_path)."""
+    path = posixpath.normpath(path)
+    if posixpath.isabs(path):
+        return path.startswith(posixpath.normpath(parent))
+    return not path.startswith("..")
+
+
 class CheckpointStorage(_Model):
     """Determined's storage types with their keys; retention counts as Determined's defaults.
     Without `type` (or `host_path` for shared_fs) checkpoints stay in the trial's folder."""
@@ -136,8 +152,24 @@ class CheckpointStorage(_Model):
         missing = [key for key in needed[self.type] if getattr(self, key) is None]
         if missing:
             raise ValueError(f"type {self.type} needs {', '.join(missing)}")
-        if self.type == "azure" and not (self.connection_string or self.account_url):
-            raise ValueError("type azure needs connection_string, or account_url (+ credential)")
+        if self.type == "azure":
+            if (self.connection_string is None) == (self.account_url is None):
+                raise ValueError(
+                    "type azure needs exactly one of connection_string or account_url "
+                    "(+ credential)"
+                )
+            if self.connection_string is not None and self.credential is not None:
+                raise ValueError("credential and connection_string must not both be set")
+        if self.type in ("s3", "gcs") and self.prefix is not None:
+            if _PARENT.search(self.prefix):
+                raise ValueError(f"prefix cannot contain /../, got {self.prefix!r}")
+        if self.type == "shared_fs" and self.storage_path is not None:
+            inside = _inside(self.storage_path, self.host_path or "")
+            if not inside:
+                raise ValueError(
+                    "storage_path must either be a relative directory or a subdirectory of "
+                    f"host_path, got {self.storage_path!r}"
+                )
         return self
 
     def unused(self) -> list[str]:

@@ -149,11 +149,16 @@ def prepare_config(config: ResolvedConfig, folder: pathlib.Path, options: Option
 
 
 def unused_warning(plan: Plan) -> str | None:
-    """The one warning listing the config keys the run does not use."""
+    """The one warning listing the config keys the run does not use, and what Determined
+    would have refused that the bridge runs."""
     unused = plan.config.unused_keys
-    if not unused:
-        return None
-    return "experiment config keys not used by lightning-bridge: " + ", ".join(unused)
+    lines = [
+        f"Determined 0.38.1 would not run this config: {line}"
+        for line in plan.config.determined_differences
+    ]
+    if unused:
+        lines.insert(0, "experiment config keys not used by lightning-bridge: " + ", ".join(unused))
+    return "\n".join(lines) or None
 
 
 def _engine(plan: Plan, processes_launched: bool) -> dict[str, Any]:

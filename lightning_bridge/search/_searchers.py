@@ -68,16 +68,21 @@ class _Searcher(BaseModel):
     smaller_is_better: StrictBool = True
     source_trial_id: StrictInt | None = None
     source_checkpoint_uuid: StrictStr | None = None
-    max_length: MaxLength | None = None
+    # A bare integer is accepted as Determined accepts it (no unit: a script's
+    # `fit(max_length=...)` gives the length; no trial class or ASHA can use it).
+    max_length: MaxLength | Annotated[StrictInt, Field(ge=0)] | None = None
+    # The searcher's time: `max_time` units of `time_metric`, a validation metric the trial
+    # reports (`batches` and `epochs` are added to every validation, as Determined's harness
+    # does; a trial may report `samples` or its own). Given with `max_length`, as a legacy
+    # trial class's ASHA config has it, `max_length` is the trial's length and `max_time` the
+    # rungs', as in Determined 0.38.
     max_time: Annotated[StrictInt, Field(gt=0)] | None = None
-    time_metric: Literal["batches", "epochs", "records"] | None = None
+    time_metric: Annotated[StrictStr, Field(min_length=1)] | None = None
 
     @pydantic.model_validator(mode="after")
     def _lengths(self) -> _Searcher:
         if (self.max_time is None) != (self.time_metric is None):
             raise ValueError("max_time and time_metric go together: set both or neither")
-        if self.max_time is not None and self.max_length is not None:
-            raise ValueError("set either max_length or max_time + time_metric, not both")
         return self
 
     def length(self) -> tuple[str, int] | None:
@@ -85,7 +90,7 @@ class _Searcher(BaseModel):
         `max_length`; None when neither is set."""
         if self.max_time is not None and self.time_metric is not None:
             return self.time_metric, self.max_time
-        if self.max_length is not None:
+        if isinstance(self.max_length, MaxLength):
             return self.max_length.unit_and_value()
         return None
 

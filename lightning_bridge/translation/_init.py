@@ -26,6 +26,7 @@ from lightning_bridge.contract._context import PyTorchTrialContext
 from lightning_bridge.contract._determined_compat import is_determined_object
 from lightning_bridge.contract._distributed import DistributedContext
 from lightning_bridge.translation._engine_check import check_engine
+from lightning_bridge.translation._launch import launch_processes
 
 
 class Engine:
@@ -160,8 +161,18 @@ def init(
         precision=precision,
     )
     code_dir = given["code_dir"]
-    dist = distributed if distributed is not None else DistributedContext()
     devices, num_nodes, strategy = _launch_settings(distributed, devices, num_nodes, strategy)
+    owned_group = not (torch.distributed.is_available() and torch.distributed.is_initialized())
+    # Every process running and the process group created before the trial is built, as in
+    # Determined: the trial's __init__ reads the true rank and size.
+    launch_processes(
+        accelerator=accelerator,
+        devices=devices,
+        num_nodes=num_nodes,
+        strategy=strategy,
+        trainer_kwargs=trainer_kwargs,
+    )
+    dist = distributed if distributed is not None else DistributedContext()
     seed = None
     if exp_conf is not None:
         seed = (exp_conf.get("reproducibility") or {}).get("experiment_seed")
@@ -190,7 +201,6 @@ def init(
         checkpoint_dir=checkpoint_dir,
         trainer_kwargs=dict(trainer_kwargs or {}),
     )
-    owned_group = not (torch.distributed.is_available() and torch.distributed.is_initialized())
     try:
         yield context
     except BaseException as exc:

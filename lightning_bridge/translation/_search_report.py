@@ -31,6 +31,9 @@ from lightning_bridge.translation._metrics import searcher_value
 
 logger = logging.getLogger("lightning_bridge")
 
+# The time metrics the trial counts itself (batches and epochs are also in every validation).
+_UNITS = ("batches", "epochs", "records")
+
 
 def is_chief() -> bool:
     """Rank 0 of the trial's processes (as launched by torchrun or Lightning)."""
@@ -85,7 +88,10 @@ class SearchReport:
 
     def at_rung(self, batches: int, epochs: int | None) -> bool:
         """Whether the trial reaches a rung after `batches` batches (`epochs`: the epochs
-        trained when the batch ends an epoch, else None)."""
+        trained when the batch ends an epoch, else None). A `time_metric` of the trial's own
+        (`samples`, ...) is known only from its validations: no extra ones are scheduled."""
+        if self._unit not in _UNITS:
+            return False
         if self._unit == "epochs":
             return epochs is not None and epochs in self.trial.rungs
         if self._unit == "records":
@@ -113,6 +119,15 @@ class SearchReport:
             )
         value = float(searcher_value(self._metric, metrics[self._metric]))
         length = self._length(batches, epochs)
+        if self._unit not in _UNITS:
+            # As Determined's searcher: the time is the validation's own `time_metric`.
+            if self._unit not in metrics:
+                raise TrialRuntimeError(
+                    f"the searcher ranks trials at {self._unit!r} (searcher.time_metric), but "
+                    f"validation returned {sorted(metrics)}; return that metric or change "
+                    "searcher.time_metric."
+                )
+            length = int(searcher_value(self._unit, metrics[self._unit]))
         decision = self.driver.report(self.trial, length, value)
         if decision.stop and length < max(self.trial.rungs or (length + 1,)):
             logger.info(
