@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import pathlib
 import sys
 import textwrap
@@ -91,8 +92,6 @@ def test_log_format_logs_as_on_determined(mapped: None, capsys: pytest.CaptureFi
         log.warning("hello")
     finally:
         log.removeHandler(handler)
-    import os
-
     assert capsys.readouterr().out == f"WARNING: [{os.getpid()}] mnist: hello\n"
 
 
@@ -297,8 +296,6 @@ def test_startup_hook_runs_before_the_trial_and_its_exports_reach_it(
     )
     assert main(["run", str(config)]) == 0
     assert (config.parent / "seen.json").is_file()
-    import os
-
     assert "HOOK_VALUE" not in os.environ  # the runner's own environment is left as it was
     log = (
         tmp_path / "xdg" / "lightning-bridge" / "experiments" / "1" / "trials" / "1" / "trial.log"
@@ -332,8 +329,6 @@ def test_initial_weights_follow_the_trial_seed(tmp_path: pathlib.Path) -> None:
     run = {"trial_seed": 12345, "hparams": {"global_batch_size": 4}, "config": SEEDED_CONFIG}
     path = tmp_path / "run.json"
     path.write_text(json.dumps(run))
-    import os
-
     os.environ["LIGHTNING_BRIDGE_EXPERIMENT"] = str(path)
     try:
         from lightning_bridge.contract import _cluster_info
@@ -347,3 +342,25 @@ def test_initial_weights_follow_the_trial_seed(tmp_path: pathlib.Path) -> None:
         _cluster_info._load.cache_clear()
     torch.manual_seed(12345)
     torch.testing.assert_close(drawn, torch.rand(3), rtol=0, atol=0)
+
+
+def test_a_script_that_configures_logging_gets_the_bridges_records_once(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`logging.basicConfig(format=det.LOG_FORMAT)` as Determined's examples start: the
+    bridge's records are printed once, in the script's format (not also in the bridge's)."""
+    from lightning_bridge import _logging
+
+    _logging.configure()
+    bridge = logging.getLogger("lightning_bridge")
+    bridge.info("before")
+    assert capsys.readouterr().err == "lightning-bridge: INFO: before\n"
+    root = logging.getLogger()
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter(_import_map.LOG_FORMAT))
+    root.addHandler(handler)
+    try:
+        bridge.info("after")
+    finally:
+        root.removeHandler(handler)
+    assert capsys.readouterr().err == f"INFO: [{os.getpid()}] lightning_bridge: after\n"
