@@ -37,10 +37,19 @@ if TYPE_CHECKING:
     from lightning_bridge.adapter._classes import LightningAdapter, lightning_trial
     from lightning_bridge.contract._callback import PyTorchCallback
     from lightning_bridge.contract._context import PyTorchTrialContext
-    from lightning_bridge.contract._data import DataLoader, TorchData, data_length, to_device
+    from lightning_bridge.contract._data import (
+        DataLoader,
+        TorchData,
+        adapt_batch_sampler,
+        data_length,
+        to_device,
+    )
     from lightning_bridge.contract._distributed import DistributedContext
     from lightning_bridge.contract._experimental import PyTorchExperimentalContext
-    from lightning_bridge.contract._load import load_trial_from_checkpoint_path
+    from lightning_bridge.contract._load import (
+        CheckpointLoadContext,
+        load_trial_from_checkpoint_path,
+    )
     from lightning_bridge.contract._lr_scheduler import LRScheduler
     from lightning_bridge.contract._reducer import MetricReducer, Reducer
     from lightning_bridge.contract._trial import PyTorchTrial
@@ -53,6 +62,7 @@ if TYPE_CHECKING:
 # helpers, so a Lightning release which moved one breaks only the adapter, with its message.
 _LAZY = {
     "Batch": "lightning_bridge.contract._units",
+    "CheckpointLoadContext": "lightning_bridge.contract._load",
     "DataLoader": "lightning_bridge.contract._data",
     "DistributedContext": "lightning_bridge.contract._distributed",
     "Epoch": "lightning_bridge.contract._units",
@@ -68,6 +78,7 @@ _LAZY = {
     "TrainUnit": "lightning_bridge.contract._units",
     "Trainer": "lightning_bridge.translation._trainer",
     "TrialModule": "lightning_bridge.translation._module",
+    "adapt_batch_sampler": "lightning_bridge.contract._data",
     "data_length": "lightning_bridge.contract._data",
     "init": "lightning_bridge.translation._init",
     "lightning_trial": "lightning_bridge.adapter._classes",
@@ -94,6 +105,7 @@ def __dir__() -> list[str]:
 __all__ = [
     "Batch",
     "BridgeError",
+    "CheckpointLoadContext",
     "CheckpointWriteError",
     "DataLoader",
     "DistributedContext",
@@ -114,6 +126,7 @@ __all__ = [
     "TrainUnit",
     "Trainer",
     "TrialModule",
+    "adapt_batch_sampler",
     "data_length",
     "init",
     "lightning_trial",

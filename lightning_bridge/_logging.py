@@ -29,8 +29,20 @@ class _Stderr(logging.StreamHandler):
         super().__init__(sys.stderr)
 
     def emit(self, record: logging.LogRecord) -> None:
+        if record.name.partition(".")[0] == BRIDGE and _printed_by_root():
+            return  # the script's own `logging.basicConfig(...)` prints it, in its format
         self.stream = sys.stderr
         super().emit(record)
+
+
+def _printed_by_root() -> bool:
+    """Whether the root logger has a handler of the user's printing to the console (a script's
+    `logging.basicConfig(format=det.LOG_FORMAT)`), which the bridge's records propagate to."""
+    consoles = (sys.stderr, sys.stdout, sys.__stderr__, sys.__stdout__)
+    return logging.getLogger(BRIDGE).propagate and any(
+        type(h) is logging.StreamHandler and h.stream in consoles
+        for h in logging.getLogger().handlers
+    )
 
 
 class _TrialLog(logging.FileHandler):

@@ -20,6 +20,7 @@ from lightning_bridge.experiment._cli import main
 from lightning_bridge.experiment._config import parse_config
 from tests._cli_folders import (  # isolated_imports: an autouse fixture
     BASE_CONFIG,
+    SEED_7,
     checkpoint_weights,
     isolated_imports,  # noqa: F401
     kept_checkpoints,
@@ -59,7 +60,7 @@ def test_runs_an_unchanged_trial_folder(
     assert seen == {
         "hparams": {"global_batch_size": 8, "lr": 0.05},
         "data": {"url": "https://example.invalid/data"},
-        "seed": 7,
+        "seed": SEED_7,
         "size": 1,
         "metric": "validation_loss",
     }

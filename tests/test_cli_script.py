@@ -14,6 +14,7 @@ import pytest
 
 from tests._cli_folders import (
     BASE_CONFIG,
+    SEED_7,
     kept_checkpoints,
     steps_completed,
     validations,
@@ -53,7 +54,7 @@ def test_script_learns_its_run_like_on_a_cluster(tmp_path: pathlib.Path) -> None
     assert first.returncode == 0, first.stdout + first.stderr
     seen = json.loads((folder / "script.0.json").read_text())
     assert seen["hparams"] == {"global_batch_size": 8, "lr": 0.05}
-    assert seen["seed"] == 7
+    assert seen["seed"] == SEED_7
     assert seen["user_data"] == {"url": "https://example.invalid/data"}
     assert seen["latest_checkpoint"] is None and seen["container_rank"] == 0
     # `from determined import pytorch` is the bridge; --test reached fit(): one batch.

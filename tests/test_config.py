@@ -416,8 +416,8 @@ def test_determined_imports_resolve_to_the_bridge(mapped: None) -> None:
     assert det_torch.PyTorchTrial is lightning_bridge.PyTorchTrial
     assert samplers.RepeatSampler is RepeatSampler is lightning_bridge.samplers.RepeatSampler
     assert determined.get_cluster_info() is None  # not started by the runner
-    with pytest.raises(ModuleNotFoundError, match="maps only determined, determined.pytorch"):
-        import determined.core  # type: ignore[import-not-found]  # noqa: F401
+    with pytest.raises(ModuleNotFoundError, match="determined.experimental is not mapped"):
+        import determined.experimental  # type: ignore[import-not-found]  # noqa: F401
 
 
 def test_shim_folder_maps_determined_in_a_subprocess(tmp_path: pathlib.Path) -> None:

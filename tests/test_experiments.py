@@ -16,6 +16,7 @@ import torch
 
 from lightning_bridge.experiment._cli import main
 from tests._cli_folders import (  # isolated_imports: an autouse fixture
+    SEED_7,
     checkpoint_weights,
     isolated_imports,  # noqa: F401
     kept_checkpoints,
@@ -111,7 +112,7 @@ def test_list_and_describe(runs: Runs, capsys: pytest.CaptureFixture[str]) -> No
     one, two = (_json(capsys, runs, "experiment", "describe", str(i)) for i in (1, 2))
     (trial,) = two["trials"]
     assert trial["state"] == "COMPLETED" and trial["runs"] == 2
-    assert trial["hparams"] == {"global_batch_size": 8, "lr": 0.05} and trial["seed"] == 7
+    assert trial["hparams"] == {"global_batch_size": 8, "lr": 0.05} and trial["seed"] == SEED_7
     assert trial["batches_trained"] == 16 and trial["epochs_trained"] == 2
     assert trial["start_time"] < trial["end_time"]
     # Every validation (every 4 batches) recorded by the trial's process, the continued

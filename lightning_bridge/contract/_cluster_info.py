@@ -50,6 +50,28 @@ class ClusterInfo:
         """This process's node rank (one node here, so 0 unless a launcher says otherwise)."""
         return int(os.environ.get("GROUP_RANK", os.environ.get("NODE_RANK", "0")) or 0)
 
+    @property
+    def user_data(self) -> dict[str, Any]:
+        """The experiment config's `data` section (as on Determined's `ClusterInfo`)."""
+        return self.trial.user_data
+
+    @property
+    def container_addrs(self) -> list[str]:
+        """The addresses of the trial's nodes: this machine."""
+        return ["127.0.0.1"]
+
+    @property
+    def gpu_uuids(self) -> list[str]:
+        """The UUIDs of the GPUs this process sees (none on a CPU machine)."""
+        import torch
+
+        if not torch.cuda.is_available():
+            return []
+        return [
+            f"GPU-{torch.cuda.get_device_properties(i).uuid}"
+            for i in range(torch.cuda.device_count())
+        ]
+
 
 @functools.lru_cache(maxsize=1)
 def _load(path: str) -> dict[str, Any]:

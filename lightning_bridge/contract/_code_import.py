@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import os
 import pathlib
 import sys
 from collections.abc import Callable, Iterator
@@ -39,11 +40,38 @@ def _from_dir(module: Any, folder: pathlib.Path) -> bool:
 @contextlib.contextmanager
 def code_on_path(folder: pathlib.Path, top_module: str) -> Iterator[None]:
     """`folder` first on `sys.path` for the duration, then gone again with its modules."""
-    folder = folder.resolve()
+    with _on_path(folder.resolve(), {top_module}):
+        yield
+
+
+def _top_level_modules(folder: pathlib.Path) -> set[str]:
+    """The modules and packages a folder holds at its top level (the bridge and the
+    `determined` it maps are never shadowed)."""
+    names = set()
+    for entry in folder.iterdir():
+        if entry.suffix == ".py" or (entry / "__init__.py").is_file():
+            names.add(entry.stem if entry.suffix == ".py" else entry.name)
+    return names - {"lightning_bridge", "determined"}
+
+
+@contextlib.contextmanager
+def import_from_path(path: str | os.PathLike[str]) -> Iterator[None]:
+    """Determined's `det.import_from_path`: imports inside the block come from `path` first,
+    also where a module of the same name was imported before (a checkpoint's `model_def` beside
+    the current one); afterwards `path` and its modules are gone and the earlier ones back."""
+    folder = pathlib.Path(path).resolve()
+    if not folder.is_dir():
+        raise FileNotFoundError(f"import_from_path: {str(folder)!r} is not a folder")
+    with _on_path(folder, _top_level_modules(folder)):
+        yield
+
+
+@contextlib.contextmanager
+def _on_path(folder: pathlib.Path, top_modules: set[str]) -> Iterator[None]:
     shadowing = {
         name: mod
         for name, mod in sys.modules.items()
-        if (name == top_module or name.startswith(top_module + ".")) and not _from_dir(mod, folder)
+        if name.partition(".")[0] in top_modules and not _from_dir(mod, folder)
     }
     for name in shadowing:
         del sys.modules[name]

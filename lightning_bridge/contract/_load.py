@@ -50,6 +50,22 @@ def _describe(ckpt: pathlib.Path) -> tuple[dict[str, Any], bool]:
     return {}, False
 
 
+class CheckpointLoadContext(PyTorchTrialContext):
+    """A context for building a trial outside a fit, e.g. to load a checkpoint into it by hand:
+    one process, trial seed 0, the hyperparameters and config given (Determined's
+    `pytorch.CheckpointLoadContext`)."""
+
+    def __init__(
+        self, hparams: dict[str, Any] | None = None, exp_conf: dict[str, Any] | None = None
+    ) -> None:
+        super().__init__(
+            hparams=hparams,
+            exp_conf=exp_conf,
+            distributed=DistributedContext(rank=0, size=1, local_rank=0, local_size=1),
+            trial_seed=0,
+        )
+
+
 def _context(description: dict[str, Any]) -> PyTorchTrialContext:
     config = description.get("experiment_config")
     aggregation = 1

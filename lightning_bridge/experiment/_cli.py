@@ -23,6 +23,7 @@ import importlib
 import logging
 import os
 import pathlib
+import secrets
 import signal
 import sys
 import traceback
@@ -48,11 +49,32 @@ def _is_chief() -> bool:
     )
 
 
+def _seeded(config_path: str, overrides: list[str]) -> list[str]:
+    """The overrides, with a random `reproducibility.experiment_seed` added when the config
+    names none, as Determined draws one for every experiment: the experiment's record keeps it
+    and each trial's seed derives from it. Printed, so the run can be repeated."""
+    from lightning_bridge.experiment._config import load_config
+
+    try:
+        if load_config(config_path, overrides).model.reproducibility.experiment_seed is not None:
+            return overrides
+    except BridgeError:
+        return overrides  # the run reports the config's error
+    seed = secrets.randbelow(1 << 31)
+    if _is_chief():
+        print(
+            f"Experiment seed {seed} (drawn at random; repeat the run with "
+            f"--set reproducibility.experiment_seed={seed})",
+            flush=True,
+        )
+    return [*overrides, f"reproducibility.experiment_seed={seed}"]
+
+
 def _run(args: argparse.Namespace, from_command_line: bool) -> int:
     from lightning_bridge.experiment import _runner
 
     options = _runner.Options(
-        overrides=list(args.overrides),
+        overrides=_seeded(args.config, list(args.overrides)),
         test_mode=bool(args.test),
         resume=args.resume,
         trust_checkpoint=bool(args.trust_checkpoint),

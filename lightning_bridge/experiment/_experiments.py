@@ -69,11 +69,13 @@ def run_trial(
         sys.argv[:] = [sys.argv[0], "_trial", str(trial.run_file)]
     _logging.configure(trial.log_file)
     logger.info(
-        "Experiment %d, trial %d: %s in %s",
+        "Experiment %d, trial %d: %s in %s (experiment seed %s, trial seed %d)",
         trial.experiment_id,
         trial.trial_id,
         plan.config.model.entrypoint,
         plan.context_dir,
+        plan.config.model.reproducibility.experiment_seed,
+        _runner.trial_seed(plan, trial),
     )
     if trial.latest_checkpoint:
         logger.info("Continuing from checkpoint %s", trial.latest_checkpoint)
@@ -156,21 +158,23 @@ def start_experiment(
         searcher_metric=conf.model.searcher.metric,
         smaller_is_better=conf.model.searcher.smaller_is_better,
     )
-    trial_id = registry.create_trial(
-        experiment_id,
-        hparams=conf.hparams,
-        seed=conf.model.reproducibility.experiment_seed,
-        source_checkpoint=source.label or None,
-    )
     workspace = registry.workspace
     trial = _runner.TrialRun(
         workspace=workspace.root,
         experiment_id=experiment_id,
-        trial_id=trial_id,
-        trial_dir=workspace.trial_dir(experiment_id, trial_id),
+        trial_id=0,
+        trial_dir=workspace.root,
         continue_command=continue_command(workspace, experiment_id),
         warm_start=warm,
     )
+    trial.seed = _runner.trial_seed(plan, trial)
+    trial.trial_id = registry.create_trial(
+        experiment_id,
+        hparams=conf.hparams,
+        seed=trial.seed,
+        source_checkpoint=source.label or None,
+    )
+    trial.trial_dir = workspace.trial_dir(experiment_id, trial.trial_id)
     if source.checkpoint is not None:
         _logging.configure(trial.log_file)
         local = fetch(registry, source.checkpoint, trial.trial_dir / "restore")
@@ -215,6 +219,7 @@ def continue_experiment(
             trial_id=recorded.id,
             trial_dir=registry.workspace.trial_dir(experiment_id, recorded.id),
             continue_command=continue_command(registry.workspace, experiment_id),
+            seed=recorded.seed,
         )
         _logging.configure(trial.log_file)  # the clean-up and download are in the trial's log
         discard_incomplete(registry, recorded.id)
@@ -264,7 +269,7 @@ def run_from_file(run_file: pathlib.Path) -> int:
         latest_checkpoint=run.get("latest_checkpoint"),
         continue_command=str(run.get("continue_command") or ""),
         warm_start=run.get("warm_start"),
-        seed=run.get("trial_seed") if run.get("search") else None,
+        seed=run.get("trial_seed"),
         search=run.get("search"),
     )
     chief = (

@@ -1,11 +1,13 @@
 """Map `import determined` / `determined.pytorch` onto the bridge for unchanged trial code.
 
-`install()` puts a finder on `sys.meta_path` that answers `determined`,
-`determined.pytorch` and `determined.pytorch.samplers` with modules holding the bridge's
-public names (and `get_cluster_info`, `InvalidHP` on `determined`), so
-`from determined import pytorch`, `import determined.pytorch as det_torch` and
-`from determined.pytorch import DataLoader` give the bridge's classes. Other `determined.*`
-modules (`core`, `experimental`, ...) are not provided and fail with a message saying so.
+`install()` puts a finder on `sys.meta_path` that answers `determined`, `determined.pytorch`,
+`determined.pytorch.samplers` and `determined.core` with modules holding the bridge's answers
+to Determined's names: `determined.pytorch` has exactly Determined's public `pytorch` names
+(`PYTORCH_NAMES`), the top-level package what scripts read from it (`LOG_FORMAT`,
+`get_cluster_info`, `InvalidHP`, `import_from_path`), and `determined.core` only the
+`DistributedContext` a script passes to `pytorch.init(distributed=...)`. Parts of Determined
+that need its cluster (the Core API, `determined.experimental`, DeepSpeed trials, batch
+inference, ...) are refused by name, each with what to do instead.
 
 `shim_dir()` writes a folder holding a `determined` package that installs the same mapping; on
 `PYTHONPATH` it reaches subprocesses (scripts, torchrun workers, Lightning's launcher) and
@@ -15,6 +17,7 @@ Determined instead of Lightning.
 
 from __future__ import annotations
 
+import importlib
 import importlib.abc
 import importlib.machinery
 import importlib.util
@@ -22,48 +25,156 @@ import pathlib
 import sys
 import tempfile
 import types
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-PROVIDED = ("determined", "determined.pytorch", "determined.pytorch.samplers")
+PROVIDED = ("determined", "determined.pytorch", "determined.pytorch.samplers", "determined.core")
+
+# Determined's `logging` format (`logging.basicConfig(format=det.LOG_FORMAT)`), the same string.
+LOG_FORMAT = "%(levelname)s: [%(process)s] %(name)s: %(message)s"
+
+# The public names of Determined 0.38.1's `determined.pytorch`, each answered by the bridge's
+# own (the bridge's extras, such as `TrialModule` or its error classes, are not among them).
+PYTORCH_NAMES = (
+    "Batch",
+    "CheckpointLoadContext",
+    "DataLoader",
+    "Epoch",
+    "LRScheduler",
+    "MetricReducer",
+    "PyTorchCallback",
+    "PyTorchExperimentalContext",
+    "PyTorchTrial",
+    "PyTorchTrialContext",
+    "Reducer",
+    "TorchData",
+    "TrainUnit",
+    "Trainer",
+    "adapt_batch_sampler",
+    "data_length",
+    "init",
+    "load_trial_from_checkpoint_path",
+    "samplers",
+    "to_device",
+)
+
+_CLUSTER = "only on a Determined cluster (`det e create`)"
+_CORE_API = (
+    "Determined's Core API (core.init, core.Context, reporting to a master) is not mapped onto "
+    "lightning_bridge: a Trainer-API script reports its metrics and checkpoints through "
+    "pytorch.init() and Trainer.fit(); a Core API script runs " + _CLUSTER
+)
+
+# Determined's modules (and attributes naming them) the mapping refuses, with the fix.
+REFUSED = {
+    "determined.experimental": (
+        "the Python SDK and unmanaged runs (client, core_v2, Checkpoint, Model) talk to a "
+        "Determined master; lightning-bridge keeps experiments, checkpoints and models in its "
+        "workspace (`lightning-bridge experiment / checkpoint / model`)"
+    ),
+    "determined.pytorch.deepspeed": (
+        "DeepSpeedTrial runs " + _CLUSTER + "; a PyTorchTrial trains with DeepSpeed through "
+        'pytorch.init(strategy="deepspeed")'
+    ),
+    "determined.pytorch.experimental": (
+        "batch inference (torch_batch_process, TorchBatchProcessor) runs " + _CLUSTER
+    ),
+    "determined.pytorch.dsat": "DeepSpeed autotuning (dsat) runs " + _CLUSTER,
+    "determined.launch": (
+        "Determined's launchers are entrypoint words: write `python3 -m "
+        "determined.launch.torch_distributed python3 train.py` as the config's entrypoint and "
+        "`lightning-bridge run` starts the processes with torchrun (or run `torchrun "
+        "--nproc_per_node=N train.py` yourself)"
+    ),
+    "determined.keras": "TensorFlow trials run " + _CLUSTER,
+    "determined.estimator": "TensorFlow trials run " + _CLUSTER,
+    "determined.transformers": ("DetCallback reports through the Core API, which runs " + _CLUSTER),
+}
 
 
-def _copy_module(name: str, source: types.ModuleType, names: list[str]) -> types.ModuleType:
-    module = types.ModuleType(name, source.__doc__)
-    for attr in names:
-        try:
-            setattr(module, attr, getattr(source, attr))
-        except ImportError:
-            # The Lightning adapter is imported lazily; Determined's API does not need it.
-            continue
-    module.__all__ = list(names)  # type: ignore[attr-defined]
+def _refusal(fullname: str) -> str:
+    for name, why in REFUSED.items():
+        if fullname == name or fullname.startswith(name + "."):
+            return f"{fullname} is not mapped onto lightning_bridge: {why}."
+    return (
+        f"{fullname} is not mapped onto lightning_bridge (it maps {', '.join(PROVIDED)}); code "
+        "that needs it runs on Determined itself."
+    )
+
+
+def _with_getattr(module: types.ModuleType, answer: Callable[[str], Any]) -> types.ModuleType:
+    setattr(module, "__getattr__", answer)  # noqa: B010 (a module-level __getattr__)
     return module
+
+
+def _refused_attribute(module: str, attr: str) -> ImportError | AttributeError:
+    """The error for `module.attr` when the mapping does not answer it: an ImportError for a
+    refused submodule (so `from determined.pytorch import deepspeed` says why), else an
+    AttributeError naming what the mapped module holds."""
+    fullname = f"{module}.{attr}"
+    if any(fullname == name or fullname.startswith(name + ".") for name in REFUSED):
+        return ImportError(_refusal(fullname), name=fullname)
+    return AttributeError(
+        f"module {module!r} (mapped onto lightning_bridge) has no attribute {attr!r}; "
+        f"it holds {', '.join(sorted(n for n in dir(sys.modules.get(module)) if n[0] != '_'))}"
+    )
 
 
 def _build(name: str) -> types.ModuleType:
     import lightning_bridge
     from lightning_bridge import samplers
-    from lightning_bridge.contract import _cluster_info
+    from lightning_bridge.contract import _cluster_info, _code_import
 
+    module = types.ModuleType(name, f"Determined's {name}, answered by lightning_bridge.")
     if name == "determined.pytorch.samplers":
-        public = [n for n in vars(samplers) if not n.startswith("_")]
-        return _copy_module(name, samplers, getattr(samplers, "__all__", public))
+        public = getattr(samplers, "__all__", [n for n in vars(samplers) if n[0] != "_"])
+        for attr in public:
+            setattr(module, attr, getattr(samplers, attr))
+        module.__all__ = list(public)  # type: ignore[attr-defined]
+        return module
     if name == "determined.pytorch":
-        return _copy_module(name, lightning_bridge, list(lightning_bridge.__all__))
-    module = types.ModuleType(name, "Determined's API, answered by lightning_bridge.")
+
+        def pytorch_attr(attr: str) -> Any:
+            # The bridge's names load on first use, as `lightning_bridge`'s do.
+            if attr == "samplers":
+                return importlib.import_module("determined.pytorch.samplers")
+            if attr in PYTORCH_NAMES:
+                value = getattr(lightning_bridge, attr)
+                setattr(module, attr, value)
+                return value
+            raise _refused_attribute(name, attr)
+
+        module.__all__ = list(PYTORCH_NAMES)  # type: ignore[attr-defined]
+        setattr(module, "__dir__", lambda: sorted(PYTORCH_NAMES))  # noqa: B010
+        return _with_getattr(module, pytorch_attr)
+    if name == "determined.core":
+
+        def core_attr(attr: str) -> Any:
+            if attr == "DistributedContext":
+                return getattr(lightning_bridge, "DistributedContext")  # noqa: B009
+            if attr.startswith("__"):
+                raise AttributeError(attr)
+            # An ImportError, so that `from determined.core import init` says it too.
+            raise ImportError(f"determined.core.{attr}: {_CORE_API}.", name="determined.core")
+
+        module.__all__ = ["DistributedContext"]  # type: ignore[attr-defined]
+        return _with_getattr(module, core_attr)
+    module.LOG_FORMAT = LOG_FORMAT  # type: ignore[attr-defined]
     module.get_cluster_info = _cluster_info.get_cluster_info  # type: ignore[attr-defined]
     module.ClusterInfo = _cluster_info.ClusterInfo  # type: ignore[attr-defined]
     module.TrialInfo = _cluster_info.TrialInfo  # type: ignore[attr-defined]
     module.InvalidHP = lightning_bridge.InvalidHP  # type: ignore[attr-defined]
+    module.import_from_path = _code_import.import_from_path  # type: ignore[attr-defined]
 
-    def __getattr__(attr: str) -> Any:
+    def determined_attr(attr: str) -> Any:
         # `import determined as det; det.pytorch.init(...)` without importing det.pytorch.
-        if attr == "pytorch":
-            return importlib.import_module("determined.pytorch")
-        raise AttributeError(f"module 'determined' (mapped onto lightning_bridge) has no {attr!r}")
+        if f"determined.{attr}" in PROVIDED:
+            return importlib.import_module(f"determined.{attr}")
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        raise _refused_attribute(name, attr)
 
-    setattr(module, "__getattr__", __getattr__)  # noqa: B010 (a module-level __getattr__)
-    return module
+    return _with_getattr(module, determined_attr)
 
 
 class DeterminedFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
@@ -78,12 +189,7 @@ class DeterminedFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         if fullname != "determined" and not fullname.startswith("determined."):
             return None
         if fullname not in PROVIDED:
-            raise ModuleNotFoundError(
-                f"No module named {fullname!r}: lightning-bridge maps only determined, "
-                "determined.pytorch and determined.pytorch.samplers onto the bridge; code "
-                f"that needs {fullname} runs on Determined itself.",
-                name=fullname,
-            )
+            raise ModuleNotFoundError(_refusal(fullname), name=fullname)
         return importlib.util.spec_from_loader(
             fullname, self, is_package=fullname != "determined.pytorch.samplers"
         )

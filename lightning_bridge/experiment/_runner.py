@@ -34,6 +34,8 @@ from lightning_bridge.experiment import _import_map
 from lightning_bridge.experiment._child import EntrypointFailed, run_child
 from lightning_bridge.experiment._config import ResolvedConfig, load_config
 from lightning_bridge.experiment._entrypoint import Entrypoint, parse_entrypoint
+from lightning_bridge.experiment._startup_hook import startup_hook_environment
+from lightning_bridge.search._space import trial_draw
 
 logger = logging.getLogger("lightning_bridge")
 
@@ -288,17 +290,24 @@ def script_command(plan: Plan) -> list[str]:
     return [*torchrun, *rest]
 
 
+def trial_seed(plan: Plan, trial: TrialRun) -> int:
+    """The trial's seed: a search's trial has its own; a single trial's derives from the
+    experiment seed as a search's first trial's does (Determined draws every trial's seed from
+    the experiment seed)."""
+    if trial.seed is not None:
+        return int(trial.seed)
+    return trial_draw(plan.config.space, plan.config.model.reproducibility.experiment_seed or 0, 0)[
+        0
+    ]
+
+
 def describe_run(plan: Plan, trial: TrialRun) -> dict[str, Any]:
     """The run description a trial's processes read (`_cluster_info`)."""
     script = plan.entrypoint.trial is None
     return {
         "config": plan.experiment_config(),
         "hparams": plan.config.hparams,
-        "trial_seed": (
-            trial.seed
-            if trial.seed is not None
-            else plan.config.model.reproducibility.experiment_seed or 0
-        ),
+        "trial_seed": trial_seed(plan, trial),
         "search": trial.search,
         "latest_checkpoint": trial.latest_checkpoint,
         "warm_start": trial.warm_start,
@@ -376,7 +385,7 @@ def execute(plan: Plan, trial: TrialRun) -> int:
     previous = pathlib.Path.cwd()
     os.chdir(plan.context_dir)
     try:
-        with described(plan, trial):
+        with described(plan, trial), startup_hook_environment(plan.context_dir):
             if plan.entrypoint.trial is not None:
                 _run_trial(plan, trial)
                 return 0

@@ -174,12 +174,13 @@ def init(
     )
     dist = distributed if distributed is not None else DistributedContext()
     seed = None
-    if exp_conf is not None:
+    if run is not None and run.get("trial_seed") is not None:
+        # Run by `lightning-bridge run`: every trial has its own seed, as on a cluster.
+        seed = int(run["trial_seed"])
+    elif exp_conf is not None:
         seed = (exp_conf.get("reproducibility") or {}).get("experiment_seed")
-        if run is not None and run.get("search"):
-            seed = int(run.get("trial_seed") or 0)  # a search's trial: its own seed
-        if seed is not None:
-            _seed_everything(int(seed))
+    if seed is not None:
+        _seed_everything(int(seed))
     context = PyTorchTrialContext(
         hparams=hparams,
         exp_conf=exp_conf,
