@@ -43,7 +43,7 @@ def _copy_module(name: str, source: types.ModuleType, names: list[str]) -> types
 def _build(name: str) -> types.ModuleType:
     import lightning_bridge
     from lightning_bridge import samplers
-    from lightning_bridge.contract import _cluster_info
+    from lightning_bridge.translation import _cluster_info
 
     if name == "determined.pytorch.samplers":
         public = [n for n in vars(samplers) if not n.startswith("_")]
