@@ -95,16 +95,18 @@ class EngineSettings:
             kwargs["plugins"] = self.plugins
         return kwargs
 
-    @property
-    def processes(self) -> int:
-        """How many processes Lightning's launcher starts: devices x nodes (1 for 'auto')."""
-        if isinstance(self.devices, bool):
-            return 1
-        if isinstance(self.devices, int) and self.devices > 0:
-            return self.devices * max(self.num_nodes, 1)
-        if isinstance(self.devices, (list, tuple)):
-            return len(self.devices) * max(self.num_nodes, 1)
-        return 1
+    def precision_name(self) -> str | None:
+        """Fabric's own name for the precision (`"bf16"` -> `"bf16-mixed"`, `16` ->
+        `"16-mixed"`, `"32"` -> `"32-true"`), None for a value Fabric does not take."""
+        value = self.precision
+        if isinstance(value, bool) or value not in accepted_precisions():
+            return None
+        text = str(value)
+        if text in ("16", "bf16"):
+            return f"{text}-mixed"
+        if text in ("32", "64"):
+            return f"{text}-true"
+        return text
 
     # ----- JSON (the run description: names and numbers only) -----
 
@@ -175,19 +177,6 @@ def accepted_precisions() -> list[Any]:
     for name in ("_PRECISION_INPUT_STR", "_PRECISION_INPUT_STR_ALIAS", "_PRECISION_INPUT_INT"):
         values.extend(get_args(getattr(module, name, None)) or ())
     return values
-
-
-def unified_precision(value: Any) -> str | None:
-    """Fabric's own name for a precision value (`"bf16"` -> `"bf16-mixed"`, `16` ->
-    `"16-mixed"`), or None for a value Fabric does not take."""
-    if isinstance(value, bool) or value not in accepted_precisions():
-        return None
-    text = str(value)
-    if text in ("16", "bf16"):
-        return f"{text}-mixed"
-    if text in ("32", "64"):
-        return f"{text}-true"
-    return text
 
 
 def resolve_accelerator(accelerator: Any, spell: Spell) -> str | None:
