@@ -50,10 +50,11 @@ def continue_command(workspace: Workspace, experiment_id: int) -> str:
 def check_storage(plan: _runner.Plan) -> None:
     """The configured checkpoint storage is usable: its back end is installed and it takes a
     write (before anything trains)."""
-    section = plan.experiment_config().get("checkpoint_storage") or {}
-    kind = section.get("type") or "shared_fs"
+    storage = plan.config.model.checkpoint_storage
+    kind = (storage.type if storage is not None else None) or "shared_fs"
     check_backend(kind)
-    if kind != "shared_fs" or section.get("host_path"):
+    if kind != "shared_fs" or (storage is not None and storage.host_path):
+        section = plan.experiment_config()["checkpoint_storage"]  # host_path made absolute
         storage_from_config(section, plan.context_dir).probe()
 
 
