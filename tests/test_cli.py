@@ -18,6 +18,7 @@ import lightning_bridge as pytorch
 from lightning_bridge.experiment import _import_map
 from lightning_bridge.experiment._cli import main
 from lightning_bridge.experiment._config import parse_config
+from lightning_bridge.translation._run_description import RecordConnection, RunDescription
 from tests._cli_folders import (  # isolated_imports: an autouse fixture
     BASE_CONFIG,
     SEED_7,
@@ -84,6 +85,29 @@ def test_runs_an_unchanged_trial_folder(
     assert err.count("not used by lightning-bridge") == 1
     assert "environment, max_restarts (a failed trial is not restarted" in err
     assert "Tip:" not in out + err
+    # The run description the trial was trained from: complete, typed, versioned.
+    trial_dir = workspace / "experiments" / "1" / "trials" / "1"
+    run = RunDescription.read(trial_dir / "run.json")
+    assert run.version == 1 and run.record == RecordConnection(str(workspace), 1, 1)
+    assert (run.run_dir, run.checkpoint_dir) == (trial_dir, trial_dir / "checkpoints")
+    assert run.context_dir == folder and run.entrypoint == "model_def:LinearTrial"
+    assert run.hparams == {"global_batch_size": 8, "lr": 0.05} and run.trial_seed == 7
+    assert repr(run.max_length) == "Epoch(2)" and repr(run.validation_period) == "Batch(4)"
+    assert run.engine.fabric_kwargs() == {
+        "accelerator": "auto", "devices": 1, "num_nodes": 1, "strategy": "auto"
+    }  # fmt: skip
+    assert run.search is None and run.continue_command.startswith("lightning-bridge experiment")
+
+
+def test_a_run_description_of_another_layout_is_refused(
+    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps({**RunDescription().to_json(), "version": 99}))
+    assert main(["_trial", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert f"{path}: not a trial's run description (layout version 99" in err
+    assert err.count("\n") == 1
 
 
 def test_matches_the_same_trial_trained_directly(tmp_path: pathlib.Path) -> None:

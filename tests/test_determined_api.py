@@ -326,20 +326,19 @@ def test_a_failing_startup_hook_stops_the_trial_with_its_exit_code(
 
 def test_initial_weights_follow_the_trial_seed(tmp_path: pathlib.Path) -> None:
     """`init()` under the runner seeds with the trial's seed (not the experiment seed)."""
-    run = {"trial_seed": 12345, "hparams": {"global_batch_size": 4}, "config": SEEDED_CONFIG}
+    from lightning_bridge.translation._run_description import RunDescription
+
     path = tmp_path / "run.json"
-    path.write_text(json.dumps(run))
+    RunDescription(
+        trial_seed=12345, hparams={"global_batch_size": 4}, config=dict(SEEDED_CONFIG)
+    ).write(path)
     os.environ["LIGHTNING_BRIDGE_EXPERIMENT"] = str(path)
     try:
-        from lightning_bridge.contract import _cluster_info
-
-        _cluster_info._load.cache_clear()
         with lightning_bridge.init() as ctx:
             drawn = torch.rand(3)
             assert ctx.get_trial_seed() == 12345
     finally:
         del os.environ["LIGHTNING_BRIDGE_EXPERIMENT"]
-        _cluster_info._load.cache_clear()
     torch.manual_seed(12345)
     torch.testing.assert_close(drawn, torch.rand(3), rtol=0, atol=0)
 

@@ -6,7 +6,6 @@ subprocess: the run description a search worker writes is written here.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import pathlib
@@ -16,8 +15,12 @@ from typing import Any
 import pytest
 
 from lightning_bridge import Batch
-from lightning_bridge.contract import _cluster_info
 from lightning_bridge.search import SEARCHER, SearchDriver, SearchSpec, TrialSpec
+from lightning_bridge.translation._run_description import (
+    ENV_VAR,
+    RunDescription,
+    SearchConnection,
+)
 from tests._trials import LinearTrial, fit
 
 pytest.importorskip("optuna")
@@ -38,22 +41,17 @@ SEARCHER_CONFIG = {
 def _as_search_trial(
     tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, driver: SearchDriver, spec: TrialSpec
 ) -> dict[str, Any]:
-    """Describe the run as a search worker does (`_cluster_info`); the experiment config."""
+    """Describe the run as a search worker does (`RunDescription`); the experiment config."""
     exp_conf = {"searcher": {**SEARCHER_CONFIG}, "reproducibility": {"experiment_seed": 1}}
-    run = {
-        "hparams": spec.hparams,
-        "config": exp_conf,
-        "trial_seed": spec.seed,
-        "search": {
-            "storage": str(tmp_path / "search.journal"),
-            "name": driver.name,
-            "metric": "val_loss",
-            "trial": dataclasses.asdict(spec),
-        },
-    }
+    run = RunDescription(
+        hparams=spec.hparams,
+        config=exp_conf,
+        trial_seed=spec.seed,
+        search=SearchConnection(str(tmp_path / "search.journal"), driver.name, "val_loss", spec),
+    )
     path = tmp_path / f"run-{spec.number}.json"
-    path.write_text(json.dumps(run))
-    monkeypatch.setenv(_cluster_info.ENV_VAR, str(path))
+    run.write(path)
+    monkeypatch.setenv(ENV_VAR, str(path))
     return exp_conf
 
 

@@ -326,3 +326,26 @@ def test_bf16_mixed_precision_on_cpu() -> None:
     assert trial.model.weight.dtype == torch.float32  # master weights stay in float32
     losses = [a[0]["loss"] for n, a in trial.recorder.calls if n == "on_training_workload_end"]
     assert losses and all(np.isfinite(losses))
+
+
+def test_a_fabric_strategy_instance_runs_the_fit() -> None:
+    """The fit runs on lightning.Fabric: an instance of one of its strategies is taken as is."""
+    from lightning.fabric.strategies import SingleDeviceStrategy
+
+    strategy = SingleDeviceStrategy(device=torch.device("cpu"))
+    trial, trainer = fit(init_kwargs={"strategy": strategy}, max_length=pytorch.Batch(4))
+    assert trainer.fabric.strategy is strategy
+    assert trainer.last_validation_metrics  # it trained and validated
+
+
+def test_a_lightning_trainer_strategy_is_refused_before_the_trial_is_built() -> None:
+    """lightning.Trainer's strategy classes are not Fabric's: refused in init(), naming
+    Fabric's class of the same name, instead of failing inside Fabric after the build."""
+    from lightning.pytorch.strategies import DDPStrategy
+
+    with pytest.raises(pytorch.InvalidArgumentError) as info:
+        with quiet_init(strategy=DDPStrategy()):
+            pass
+    message = str(info.value)
+    assert "strategy=: lightning.pytorch.strategies.ddp.DDPStrategy" in message
+    assert "lightning.fabric.strategies.DDPStrategy(...)" in message

@@ -24,20 +24,11 @@ import math
 from typing import Any
 
 from lightning_bridge._errors import InvalidTrialError
+from lightning_bridge.translation._engine_settings import EngineSettings
 
 HPARAM_SETTINGS = ("gradient_clip_val", "gradient_clip_algorithm", "accumulate_grad_batches")
-_PRECISIONS = {
-    "32": "32-true",
-    "32-true": "32-true",
-    "64": "64-true",
-    "64-true": "64-true",
-    "bf16": "bf16-mixed",
-    "bf16-mixed": "bf16-mixed",
-    "16": "16-mixed",
-    "16-mixed": "16-mixed",
-    "bf16-true": "bf16-true",
-    "16-true": "16-true",
-}
+# The precisions the adapter applies (Fabric's names; EngineSettings reads the aliases).
+_PRECISIONS = ("32-true", "64-true", "bf16-mixed", "16-mixed", "bf16-true", "16-true")
 _PLACES = {
     **dict.fromkeys(
         ("max_epochs", "max_steps", "min_epochs", "min_steps", "max_time"),
@@ -146,11 +137,11 @@ def _unit(value: Any, where: str, global_batch_size: Any) -> Length | None:
 
 
 def _precision(value: Any, device: Any) -> str:
-    unified = _PRECISIONS.get(str(value))
-    if unified is None:
+    unified = EngineSettings(precision=value).precision_name()
+    if unified not in _PRECISIONS:
         raise InvalidTrialError(
             f"hparams['precision'] is {value!r}; LightningAdapter applies "
-            f"{', '.join(sorted(set(_PRECISIONS.values())))} (as lightning.Trainer(precision=))."
+            f"{', '.join(sorted(_PRECISIONS))} (as lightning.Trainer(precision=))."
         )
     if unified == "16-mixed":
         if str(device).startswith("cuda"):

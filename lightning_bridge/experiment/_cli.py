@@ -33,7 +33,7 @@ from typing import Any
 from lightning_bridge import _logging
 from lightning_bridge._errors import BridgeError, CheckpointWriteError, InvalidArgumentError
 from lightning_bridge.experiment._child import EntrypointFailed
-from lightning_bridge.experiment._engine_settings import oversubscription_allowed
+from lightning_bridge.experiment._machine_capacity import oversubscription_allowed
 from lightning_bridge.experiment._parser import build_parser
 
 logger = logging.getLogger("lightning_bridge")
@@ -95,12 +95,11 @@ def _run(args: argparse.Namespace, from_command_line: bool) -> int:
         # Loaded after the config checks, so a config error answers at once.
         from lightning_bridge.experiment import _experiments
         from lightning_bridge.experiment._checkpoints import AlreadyComplete
-        from lightning_bridge.experiment._engine_settings import check_settings
         from lightning_bridge.experiment._summary import run_summary
         from lightning_bridge.record._registry import Registry
 
         _experiments.check_storage(plan)
-        check_settings(plan)
+        plan.check_engine()
     except BridgeError as exc:
         print(f"lightning-bridge: error: {exc}", file=sys.stderr)
         return EXIT_USAGE

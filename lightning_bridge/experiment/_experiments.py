@@ -10,7 +10,6 @@ experiment. The trial's own process records its metrics and checkpoints (`_run_r
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
 import pathlib
@@ -36,6 +35,7 @@ from lightning_bridge.experiment._source import warm_start_source
 from lightning_bridge.record._registry import Registry
 from lightning_bridge.record._schema import TrialState
 from lightning_bridge.record._workspace import Workspace
+from lightning_bridge.translation._run_description import RunDescription
 
 logger = logging.getLogger("lightning_bridge")
 
@@ -50,10 +50,11 @@ def continue_command(workspace: Workspace, experiment_id: int) -> str:
 def check_storage(plan: _runner.Plan) -> None:
     """The configured checkpoint storage is usable: its back end is installed and it takes a
     write (before anything trains)."""
-    section = plan.experiment_config().get("checkpoint_storage") or {}
-    kind = section.get("type") or "shared_fs"
+    storage = plan.config.model.checkpoint_storage
+    kind = (storage.type if storage is not None else None) or "shared_fs"
     check_backend(kind)
-    if kind != "shared_fs" or section.get("host_path"):
+    if kind != "shared_fs" or (storage is not None and storage.host_path):
+        section = plan.experiment_config()["checkpoint_storage"]  # host_path made absolute
         storage_from_config(section, plan.context_dir).probe()
 
 
@@ -143,8 +144,7 @@ def start_experiment(
     if resume is not None:
         source = resolve_resume(registry, resume, plan, config_path)
     else:
-        searcher = plan.experiment_config().get("searcher") or {}
-        found = warm_start_source(registry, searcher)
+        found = warm_start_source(registry, plan.config.model.searcher)
         source, warm = (found, True) if found is not None else (Source(""), None)
     conf = plan.config
     config = plan.experiment_config()
@@ -190,9 +190,7 @@ def recorded_plan(registry: Registry, experiment_id: int, hparams: dict[str, Any
     resolved = parse_config(experiment.config)
     config = ResolvedConfig(resolved.raw, resolved.model, resolved.space, hparams)
     folder = pathlib.Path(experiment.context_dir)
-    names = {f.name for f in dataclasses.fields(_runner.Options)}
-    options = _runner.Options(**{k: v for k, v in experiment.options.items() if k in names})
-    return _runner.prepare_config(config, folder, options)
+    return _runner.prepare_config(config, folder, _runner.Options.from_record(experiment.options))
 
 
 def continue_experiment(
@@ -229,8 +227,8 @@ def continue_experiment(
         elif recorded.source_checkpoint:
             # No checkpoint of its own yet: start again from its source checkpoint, a warm
             # start where the config's searcher named it.
-            searcher = plan.experiment_config().get("searcher") or {}
-            if searcher.get("source_checkpoint_uuid") or searcher.get("source_trial_id"):
+            searcher = plan.config.model.searcher
+            if searcher.source_checkpoint_uuid or searcher.source_trial_id:
                 trial.warm_start = True
             source = registry.checkpoint(recorded.source_checkpoint)
             if source is not None:
@@ -249,28 +247,26 @@ def run_from_file(run_file: pathlib.Path) -> int:
     other ranks Lightning's launcher starts, or a trial a searcher starts as a subprocess. The
     chief records how it ended; other ranks only train."""
     follow_parent()  # a search's trial stops with the worker that started it
-    try:
-        run = json.loads(run_file.read_text())
-    except (OSError, ValueError) as exc:
-        raise InvalidArgumentError(f"{run_file}: not a trial's run description ({exc})") from None
-    resolved = parse_config(run["raw_config"])
-    hparams = dict(run.get("hparams") or {})
-    config = ResolvedConfig(resolved.raw, resolved.model, resolved.space, hparams)
-    names = {f.name for f in dataclasses.fields(_runner.Options)}
-    options = _runner.Options(**{k: v for k, v in run["options"].items() if k in names})
-    plan = _runner.prepare_config(config, pathlib.Path(run["context_dir"]), options)
-    record = run["record"]
-    workspace = Workspace(record["workspace"])
+    run = RunDescription.read(run_file)
+    if run.record is None or run.run_dir is None or run.context_dir is None:
+        raise InvalidArgumentError(
+            f"{run_file}: a trial's run description names its record, folder and code; this "
+            "one does not (write it with `lightning-bridge run`)."
+        )
+    resolved = parse_config(run.raw_config)
+    config = ResolvedConfig(resolved.raw, resolved.model, resolved.space, run.hparams)
+    plan = _runner.prepare_config(config, run.context_dir, _runner.Options.from_record(run.options))
+    workspace = Workspace(run.record.workspace)
     trial = _runner.TrialRun(
         workspace=workspace.root,
-        experiment_id=int(record["experiment_id"]),
-        trial_id=int(record["trial_id"]),
-        trial_dir=pathlib.Path(run["run_dir"]),
-        latest_checkpoint=run.get("latest_checkpoint"),
-        continue_command=str(run.get("continue_command") or ""),
-        warm_start=run.get("warm_start"),
-        seed=run.get("trial_seed"),
-        search=run.get("search"),
+        experiment_id=run.record.experiment_id,
+        trial_id=run.record.trial_id,
+        trial_dir=run.run_dir,
+        latest_checkpoint=run.latest_checkpoint,
+        continue_command=run.continue_command,
+        warm_start=run.warm_start,
+        seed=run.trial_seed,
+        search=run.search,
     )
     chief = (
         int(os.environ.get("LOCAL_RANK", "0") or 0) == 0

@@ -123,7 +123,8 @@ def _refused_attribute(module: str, attr: str) -> ImportError | AttributeError:
 def _build(name: str) -> types.ModuleType:
     import lightning_bridge
     from lightning_bridge import samplers
-    from lightning_bridge.contract import _cluster_info, _code_import
+    from lightning_bridge.contract import _code_import
+    from lightning_bridge.translation import _cluster_info
 
     module = types.ModuleType(name, f"Determined's {name}, answered by lightning_bridge.")
     if name == "determined.pytorch.samplers":

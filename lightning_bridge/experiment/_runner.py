@@ -2,13 +2,13 @@
 
 `prepare()` validates the config and the entrypoint without running anything (nor importing
 torch); `execute()` runs one trial of it. Either way the trial's run is described in a JSON file
-in the trial's folder, named by `LIGHTNING_BRIDGE_EXPERIMENT` (see `_cluster_info`): its config,
-hyperparameters, folders and record. A `module:TrialClass` entrypoint (or the torch_distributed
-launcher's `--trial`) is imported and trained in this process with `init()` +
-`Trainer.fit()`, its lengths and periods taken from the config. A script entrypoint (`python3
-train.py ...`, optionally behind `python3 -m determined.launch.torch_distributed`) runs as a
-subprocess, under torchrun when it gets more than one process, with `determined` mapped onto
-the bridge.
+in the trial's folder, named by `LIGHTNING_BRIDGE_EXPERIMENT` (a `RunDescription`): its config,
+hyperparameters, folders, engine settings, schedule and record. A `module:TrialClass`
+entrypoint (or the torch_distributed launcher's `--trial`) is imported and trained in this
+process with `init()` + `Trainer.fit()`, both taking their values from that description. A
+script entrypoint (`python3 train.py ...`, optionally behind `python3 -m
+determined.launch.torch_distributed`) runs as a subprocess, under torchrun when it gets more
+than one process, with `determined` mapped onto the bridge.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import importlib.util
-import json
 import logging
 import os
 import pathlib
@@ -28,14 +27,20 @@ from contextlib import contextmanager
 from typing import Any
 
 from lightning_bridge._errors import InvalidArgumentError, InvalidTrialError
-from lightning_bridge.contract import _cluster_info
-from lightning_bridge.contract._units import Batch, Epoch, TrainUnit
+from lightning_bridge.contract._units import Batch
 from lightning_bridge.experiment import _import_map
 from lightning_bridge.experiment._child import EntrypointFailed, run_child
 from lightning_bridge.experiment._config import ResolvedConfig, load_config
 from lightning_bridge.experiment._entrypoint import Entrypoint, parse_entrypoint
 from lightning_bridge.experiment._startup_hook import startup_hook_environment
 from lightning_bridge.search._space import trial_draw
+from lightning_bridge.translation._engine_settings import EngineSettings
+from lightning_bridge.translation._run_description import (
+    ENV_VAR,
+    RecordConnection,
+    RunDescription,
+    SearchConnection,
+)
 
 logger = logging.getLogger("lightning_bridge")
 
@@ -55,6 +60,21 @@ class Options:
     precision: str | None = None
     strategy: str | None = None
     accelerator: str | None = None
+
+    @classmethod
+    def from_record(cls, recorded: dict[str, Any]) -> Options:
+        """The options an experiment or a run description recorded (other keys ignored)."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in recorded.items() if k in names})
+
+    def engine_settings(self) -> EngineSettings:
+        """The command line's engine settings, as given."""
+        return EngineSettings(
+            accelerator=self.accelerator or "auto",
+            devices=self.devices,
+            strategy=self.strategy or "auto",
+            precision=self.precision,
+        )
 
 
 @dataclasses.dataclass
@@ -77,6 +97,12 @@ class Plan:
     def experiment_config(self) -> dict[str, Any]:
         return self.config.experiment_config(self.context_dir)
 
+    def check_engine(self) -> None:
+        """Check the command line's engine settings against Lightning (InvalidArgumentError
+        listing the accepted values); remember the accelerator it will use."""
+        settings = self.options.engine_settings()
+        self.accelerator = settings.check(spell=lambda name: f"--{name}")
+
     @property
     def stop_timeout(self) -> int:
         """Seconds a script entrypoint gets to stop after a signal before it is killed."""
@@ -98,9 +124,10 @@ class TrialRun:
     # fit()'s warm_start: True when the trial starts from another trial's checkpoint
     # (searcher.source_checkpoint_uuid / source_trial_id), None to let the checkpoint decide.
     warm_start: bool | None = None
-    # A search's trial: its seed, and the search it reports to (`_search_report`).
+    # The trial's recorded seed (None: derived from the experiment seed, see `trial_seed`).
     seed: int | None = None
-    search: dict[str, Any] | None = None
+    # A search's trial: the search it reports to, and the trial there (its seed).
+    search: SearchConnection | None = None
 
     @property
     def checkpoint_dir(self) -> pathlib.Path:
@@ -163,27 +190,17 @@ def unused_warning(plan: Plan) -> str | None:
     return "\n".join(lines) or None
 
 
-def _engine(plan: Plan, processes_launched: bool) -> dict[str, Any]:
-    """Engine settings for `init()`: the command line's, plus DDP for several processes when
+def engine_settings(plan: Plan, processes_launched: bool) -> EngineSettings:
+    """The trial's engine settings: the command line's, plus DDP for several processes when
     Lightning launches them (torchrun-launched scripts are detected by `init()` itself)."""
-    opts = plan.options
-    engine: dict[str, Any] = {
-        "aggregation_frequency": plan.config.model.optimizations.aggregation_frequency
-    }
-    if opts.accelerator:
-        engine["accelerator"] = opts.accelerator
-    if opts.precision:
-        engine["precision"] = opts.precision
-    if opts.strategy:
-        engine["strategy"] = opts.strategy
-    if not processes_launched:
-        if opts.devices is not None:
-            engine["devices"] = opts.devices
-        elif plan.processes > 1:
-            engine["devices"] = plan.processes
-        if plan.processes > 1 and not opts.strategy:
-            engine["strategy"] = "ddp"
-    return engine
+    settings = plan.options.engine_settings()
+    if processes_launched:
+        return settings.replace(devices=None)
+    if settings.devices is None and plan.processes > 1:
+        settings = settings.replace(devices=plan.processes)
+    if plan.processes > 1 and not plan.options.strategy:
+        settings = settings.replace(strategy="ddp")
+    return settings
 
 
 def load_trial_class(spec: str, context_dir: pathlib.Path) -> type:
@@ -222,47 +239,29 @@ def load_trial_class(spec: str, context_dir: pathlib.Path) -> type:
     return obj
 
 
-def _run_trial(plan: Plan, trial: TrialRun) -> None:
+def _run_trial(plan: Plan, run: RunDescription) -> None:
+    """Train a trial class in this process: `init()` takes everything from the run's
+    description (named in the environment), `fit()` its schedule."""
     import lightning_bridge as pytorch
 
     assert plan.entrypoint.trial is not None
-    conf = plan.config
     trial_class = load_trial_class(plan.entrypoint.trial, plan.context_dir)
-    max_length = conf.length("max_length")
-    validation = conf.length("min_validation_period")
-    checkpoint = conf.length("min_checkpoint_period")
-    engine = _engine(plan, processes_launched=False)
-    aggregation = engine.pop("aggregation_frequency")
-    with pytorch.init(
-        hparams=conf.hparams,
-        exp_conf=plan.experiment_config(),
-        aggregation_frequency=aggregation,
-        checkpoint_dir=trial.checkpoint_dir,
-        run_dir=trial.trial_dir,
-        code_dir=plan.context_dir,
-        **engine,
-    ) as context:
+    with pytorch.init() as context:
         trial_object = trial_class(context)
         trainer = pytorch.Trainer(trial_object, context)
         trainer.fit(
-            max_length=max_length,
-            validation_period=validation,
-            checkpoint_period=checkpoint,
-            reporting_period=Batch(conf.model.scheduling_unit),
-            checkpoint_policy=conf.model.checkpoint_policy,
-            latest_checkpoint=trial.latest_checkpoint,
-            step_zero_validation=conf.model.perform_initial_validation,
-            test_mode=plan.options.test_mode,
-            profiling_enabled=conf.model.profiling.enabled,
-            trust_checkpoint=plan.options.trust_checkpoint,
-            warm_start=trial.warm_start,
+            max_length=run.max_length,
+            validation_period=run.validation_period,
+            checkpoint_period=run.checkpoint_period,
+            reporting_period=Batch(run.reporting_period),
+            checkpoint_policy=run.checkpoint_policy,
+            latest_checkpoint=run.latest_checkpoint,
+            step_zero_validation=run.step_zero_validation,
+            test_mode=run.test_mode,
+            profiling_enabled=run.profiling_enabled,
+            trust_checkpoint=run.trust_checkpoint,
+            warm_start=run.warm_start,
         )
-
-
-def _length_record(unit: TrainUnit | None) -> list[Any] | None:
-    if unit is None:
-        return None
-    return ["epochs" if isinstance(unit, Epoch) else "batches", unit.value]
 
 
 def script_command(plan: Plan) -> list[str]:
@@ -296,61 +295,64 @@ def trial_seed(plan: Plan, trial: TrialRun) -> int:
     the experiment seed)."""
     if trial.seed is not None:
         return int(trial.seed)
+    if trial.search is not None:
+        return int(trial.search.trial.seed)
     return trial_draw(plan.config.space, plan.config.model.reproducibility.experiment_seed or 0, 0)[
         0
     ]
 
 
-def describe_run(plan: Plan, trial: TrialRun) -> dict[str, Any]:
-    """The run description a trial's processes read (`_cluster_info`)."""
+def describe_run(plan: Plan, trial: TrialRun) -> RunDescription:
+    """The run description a trial's processes read (see `RunDescription`)."""
+    conf = plan.config
     script = plan.entrypoint.trial is None
-    return {
-        "config": plan.experiment_config(),
-        "hparams": plan.config.hparams,
-        "trial_seed": trial_seed(plan, trial),
-        "search": trial.search,
-        "latest_checkpoint": trial.latest_checkpoint,
-        "warm_start": trial.warm_start,
-        "trust_checkpoint": plan.options.trust_checkpoint,
-        "test_mode": plan.options.test_mode,
-        "max_length": _length_record(plan.config.length("max_length")),
-        "engine": _engine(plan, processes_launched=script and plan.processes > 1),
-        "run_dir": str(trial.trial_dir),
-        "checkpoint_dir": str(trial.checkpoint_dir),
-        "log_file": str(trial.log_file),
-        "continue_command": trial.continue_command,
-        "record": {
-            "workspace": str(trial.workspace),
-            "experiment_id": trial.experiment_id,
-            "trial_id": trial.trial_id,
-        },
-        # What the trial runs, for a process that starts from this file alone.
-        "context_dir": str(plan.context_dir),
-        "entrypoint": plan.config.model.entrypoint,
-        "options": dataclasses.asdict(plan.options),
-        "raw_config": plan.config.raw,
-    }
+    record = RecordConnection(str(trial.workspace), trial.experiment_id, trial.trial_id)
+    return RunDescription(
+        record=record,
+        run_dir=trial.trial_dir,
+        checkpoint_dir=trial.checkpoint_dir,
+        log_file=trial.log_file,
+        context_dir=plan.context_dir,
+        entrypoint=conf.model.entrypoint,
+        config=plan.experiment_config(),
+        raw_config=conf.raw,
+        hparams=conf.hparams,
+        trial_seed=trial_seed(plan, trial),
+        engine=engine_settings(plan, processes_launched=script and plan.processes > 1),
+        aggregation_frequency=conf.model.optimizations.aggregation_frequency,
+        max_length=conf.length("max_length"),
+        validation_period=conf.length("min_validation_period"),
+        checkpoint_period=conf.length("min_checkpoint_period"),
+        reporting_period=conf.model.scheduling_unit,
+        checkpoint_policy=conf.model.checkpoint_policy,
+        step_zero_validation=conf.model.perform_initial_validation,
+        profiling_enabled=conf.model.profiling.enabled,
+        test_mode=plan.options.test_mode,
+        trust_checkpoint=plan.options.trust_checkpoint,
+        latest_checkpoint=trial.latest_checkpoint,
+        warm_start=trial.warm_start,
+        continue_command=trial.continue_command,
+        search=trial.search,
+        options=dataclasses.asdict(plan.options),
+    )
 
 
 @contextmanager
-def described(plan: Plan, trial: TrialRun) -> Iterator[pathlib.Path]:
+def described(plan: Plan, trial: TrialRun) -> Iterator[RunDescription]:
     """Write the trial's run description and name it in this process's environment for the
     duration (processes started meanwhile inherit it)."""
     trial.trial_dir.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(describe_run(plan, trial), default=str, indent=1)
-    if not trial.run_file.is_file() or trial.run_file.read_text() != text:
-        partial = trial.run_file.with_name(f".run.{os.getpid()}.json")
-        partial.write_text(text)
-        os.replace(partial, trial.run_file)
-    previous = os.environ.get(_cluster_info.ENV_VAR)
-    os.environ[_cluster_info.ENV_VAR] = str(trial.run_file)
+    run = describe_run(plan, trial)
+    run.write(trial.run_file)
+    previous = os.environ.get(ENV_VAR)
+    os.environ[ENV_VAR] = str(trial.run_file)
     try:
-        yield trial.run_file
+        yield run
     finally:
         if previous is None:
-            os.environ.pop(_cluster_info.ENV_VAR, None)
+            os.environ.pop(ENV_VAR, None)
         else:
-            os.environ[_cluster_info.ENV_VAR] = previous
+            os.environ[ENV_VAR] = previous
 
 
 def _run_script(plan: Plan, trial: TrialRun) -> int:
@@ -385,9 +387,9 @@ def execute(plan: Plan, trial: TrialRun) -> int:
     previous = pathlib.Path.cwd()
     os.chdir(plan.context_dir)
     try:
-        with described(plan, trial), startup_hook_environment(plan.context_dir):
+        with described(plan, trial) as run, startup_hook_environment(plan.context_dir):
             if plan.entrypoint.trial is not None:
-                _run_trial(plan, trial)
+                _run_trial(plan, run)
                 return 0
             return _run_script(plan, trial)
     finally:

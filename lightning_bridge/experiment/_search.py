@@ -13,7 +13,6 @@ takes in its own workspace, as an experiment of its own.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import logging
 import math
 import pathlib
@@ -80,9 +79,8 @@ def storage_of(registry: Registry, experiment_id: int, search: dict[str, Any]) -
     return str(registry.workspace.experiment_dir(experiment_id) / "search.journal")
 
 
-def _source(registry: Registry, config: ResolvedConfig, context_dir: pathlib.Path) -> Any:
-    searcher = config.experiment_config(context_dir).get("searcher") or {}
-    return warm_start_source(registry, searcher)
+def _source(registry: Registry, config: ResolvedConfig) -> Any:
+    return warm_start_source(registry, config.model.searcher)
 
 
 # ----- run -----
@@ -120,7 +118,7 @@ def run_search(args: argparse.Namespace, options: _runner.Options) -> int | None
     name = _search_name(config)
     with Registry(args.workspace) as registry:
         try:
-            source = _source(registry, config, folder)
+            source = _source(registry, config)
             experiment_id = registry.create_experiment(
                 first.experiment_config(),
                 name=str(config.raw.get("name") or ""),
@@ -243,8 +241,7 @@ def search_worker(args: argparse.Namespace) -> int:
         folder = pathlib.Path(args.context_dir or info["context_dir"]).expanduser().resolve()
         try:
             config = parse_config(info["config"])
-            names = {f.name for f in dataclasses.fields(_runner.Options)}
-            options = _runner.Options(**{k: v for k, v in info["options"].items() if k in names})
+            options = _runner.Options.from_record(info["options"])
             first = _runner.prepare_config(config.first_configuration(), folder, options)
         except BridgeError as exc:
             return _error(
@@ -296,7 +293,7 @@ def _worker_source(
     """The warm start's checkpoint for a worker: from its own record, else the directory the
     search names (reachable from this machine)."""
     try:
-        return _source(registry, config, folder)
+        return _source(registry, config)
     except InvalidArgumentError:
         where = info.get("source_dir")
         if where and pathlib.Path(where).is_dir():
@@ -321,9 +318,8 @@ def continue_search(registry: Registry, experiment_id: int, lost_after_s: float)
             return EXIT_OK
         config = parse_config(experiment.config)
         folder = pathlib.Path(experiment.context_dir)
-        names = {f.name for f in dataclasses.fields(_runner.Options)}
-        options = _runner.Options(**{k: v for k, v in experiment.options.items() if k in names})
-        source = _source(registry, config, folder)
+        options = _runner.Options.from_record(experiment.options)
+        source = _source(registry, config)
         print(f"Experiment {experiment_id}: continuing search {search['name']}", flush=True)
         return _serve(
             registry, driver, experiment_id, config, folder, options, storage, source, lost_after_s

@@ -41,6 +41,7 @@ from lightning_bridge.experiment._parent import PARENT_ENV
 from lightning_bridge.record._registry import Registry
 from lightning_bridge.record._schema import TrialState
 from lightning_bridge.search import SearchDriver, TrialSpec
+from lightning_bridge.translation._run_description import ENV_VAR, SearchConnection
 
 # How often a worker with room looks for pending trials (seconds): a trial closes itself in
 # the search when its fit ends, before its process exits, and the next may start then.
@@ -226,13 +227,9 @@ class SearchRun:
             trial_id=trial_id,
             trial_dir=self.workspace.trial_dir(self.experiment_id, trial_id),
             continue_command=continue_command(self.workspace, self.experiment_id),
-            seed=spec.seed,
-            search={
-                "storage": self.storage,
-                "name": self.driver.name,
-                "metric": self.config.model.searcher.metric,
-                "trial": dataclasses.asdict(spec),
-            },
+            search=SearchConnection(
+                self.storage, self.driver.name, str(self.config.model.searcher.metric), spec
+            ),
         )
         latest = None
         if not fresh:
@@ -255,10 +252,8 @@ class SearchRun:
         config = ResolvedConfig(self.config.raw, self.config.model, self.config.space, spec.hparams)
         plan = _runner.prepare_config(config, self.context_dir, self.options)
         trial.trial_dir.mkdir(parents=True, exist_ok=True)
-        partial = trial.run_file.with_name(f".run.{os.getpid()}.json")
-        partial.write_text(json.dumps(_runner.describe_run(plan, trial), default=str, indent=1))
-        os.replace(partial, trial.run_file)
-        env = {k: v for k, v in os.environ.items() if k != "LIGHTNING_BRIDGE_EXPERIMENT"}
+        _runner.describe_run(plan, trial).write(trial.run_file)
+        env = {k: v for k, v in os.environ.items() if k != ENV_VAR}
         env[PARENT_ENV] = str(os.getpid())
         gpus: list[str] = []
         if self._gpus:

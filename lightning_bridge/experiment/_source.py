@@ -9,17 +9,16 @@ start: it continues the checkpoint it names (`_checkpoints.resolve_resume`).
 
 from __future__ import annotations
 
-from typing import Any
-
 from lightning_bridge._errors import InvalidArgumentError
 from lightning_bridge.experiment._checkpoints import Source, named_checkpoint
 from lightning_bridge.record._registry import Registry
+from lightning_bridge.search import SearcherConfig
 
 
-def warm_start_source(registry: Registry, searcher: dict[str, Any]) -> Source | None:
+def warm_start_source(registry: Registry, searcher: SearcherConfig) -> Source | None:
     """The source checkpoint the config's searcher names (not fetched yet), or None."""
     where = registry.workspace.root
-    uuid = searcher.get("source_checkpoint_uuid")
+    uuid = searcher.source_checkpoint_uuid
     if uuid is not None:
         return named_checkpoint(
             registry,
@@ -30,7 +29,7 @@ def warm_start_source(registry: Registry, searcher: dict[str, Any]) -> Source | 
             incomplete=f"searcher.source_checkpoint_uuid: checkpoint {uuid} is {{state}}, "
             "not complete; name another (lightning-bridge checkpoint list).",
         )
-    trial_id = searcher.get("source_trial_id")
+    trial_id = searcher.source_trial_id
     if trial_id is not None:
         newest = registry.latest_checkpoint(int(trial_id))
         if newest is None:

@@ -1,17 +1,20 @@
 """`init()`: the trial context for a Trainer-API run, with its engine settings.
 
 Builds the `PyTorchTrialContext` from Determined's arguments (hyperparameters, config,
-distributed info, gradient aggregation) and records the Lightning-facing settings
-(`accelerator`, `devices`, `strategy`, `precision`, ...) the `Trainer` later builds the
-`lightning.Trainer` from. Under torchrun each launched process trains one device.
+distributed info, gradient aggregation) and settles the context's `FitSetup`: the
+`EngineSettings` the `Trainer` builds `lightning.Fabric` from, the checkpoint folder, and the
+runner's `RunDescription` when `lightning-bridge run` started the process (its values fill
+the arguments left at their defaults). Under torchrun each launched process trains one device.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import pathlib
 import random
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,34 +24,31 @@ import torch
 from lightning_bridge import _logging
 from lightning_bridge._errors import InvalidArgumentError, is_invalid_hp
 from lightning_bridge.checkpoint._bounded import check_expanded_size
-from lightning_bridge.contract import _cluster_info
 from lightning_bridge.contract._context import PyTorchTrialContext
 from lightning_bridge.contract._determined_compat import is_determined_object
 from lightning_bridge.contract._distributed import DistributedContext
-from lightning_bridge.translation._engine_check import check_engine
+from lightning_bridge.translation._engine_settings import EngineSettings
 from lightning_bridge.translation._launch import launch_processes
+from lightning_bridge.translation._run_description import RunDescription
 
 
-class Engine:
-    """The Lightning-facing settings given to `init()`, used to build the `lightning.Trainer`."""
+@dataclasses.dataclass(frozen=True)
+class FitSetup:
+    """What `init()` settled for the fits of its context: the engine settings, the checkpoint
+    folder it was given, and the runner's description of the trial (None outside a run)."""
 
-    def __init__(
-        self,
-        accelerator: str,
-        devices: Any,
-        num_nodes: int,
-        strategy: Any,
-        precision: Any,
-        checkpoint_dir: str | os.PathLike[str] | None,
-        trainer_kwargs: dict[str, Any],
-    ) -> None:
-        self.accelerator = accelerator
-        self.devices = devices
-        self.num_nodes = num_nodes
-        self.strategy = strategy
-        self.precision = precision
-        self.checkpoint_dir = checkpoint_dir
-        self.trainer_kwargs = trainer_kwargs
+    engine: EngineSettings = EngineSettings()
+    checkpoint_dir: str | os.PathLike[str] | None = None
+    run: RunDescription | None = None
+
+
+# Each context `init()` built, with its setup (the Trainer asks `setup_of`).
+_SETUPS: weakref.WeakKeyDictionary[PyTorchTrialContext, FitSetup] = weakref.WeakKeyDictionary()
+
+
+def setup_of(context: PyTorchTrialContext) -> FitSetup:
+    """The setup `init()` gave `context` (the defaults for a context built otherwise)."""
+    return _SETUPS.get(context) or FitSetup()
 
 
 def _seed_everything(seed: int) -> None:
@@ -111,37 +111,34 @@ def init(
 
     The first five arguments are Determined's. The rest configure the Lightning engine:
     `accelerator`, `devices`, `num_nodes`, `strategy` and `precision` build the fit's
-    `lightning.Fabric`, `trainer_kwargs` the rest of its settings (`_settings`); `checkpoint_dir` is
+    `lightning.Fabric`, `trainer_kwargs` the rest of its `EngineSettings`; `checkpoint_dir` is
     where checkpoints are written (default: `checkpoint_storage` from `exp_conf`, else
     `./checkpoints`); `run_dir` holds TensorBoard / CSV logs (default: the working directory);
     `code_dir` (`lightning-bridge run` sets it to the experiment folder) is copied into every
     checkpoint's `code/`, so `load_trial_from_checkpoint_path(path)` finds the trial class on
     another machine.
     """
-    # Run by `lightning-bridge run`: the runner's config and settings fill the defaults.
-    given = _cluster_info.init_defaults(
-        {
-            "hparams": hparams,
-            "exp_conf": exp_conf,
-            "aggregation_frequency": aggregation_frequency,
-            "accelerator": accelerator,
-            "devices": devices,
-            "strategy": strategy,
-            "precision": precision,
-            "run_dir": run_dir,
-            "checkpoint_dir": checkpoint_dir,
-            "code_dir": code_dir,
-        }
-    )
-    run = _cluster_info.runner_run()
-    if run is not None and run.get("log_file"):
-        # A script run by `lightning-bridge run` logs like a trial class: one format, and
-        # the trial's log file.
-        _logging.configure(run["log_file"])
-    run_dir, checkpoint_dir = given["run_dir"], given["checkpoint_dir"]
-    hparams, exp_conf = given["hparams"], given["exp_conf"]
-    aggregation_frequency, accelerator = given["aggregation_frequency"], given["accelerator"]
-    devices, strategy, precision = given["devices"], given["strategy"], given["precision"]
+    # Run by `lightning-bridge run`: the runner's description fills the defaults.
+    run = RunDescription.current()
+    if run is not None:
+        if hparams is None:
+            hparams = dict(run.hparams)
+        if exp_conf is None:
+            exp_conf = dict(run.config)
+        if aggregation_frequency == 1:
+            aggregation_frequency = run.aggregation_frequency
+        given = run.engine
+        accelerator = given.accelerator if accelerator == "auto" else accelerator
+        devices = given.devices if devices is None else devices
+        strategy = given.strategy if strategy == "auto" else strategy
+        precision = given.precision if precision is None else precision
+        run_dir = run.run_dir if run_dir is None else run_dir
+        checkpoint_dir = run.checkpoint_dir if checkpoint_dir is None else checkpoint_dir
+        code_dir = run.context_dir if code_dir is None else code_dir
+        if run.log_file is not None:
+            # A script run by `lightning-bridge run` logs like a trial class: one format, and
+            # the trial's log file.
+            _logging.configure(run.log_file)
     if distributed is not None and not (
         isinstance(distributed, DistributedContext)
         or is_determined_object(distributed, "DistributedContext")
@@ -153,30 +150,31 @@ def init(
         )
     if exp_conf is not None:
         check_expanded_size(exp_conf, "init(exp_conf=...)")
-    check_engine(
+    EngineSettings(
+        accelerator=accelerator,
+        devices=devices,
+        num_nodes=num_nodes,
+        strategy=strategy,
+        precision=precision,
+    ).check()
+    devices, num_nodes, strategy = _launch_settings(distributed, devices, num_nodes, strategy)
+    engine = EngineSettings.from_trainer_kwargs(
+        trainer_kwargs,
         accelerator=accelerator,
         devices=devices,
         num_nodes=num_nodes,
         strategy=strategy,
         precision=precision,
     )
-    code_dir = given["code_dir"]
-    devices, num_nodes, strategy = _launch_settings(distributed, devices, num_nodes, strategy)
     owned_group = not (torch.distributed.is_available() and torch.distributed.is_initialized())
     # Every process running and the process group created before the trial is built, as in
     # Determined: the trial's __init__ reads the true rank and size.
-    launch_processes(
-        accelerator=accelerator,
-        devices=devices,
-        num_nodes=num_nodes,
-        strategy=strategy,
-        trainer_kwargs=trainer_kwargs,
-    )
+    launch_processes(engine)
     dist = distributed if distributed is not None else DistributedContext()
     seed = None
-    if run is not None and run.get("trial_seed") is not None:
+    if run is not None:
         # Run by `lightning-bridge run`: every trial has its own seed, as on a cluster.
-        seed = int(run["trial_seed"])
+        seed = run.trial_seed
     elif exp_conf is not None:
         seed = (exp_conf.get("reproducibility") or {}).get("experiment_seed")
     if seed is not None:
@@ -193,20 +191,12 @@ def init(
         code_dir=pathlib.Path(code_dir) if code_dir is not None else None,
         slots=_slots(dist, devices, num_nodes),
     )
-    context._engine = Engine(  # type: ignore[attr-defined]
-        accelerator=accelerator,
-        devices=devices,
-        num_nodes=num_nodes,
-        strategy=strategy,
-        precision=precision,
-        checkpoint_dir=checkpoint_dir,
-        trainer_kwargs=dict(trainer_kwargs or {}),
-    )
+    _SETUPS[context] = FitSetup(engine, checkpoint_dir, run)
     try:
         yield context
     except BaseException as exc:
         # As Determined's: InvalidHP ends the trial (the search replaces it); exit 0.
-        if is_invalid_hp(exc) and _end_invalid_hp(exc):
+        if is_invalid_hp(exc) and run is not None and _end_invalid_hp(run, exc):
             raise SystemExit(0) from None
         raise
     finally:
@@ -223,9 +213,9 @@ def init(
             torch.distributed.destroy_process_group()
 
 
-def _end_invalid_hp(exc: BaseException) -> bool:
+def _end_invalid_hp(run: RunDescription, exc: BaseException) -> bool:
     """`end_invalid_hp`, imported only when a trial raises InvalidHP: the search and record
     modules (SQLAlchemy, pydantic) stay out of runs that do not need them."""
     from lightning_bridge.translation._search_report import end_invalid_hp
 
-    return end_invalid_hp(exc)
+    return end_invalid_hp(run, exc)

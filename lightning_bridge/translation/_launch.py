@@ -19,8 +19,28 @@ import lightning as L
 import torch.distributed
 
 from lightning_bridge import _logging
-from lightning_bridge.translation._settings import ENGINE_KEYS
-from lightning_bridge.translation._trainer import _ENGINE_WARNINGS, _check_launcher
+from lightning_bridge._errors import InvalidArgumentError
+from lightning_bridge.translation._engine_settings import EngineSettings
+
+# Lightning warnings about choices the bridge makes on the user's behalf. They say nothing
+# actionable to a trial's author, so fits run without them.
+ENGINE_WARNINGS = (
+    # Lightning 2.6 on recent torch: its own use of a deprecated torch pytree API.
+    r".*isinstance\(treespec, LeafSpec\).*",
+)
+
+
+def check_launcher(fabric: L.Fabric) -> None:
+    """Processes started by multiprocessing (`ddp_spawn`, `ddp_fork`, `ddp_notebook`) would
+    each train a copy of the trial, leaving the caller's untrained: refuse them."""
+    launcher = getattr(fabric.strategy, "launcher", None)
+    if launcher is not None and type(launcher).__name__ == "_MultiProcessingLauncher":
+        raise InvalidArgumentError(
+            f"strategy {type(fabric.strategy).__name__} with start method "
+            f"{getattr(launcher, '_start_method', '?')!r} starts processes that would each train "
+            "a copy of the trial; use strategy='ddp' (each process runs the script, as "
+            "Determined's launcher does) or launch the script with torchrun."
+        )
 
 
 def _several(devices: Any, num_nodes: int) -> bool:
@@ -32,27 +52,13 @@ def _several(devices: Any, num_nodes: int) -> bool:
     return not (isinstance(devices, (list, tuple)) and len(devices) == 1)
 
 
-def launch_processes(
-    *,
-    accelerator: Any,
-    devices: Any,
-    num_nodes: int,
-    strategy: Any,
-    trainer_kwargs: dict[str, Any] | None,
-) -> bool:
+def launch_processes(engine: EngineSettings) -> bool:
     """Start every process of a multi-process run and create its process group; True when
     this call did (nothing to do for one process, or a process group that already exists)."""
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return False
-    settings: dict[str, Any] = {
-        "accelerator": accelerator,
-        "devices": devices if devices is not None else 1,
-        "num_nodes": num_nodes,
-        "strategy": strategy,
-    }
-    # The engine keys of `trainer_kwargs` win at the fit (see `fit_settings`): here too.
-    extra = trainer_kwargs or {}
-    settings.update({k: extra[k] for k in ENGINE_KEYS if k in extra and k != "precision"})
+    settings = engine.fabric_kwargs()
+    settings.pop("precision", None)
     if not _several(settings["devices"], settings["num_nodes"]):
         return False
     # Lightning configures a strategy or plugin object in place; the fit's Fabric gets the
@@ -64,9 +70,9 @@ def launch_processes(
     fabric = L.Fabric(**settings)
     if fabric.world_size < 2:
         return False
-    _check_launcher(fabric)
+    check_launcher(fabric)
     with warnings.catch_warnings():
-        for pattern in _ENGINE_WARNINGS:
+        for pattern in ENGINE_WARNINGS:
             warnings.filterwarnings("ignore", message=pattern)
         fabric.launch()
     return True

@@ -1,6 +1,6 @@
 """What a fit started by `lightning-bridge run` does beside training.
 
-The runner names the trial's record in the run it describes (`_cluster_info`); the fit's chief
+The runner names the trial's record in the run it describes (`RunDescription`); the fit's chief
 process then records every training report and validation in the workspace's registry, moves
 each checkpoint from the trial's folder into its `checkpoint_storage` (uploading it to an
 object store), marks it complete, applies retention there, and records how the fit ended. So
@@ -18,10 +18,10 @@ from typing import Any
 from lightning_bridge.checkpoint._retention import CheckpointRetention
 from lightning_bridge.checkpoint._storage import CheckpointStorage
 from lightning_bridge.checkpoint._storage_config import storage_from_config
-from lightning_bridge.contract import _cluster_info
 from lightning_bridge.record._registry import Registry
 from lightning_bridge.record._schema import TrialState
 from lightning_bridge.record._workspace import Workspace
+from lightning_bridge.translation._run_description import RecordConnection, RunDescription
 
 logger = logging.getLogger("lightning_bridge")
 
@@ -34,15 +34,15 @@ class RunRecord:
 
     def __init__(
         self,
-        run: dict[str, Any],
+        record: RecordConnection,
+        continue_command: str,
         exp_conf: dict[str, Any] | None,
         checkpoint_dir: pathlib.Path,
     ) -> None:
-        record = run["record"]
-        self.trial_id = int(record["trial_id"])
-        self.experiment_id = int(record["experiment_id"])
-        self.continue_command: str | None = run.get("continue_command")
-        self._workspace = Workspace(record["workspace"])
+        self.trial_id = record.trial_id
+        self.experiment_id = record.experiment_id
+        self.continue_command = continue_command
+        self._workspace = Workspace(record.workspace)
         self._registry: Registry | None = None
         self._exp_conf = exp_conf or {}
         self._checkpoint_dir = checkpoint_dir
@@ -54,13 +54,12 @@ class RunRecord:
 
     @classmethod
     def from_runner(
-        cls, exp_conf: dict[str, Any] | None, checkpoint_dir: pathlib.Path
+        cls, run: RunDescription, exp_conf: dict[str, Any] | None, checkpoint_dir: pathlib.Path
     ) -> RunRecord | None:
-        """The record of this fit when the runner started it, else None."""
-        run = _cluster_info.runner_run()
-        if not run or not run.get("record"):
+        """The record of this fit the runner described, or None when it is not recorded."""
+        if run.record is None:
             return None
-        return cls(run, exp_conf, checkpoint_dir)
+        return cls(run.record, run.continue_command, exp_conf, checkpoint_dir)
 
     @property
     def registry(self) -> Registry:

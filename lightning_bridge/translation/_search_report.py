@@ -1,7 +1,7 @@
 """The trial's side of a hyperparameter search: its rungs, its reports, how it ended.
 
 A trial of a search trains in a process of its own, started from a run description
-(`_cluster_info`) that names the search: its storage, its name, and the trial as the worker
+(`RunDescription`) that names the search: its storage, its name, and the trial as the worker
 pulled it. As a Determined cluster's master would, the search then hears from the trial
 itself, so the worker that started it has nothing to relay:
 
@@ -22,12 +22,12 @@ import os
 from typing import Any
 
 from lightning_bridge._errors import TrialRuntimeError, is_invalid_hp
-from lightning_bridge.contract import _cluster_info
 from lightning_bridge.record._registry import Registry
 from lightning_bridge.record._schema import TrialState
 from lightning_bridge.record._workspace import Workspace
 from lightning_bridge.search import SearchDriver, TrialSpec
 from lightning_bridge.translation._metrics import searcher_value
+from lightning_bridge.translation._run_description import RunDescription, SearchConnection
 
 logger = logging.getLogger("lightning_bridge")
 
@@ -46,13 +46,11 @@ def is_chief() -> bool:
 class SearchReport:
     """One trial of a search, as its own process sees it (see the module docstring)."""
 
-    def __init__(self, section: dict[str, Any], hparams: dict[str, Any]) -> None:
-        fields = dict(section["trial"])
-        fields["rungs"] = tuple(fields.get("rungs") or ())
-        self.trial = TrialSpec(**fields)
-        self._storage = str(section["storage"])
-        self._name = str(section["name"])
-        self._metric: str = section["metric"]
+    def __init__(self, search: SearchConnection, hparams: dict[str, Any]) -> None:
+        self.trial: TrialSpec = search.trial
+        self._storage = search.storage
+        self._name = search.name
+        self._metric: str = search.metric
         self._unit = self.trial.unit or "batches"
         # Records are counted in whole batches of global_batch_size, rounded down as the
         # length of the training is (at least one batch).
@@ -66,12 +64,11 @@ class SearchReport:
         self.stopped = False  # the searcher stopped the trial
 
     @classmethod
-    def from_runner(cls) -> SearchReport | None:
+    def from_runner(cls, run: RunDescription) -> SearchReport | None:
         """The search of this trial when a search worker started it, else None."""
-        run = _cluster_info.runner_run()
-        if not run or not run.get("search"):
+        if run.search is None:
             return None
-        return cls(run["search"], dict(run.get("hparams") or {}))
+        return cls(run.search, run.hparams)
 
     @property
     def driver(self) -> SearchDriver:
@@ -154,21 +151,19 @@ class SearchReport:
             self.driver.fail(self.trial, invalid_hp=is_invalid_hp(exc))
 
 
-def end_invalid_hp(exc: BaseException) -> bool:
+def end_invalid_hp(run: RunDescription, exc: BaseException) -> bool:
     """A trial started by `lightning-bridge` raised InvalidHP: record how it ended (COMPLETED
     with the message, as Determined ends such a trial), tell its search, and return True (the
-    process then exits 0); False when no runner started this process."""
-    run = _cluster_info.runner_run()
-    if not run or not run.get("record"):
+    process then exits 0); False when the run is not recorded."""
+    if run.record is None:
         return False
     message = f"InvalidHP: {getattr(exc, 'msg', None) or exc}"
     logger.info("%s; the trial ends here", message)
     if not is_chief():
         return True
-    record = run["record"]
-    with Registry(Workspace(record["workspace"])) as registry:
-        registry.trial_ended(int(record["trial_id"]), TrialState.COMPLETED, message)
-    search = SearchReport.from_runner()
+    with Registry(Workspace(run.record.workspace)) as registry:
+        registry.trial_ended(run.record.trial_id, TrialState.COMPLETED, message)
+    search = SearchReport.from_runner(run)
     if search is not None:
         try:
             search.failed(exc)

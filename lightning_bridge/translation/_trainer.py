@@ -23,17 +23,19 @@ from lightning_bridge.checkpoint._layout import resolve_checkpoint
 from lightning_bridge.checkpoint._retention import CheckpointRetention
 from lightning_bridge.checkpoint._safe_load import read_checkpoint
 from lightning_bridge.checkpoint._writable import check_writable
-from lightning_bridge.contract import _cluster_info
 from lightning_bridge.contract._context import PyTorchTrialContext
 from lightning_bridge.contract._units import Batch, TrainUnit, check_length, check_period
 from lightning_bridge.translation._boundaries import TrialBoundaries
 from lightning_bridge.translation._core import TrialCore
 from lightning_bridge.translation._fabric_engine import FabricEngine
 from lightning_bridge.translation._fit_loop import FitLoop, model_summary
+from lightning_bridge.translation._fit_settings import checkpoint_dir, fit_settings
+from lightning_bridge.translation._init import setup_of
+from lightning_bridge.translation._launch import ENGINE_WARNINGS, check_launcher
 from lightning_bridge.translation._resume import starts_new_run
-from lightning_bridge.translation._settings import checkpoint_dir, fit_settings
 
 if TYPE_CHECKING:  # loaded only under `lightning-bridge run` (see _runner_reports)
+    from lightning_bridge.translation._run_description import RunDescription
     from lightning_bridge.translation._run_record import RunRecord
     from lightning_bridge.translation._search_report import SearchReport
 
@@ -41,13 +43,6 @@ logger = logging.getLogger("lightning_bridge")
 
 CHECKPOINT_POLICIES = ("best", "all", "none")
 TRUST_HINT = "fit(..., trust_checkpoint=True) (lightning-bridge run --trust-checkpoint)"
-
-# Lightning warnings about choices the bridge makes on the user's behalf. They say nothing
-# actionable to a trial's author, so fits run without them.
-_ENGINE_WARNINGS = (
-    # Lightning 2.6 on recent torch: its own use of a deprecated torch pytree API.
-    r".*isinstance\(treespec, LeafSpec\).*",
-)
 
 
 class Trainer:
@@ -94,8 +89,11 @@ class Trainer:
         `warm_start=True` / `False` chooses that explicitly. `trust_checkpoint=True` unpickles
         objects outside the weights-only safe set: only for files you trust (it can run code).
         """
-        max_length, test_mode = _cluster_info.fit_defaults(max_length, test_mode)
-        trust_checkpoint, warm_start = _cluster_info.resume_defaults(trust_checkpoint, warm_start)
+        run = setup_of(self._context).run  # the runner's values fill the defaults
+        if run is not None:
+            max_length, test_mode, trust_checkpoint, warm_start = run.fit_defaults(
+                max_length, test_mode, trust_checkpoint, warm_start
+            )
         try:
             self._fit(
                 checkpoint_period=checkpoint_period,
@@ -159,8 +157,8 @@ class Trainer:
                 f"{type(self._trial).__name__} is not a PyTorchTrial: it has no train_batch()."
             )
 
-        engine: Any = getattr(ctx, "_engine", None)
-        ckpt_dir = checkpoint_dir(ctx, engine.checkpoint_dir if engine else None)
+        setup = setup_of(ctx)
+        ckpt_dir = checkpoint_dir(ctx, setup.checkpoint_dir)
         check_writable(ckpt_dir)
         if latest_checkpoint is not None:
             latest_checkpoint = str(resolve_checkpoint(latest_checkpoint, ckpt_dir))
@@ -173,7 +171,7 @@ class Trainer:
             )
             warm = starts_new_run(state, ctx.get_trial_id(), warm_start, latest_checkpoint)
             core.resume_from(payload, state, warm_start=warm)
-        record, search = _runner_reports(ctx, ckpt_dir, test_mode)
+        record, search = _runner_reports(setup.run, ctx, ckpt_dir, test_mode)
         retention = (
             record.retention()
             if record is not None and core.is_chief
@@ -201,15 +199,17 @@ class Trainer:
             # it continues kept (the command's record knows them itself).
             boundaries.continue_retention(pathlib.Path(latest_checkpoint), payload)
         _logging.adopt_lightning()
-        settings = fit_settings(ctx, test_mode=test_mode, profiling_enabled=profiling_enabled)
+        settings = fit_settings(
+            ctx, setup.engine, test_mode=test_mode, profiling_enabled=profiling_enabled
+        )
         fabric = L.Fabric(**settings.fabric)
-        _check_launcher(fabric)
+        check_launcher(fabric)
         self.fabric = fabric
         status = "failed"
         boundaries.stop.install()
         try:
             with warnings.catch_warnings():
-                for pattern in _ENGINE_WARNINGS:
+                for pattern in ENGINE_WARNINGS:
                     warnings.filterwarnings("ignore", message=pattern)
                 fabric.launch()
                 if core.is_chief:
@@ -286,30 +286,17 @@ def _log_engine(fabric: L.Fabric) -> None:
 
 
 def _runner_reports(
-    ctx: PyTorchTrialContext, ckpt_dir: pathlib.Path, test_mode: bool
+    run: RunDescription | None, ctx: PyTorchTrialContext, ckpt_dir: pathlib.Path, test_mode: bool
 ) -> tuple[RunRecord | None, SearchReport | None]:
     """The run's record and its search report when `lightning-bridge run` started the fit
     (None, None otherwise: their modules, with SQLAlchemy and pydantic, are not even loaded)."""
-    if _cluster_info.runner_run() is None:
+    if run is None:
         return None, None
     from lightning_bridge.translation._run_record import RunRecord
     from lightning_bridge.translation._search_report import SearchReport
 
-    record = RunRecord.from_runner(ctx._exp_conf, ckpt_dir)
-    return record, None if test_mode else SearchReport.from_runner()
-
-
-def _check_launcher(fabric: L.Fabric) -> None:
-    """Processes started by multiprocessing (`ddp_spawn`, `ddp_fork`, `ddp_notebook`) would
-    each train a copy of the trial, leaving the caller's untrained: refuse them."""
-    launcher = getattr(fabric.strategy, "launcher", None)
-    if launcher is not None and type(launcher).__name__ == "_MultiProcessingLauncher":
-        raise InvalidArgumentError(
-            f"strategy {type(fabric.strategy).__name__} with start method "
-            f"{getattr(launcher, '_start_method', '?')!r} starts processes that would each train "
-            "a copy of the trial; use strategy='ddp' (each process runs the script, as "
-            "Determined's launcher does) or launch the script with torchrun."
-        )
+    record = RunRecord.from_runner(run, ctx._exp_conf, ckpt_dir)
+    return record, None if test_mode else SearchReport.from_runner(run)
 
 
 def _close(settings: Any, status: str) -> None:

@@ -1,10 +1,9 @@
-"""The run command's engine settings, checked before anything is built or launched.
+"""The run's processes against the machine, before anything is launched.
 
-`--accelerator`, `--devices`, `--strategy` and `--precision` are checked against what Lightning
-accepts (`translation._engine_check`, imported here only when a run gets that far, so commands
-that fail earlier load no Lightning). The number of processes (`resources.slots_per_trial` or
-`--devices N`) is compared with the machine: more than its GPUs cannot run; more than its CPU
-cores runs oversubscribed, slower, which the command asks about.
+The number of processes (`resources.slots_per_trial` or `--devices N`) is compared with the
+devices of the accelerator the run's checked `EngineSettings` pick (`Plan.check_engine`): more
+than its GPUs cannot run; more than its CPU cores runs oversubscribed, slower, which the
+command asks about.
 """
 
 from __future__ import annotations
@@ -12,7 +11,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import sys
-from typing import Any
+
+from lightning_bridge.experiment._runner import Plan
 
 logger = logging.getLogger("lightning_bridge")
 
@@ -26,24 +26,9 @@ class Oversubscription:
     allowed: bool
 
 
-def check_settings(plan: Any) -> None:
-    """Check the command line's engine settings (InvalidArgumentError listing the accepted
-    values); remember the accelerator Lightning will use on the plan."""
-    from lightning_bridge.translation._engine_check import check_engine
-
-    options = plan.options
-    plan.accelerator = check_engine(
-        accelerator=options.accelerator or "auto",
-        devices=options.devices,
-        strategy=options.strategy,
-        precision=options.precision,
-        spell=lambda name: f"--{name}",
-    )
-
-
-def oversubscription(plan: Any) -> Oversubscription | None:
+def oversubscription(plan: Plan) -> Oversubscription | None:
     """Whether the run's processes outnumber the devices (or CPU cores) of this machine."""
-    from lightning_bridge.translation._engine_check import capacity
+    from lightning_bridge.translation._engine_settings import capacity
 
     count, kind = capacity(plan.accelerator)
     wanted = plan.processes
@@ -57,7 +42,7 @@ def oversubscription(plan: Any) -> Oversubscription | None:
     return Oversubscription(message, allowed=kind == "CPU core")
 
 
-def oversubscription_allowed(plan: Any, force: bool) -> bool:
+def oversubscription_allowed(plan: Plan, force: bool) -> bool:
     """More processes than devices is refused; more than CPU cores runs (slower) with
     --force or when the user confirms at a terminal."""
     found = oversubscription(plan)

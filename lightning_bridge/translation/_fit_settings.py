@@ -1,9 +1,9 @@
-"""The settings of a fit (its `lightning.Fabric` and its loop), and where its files go.
+"""The settings of one fit (its `lightning.Fabric` and its loop), and where its files go.
 
-The engine settings given to `init()` (accelerator, devices, strategy, precision) build the
-fit's `lightning.Fabric`; the strategy is DDP that finds unused parameters for several models.
-`trainer_kwargs` may also set the progress bar, the model summary, the loggers (TensorBoard
-when installed, else CSV, by default) and Lightning's profiler.
+`init()`'s `EngineSettings` build the fit's `lightning.Fabric`, adjusted for the trial as it
+was built: DDP that finds unused parameters for several models, float16 mixed precision for
+automatic AMP. They also carry the loop's options: the progress bar, the model summary, the
+loggers (TensorBoard when installed, else CSV, by default) and Lightning's profiler.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from typing import Any
 
 from lightning_bridge._errors import InvalidArgumentError
 from lightning_bridge.contract._context import PyTorchTrialContext
+from lightning_bridge.translation._engine_settings import EngineSettings
 
 
 def checkpoint_dir(context: PyTorchTrialContext, explicit: Any) -> pathlib.Path:
@@ -62,12 +63,6 @@ def _strategy(ctx: PyTorchTrialContext, strategy: Any) -> Any:
     return strategy
 
 
-# `trainer_kwargs` keys with a meaning for the bridge's loop (other lightning.Trainer options
-# configure the Trainer's own loop, which a trial's fit does not run on).
-ENGINE_KEYS = ("accelerator", "devices", "num_nodes", "strategy", "precision", "plugins")
-LOOP_KEYS = ("enable_progress_bar", "enable_model_summary", "logger", "profiler")
-
-
 @dataclasses.dataclass
 class FitSettings:
     """How a fit runs: the `lightning.Fabric` arguments and the loop's options."""
@@ -77,19 +72,6 @@ class FitSettings:
     progress_bar: bool
     model_summary: bool
     profiler: Any
-
-
-def _trainer_kwargs(engine: Any) -> dict[str, Any]:
-    extra = dict(engine.trainer_kwargs) if engine else {}
-    unknown = sorted(set(extra) - set(ENGINE_KEYS) - set(LOOP_KEYS))
-    if unknown:
-        raise InvalidArgumentError(
-            f"trainer_kwargs {', '.join(map(repr, unknown))} configure lightning.Trainer's own "
-            "loop, which Trainer.fit does not run on (its loop is the trial's, on "
-            f"lightning.Fabric); supported keys: {', '.join(ENGINE_KEYS + LOOP_KEYS)}. For full "
-            "control of a lightning.Trainer, hand TrialModule(trial, context) to your own."
-        )
-    return extra
 
 
 def _logger_setting(ctx: PyTorchTrialContext, value: Any) -> list[Any]:
@@ -134,32 +116,26 @@ def _profiler(ctx: PyTorchTrialContext, value: Any, profiling_enabled: bool) -> 
 
 
 def fit_settings(
-    ctx: PyTorchTrialContext, *, test_mode: bool, profiling_enabled: bool
+    ctx: PyTorchTrialContext,
+    engine: EngineSettings,
+    *,
+    test_mode: bool,
+    profiling_enabled: bool,
 ) -> FitSettings:
-    """The settings of a fit: the engine settings given to `init()` (and its
-    `trainer_kwargs`), the loggers (TensorBoard when installed, else CSV), the progress bar,
-    the model summary and the profiler."""
-    engine: Any = getattr(ctx, "_engine", None)
-    extra = _trainer_kwargs(engine)
-    fabric: dict[str, Any] = {
-        "accelerator": engine.accelerator if engine else "auto",
-        "devices": (engine.devices if engine and engine.devices is not None else 1),
-        "num_nodes": engine.num_nodes if engine else 1,
-        "strategy": engine.strategy if engine else "auto",
-    }
-    if engine and engine.precision is not None:
-        fabric["precision"] = engine.precision
-    elif ctx.experimental._auto_amp:
-        fabric["precision"] = "16-mixed"
-    fabric.update({k: v for k, v in extra.items() if k in ENGINE_KEYS})
-    fabric["strategy"] = _strategy(ctx, fabric["strategy"])
+    """The settings of a fit: `init()`'s engine settings (float16 mixed precision for a trial
+    that asked for automatic AMP, DDP finding unused parameters for several models), the
+    loggers (TensorBoard when installed, else CSV), the progress bar, the model summary and
+    the profiler."""
+    if engine.precision is None and ctx.experimental._auto_amp:
+        engine = engine.replace(precision="16-mixed")
+    engine = engine.replace(strategy=_strategy(ctx, engine.strategy))
     loggers: list[Any] = []
     if ctx.get_enable_tensorboard_logging():
-        loggers = _logger_setting(ctx, extra.get("logger"))
+        loggers = _logger_setting(ctx, engine.logger)
     return FitSettings(
-        fabric=fabric,
+        fabric=engine.fabric_kwargs(),
         loggers=loggers,
-        progress_bar=bool(extra.get("enable_progress_bar", True)),
-        model_summary=bool(extra.get("enable_model_summary", True)),
-        profiler=_profiler(ctx, extra.get("profiler"), profiling_enabled),
+        progress_bar=engine.progress_bar,
+        model_summary=engine.model_summary,
+        profiler=_profiler(ctx, engine.profiler, profiling_enabled),
     )
