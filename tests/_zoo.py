@@ -315,6 +315,30 @@ class LitAutoEncoder(pl.LightningModule):
         return DataLoader(blobs(40, 6), batch_size=self.hparams.batch_size)
 
 
+class NoisyPretraining(pl.LightningModule):
+    """A denoising pretraining run: global-RNG noise (torch.randn) and dropout, no validation."""
+
+    def __init__(self, lr: float = 0.05, batch_size: int = 8) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.encoder = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Dropout(0.3))
+        self.decoder = nn.Linear(8, 6)
+        _init(self, 5)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, _ = batch
+        noisy = x + 0.1 * torch.randn_like(x)
+        loss = F.mse_loss(self.decoder(self.encoder(noisy)), x)
+        self.log("train_loss", loss)
+        return loss
+
+    def configure_optimizers(self) -> Any:
+        return torch.optim.SGD(self.parameters(), lr=self.hparams.lr)
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(blobs(40, 8), batch_size=self.hparams.batch_size, shuffle=True)
+
+
 # ----- the same tutorial on the pytorch_lightning package -----------------------------------
 
 
@@ -449,6 +473,13 @@ CASES = [
         LitAutoEncoder,
         {"global_batch_size": 8, "lr": 0.05},
         epochs=4,
+        metric="train_loss",
+    ),
+    Case(
+        "noisy_no_validation",
+        "no validation_step, torch.randn noise, dropout and a shuffling loader on the global RNG",
+        NoisyPretraining,
+        {"global_batch_size": 8, "lr": 0.05},
         metric="train_loss",
     ),
     Case(

@@ -118,9 +118,22 @@ class _Sequential(torch.utils.data.IterableDataset):
         return sum(len(loader) for loader in self.loaders)
 
 
+def _own_loader(dataset: Any) -> Any:
+    """A torch DataLoader (what trainers expect) around the adapter's own `dataset`.
+
+    Making a DataLoader's iterator draws its base seed from the loader's generator, or from the
+    global RNG without one. Lightning has no such loader, so it gets a generator of its own: a
+    validation that Lightning would not run (or runs without this wrapper) draws nothing from
+    the global RNG, and training that uses it (dropout, noise) goes on as under Lightning.
+    """
+    return torch.utils.data.DataLoader(
+        dataset, batch_size=None, collate_fn=_keep, generator=torch.Generator()
+    )
+
+
 def sequential_loader(loaders: list[Any]) -> Any:
-    """One torch DataLoader (what trainers expect) that runs `loaders` in order."""
-    return torch.utils.data.DataLoader(_Sequential(loaders), batch_size=None, collate_fn=_keep)
+    """One loader that runs `loaders` in order (each draws what it draws under Lightning)."""
+    return _own_loader(_Sequential(loaders))
 
 
 def _keep(item: Any) -> Any:
@@ -132,8 +145,9 @@ class NoValidation:
 
 
 def no_validation_loader() -> Any:
+    """The validation loader of a module Lightning would not validate: one `NoValidation`."""
     items: Any = [NoValidation()]
-    return torch.utils.data.DataLoader(items, batch_size=None, collate_fn=_keep)
+    return _own_loader(items)
 
 
 def distributed_loader(loader: Any, rank: int, size: int, *, shuffle: bool) -> Any:
