@@ -576,6 +576,31 @@ CASES = [
         trainer={"val_check_interval": 4, "check_val_every_n_epoch": None},
     ),
     Case(
+        "limit_batches",
+        "limit_train_batches=4 (OneCycleLR over the limited epochs), limit_val_batches=0.5, "
+        "num_sanity_val_steps=0, log_every_n_steps=2 as hparams",
+        LitClassifier,
+        {
+            "global_batch_size": 8,
+            "lr": 0.01,
+            "limit_train_batches": 4,
+            "limit_val_batches": 0.5,
+            "num_sanity_val_steps": 0,
+            "log_every_n_steps": 2,
+        },
+        trainer={"limit_train_batches": 4, "limit_val_batches": 0.5, "log_every_n_steps": 2},
+    ),
+    Case(
+        "val_check_interval_hparam",
+        "val_check_interval=0.5 as an hparam: every 3 of an epoch's 6 batches",
+        SparsePlateau,
+        {"global_batch_size": 8, "lr": 0.05, "val_check_interval": 0.5},
+        epochs=2,
+        validate_every=3,
+        validate_unit="batches",
+        trainer={"val_check_interval": 0.5},
+    ),
+    Case(
         "bf16_mixed",
         "precision='bf16-mixed'",
         Plateau,

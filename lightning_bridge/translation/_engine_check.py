@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import Any, get_args
+from typing import Any
 
 from lightning.pytorch.accelerators import Accelerator, AcceleratorRegistry
 from lightning.pytorch.strategies import Strategy, StrategyRegistry
 
 from lightning_bridge._errors import InvalidArgumentError
+from lightning_bridge.translation._lightning_private import precision_values
 
 # How Lightning picks an accelerator for "auto" (and which "gpu" may mean), first available.
 _AUTO_ORDER = ("tpu", "mps", "cuda", "cpu")
@@ -40,12 +41,7 @@ def available_accelerators() -> list[str]:
 
 def accepted_precisions() -> list[Any]:
     """Lightning's precision values (the names, their short aliases and the integers)."""
-    from lightning.fabric.plugins.precision import precision as module
-
-    values: list[Any] = []
-    for name in ("_PRECISION_INPUT_STR", "_PRECISION_INPUT_STR_ALIAS", "_PRECISION_INPUT_INT"):
-        values.extend(get_args(getattr(module, name, None)) or ())
-    return values
+    return precision_values()
 
 
 def resolve_accelerator(accelerator: Any, spell: Callable[[str], str]) -> str | None:

@@ -30,6 +30,10 @@ from lightning_bridge.translation._boundaries import TrialBoundaries
 from lightning_bridge.translation._core import TrialCore
 from lightning_bridge.translation._fabric_engine import FabricEngine
 from lightning_bridge.translation._fit_loop import FitLoop, model_summary
+from lightning_bridge.translation._lightning_private import (
+    is_multiprocessing_launcher,
+    start_method,
+)
 from lightning_bridge.translation._resume import starts_new_run
 from lightning_bridge.translation._settings import checkpoint_dir, fit_settings
 
@@ -303,10 +307,10 @@ def _check_launcher(fabric: L.Fabric) -> None:
     """Processes started by multiprocessing (`ddp_spawn`, `ddp_fork`, `ddp_notebook`) would
     each train a copy of the trial, leaving the caller's untrained: refuse them."""
     launcher = getattr(fabric.strategy, "launcher", None)
-    if launcher is not None and type(launcher).__name__ == "_MultiProcessingLauncher":
+    if launcher is not None and is_multiprocessing_launcher(launcher):
         raise InvalidArgumentError(
             f"strategy {type(fabric.strategy).__name__} with start method "
-            f"{getattr(launcher, '_start_method', '?')!r} starts processes that would each train "
+            f"{start_method(launcher)!r} starts processes that would each train "
             "a copy of the trial; use strategy='ddp' (each process runs the script, as "
             "Determined's launcher does) or launch the script with torchrun."
         )

@@ -18,8 +18,10 @@ from typing import Any
 import torch
 
 from lightning_bridge._errors import InvalidTrialError
-from lightning_bridge.adapter._lightning_private import _set_sampler_epoch
-from lightning_bridge.adapter._packages import overrides
+from lightning_bridge.adapter._lightning_callbacks import call_hook
+from lightning_bridge.adapter._lightning_packages import overrides
+from lightning_bridge.adapter._trainer_arguments import TrainerSettings
+from lightning_bridge.translation._lightning_private import _set_sampler_epoch
 
 _MISSING = inspect.Parameter.empty
 
@@ -104,18 +106,26 @@ class Tagged:
 
 
 class _Sequential(torch.utils.data.IterableDataset):
-    """Several validation loaders one after another, as Lightning's sequential mode runs them."""
+    """Several validation loaders one after another, as Lightning's sequential mode runs them
+    (each cut to its limit, where one is given)."""
 
-    def __init__(self, loaders: list[Any]) -> None:
+    def __init__(self, loaders: list[Any], limits: list[int | None]) -> None:
         self.loaders = loaders
+        self.limits = limits
 
     def __iter__(self) -> Iterator[Tagged]:
-        for dataloader_idx, loader in enumerate(self.loaders):
-            for batch_idx, batch in enumerate(loader):
+        for dataloader_idx, (loader, limit) in enumerate(
+            zip(self.loaders, self.limits, strict=True)
+        ):
+            batches = iter(loader) if limit is None else itertools.islice(iter(loader), limit)
+            for batch_idx, batch in enumerate(batches):
                 yield Tagged(batch, dataloader_idx, batch_idx)
 
     def __len__(self) -> int:
-        return sum(len(loader) for loader in self.loaders)
+        return sum(
+            len(loader) if limit is None else limit
+            for loader, limit in zip(self.loaders, self.limits, strict=True)
+        )
 
 
 def _own_loader(dataset: Any) -> Any:
@@ -131,9 +141,9 @@ def _own_loader(dataset: Any) -> Any:
     )
 
 
-def sequential_loader(loaders: list[Any]) -> Any:
+def sequential_loader(loaders: list[Any], limits: list[int | None]) -> Any:
     """One loader that runs `loaders` in order (each draws what it draws under Lightning)."""
-    return _own_loader(_Sequential(loaders))
+    return _own_loader(_Sequential(loaders, limits))
 
 
 def _keep(item: Any) -> Any:
@@ -158,7 +168,7 @@ def distributed_loader(loader: Any, rank: int, size: int, *, shuffle: bool) -> A
         return loader
     if isinstance(loader.dataset, torch.utils.data.IterableDataset):
         return loader
-    from lightning_bridge.adapter._lightning_private import (
+    from lightning_bridge.translation._lightning_private import (
         _get_distributed_sampler,
         _update_dataloader,
     )
@@ -177,23 +187,22 @@ def distributed_loader(loader: Any, rank: int, size: int, *, shuffle: bool) -> A
 class RepeatingLoader:
     """The training loader as a trial sees it: `len` is one epoch, iteration never ends.
 
-    Each pass re-iterates the user's loader (and sets its sampler's epoch), so an epoch sees
-    what Lightning's epoch sees. A continued trial skips the batches already trained.
+    Each pass re-iterates the user's loader (and sets its sampler's epoch), taking the epoch's
+    batches (`epoch_len`, fewer than the loader's under `limit_train_batches`), so an epoch
+    sees what Lightning's epoch sees. A continued trial skips the batches already trained.
     """
 
-    def __init__(self, loader: Any, start_batch: Any) -> None:
+    def __init__(self, loader: Any, start_batch: Any, epoch_len: int | None) -> None:
         self.loader = loader
         self._start_batch = start_batch
+        self._epoch_len = epoch_len
 
     def __len__(self) -> int:
-        return len(self.loader)
+        return len(self.loader) if self._epoch_len is None else self._epoch_len
 
     def __iter__(self) -> Iterator[Any]:
         start = int(self._start_batch())
-        try:
-            epoch_len = len(self.loader)
-        except TypeError:
-            epoch_len = 0
+        epoch_len = self._epoch_len or 0
         epoch, skip = divmod(start, epoch_len) if epoch_len else (0, 0)
         while True:
             _set_sampler_epoch(self.loader, epoch)
@@ -213,3 +222,118 @@ class RepeatingLoader:
             epoch += 1
             if not produced:
                 return
+
+
+class TrainingData:
+    """The module's (or data module's) training loader, built once, when first asked for: the
+    module may ask through `self.trainer` (`num_training_batches`, `max_epochs`, ...) while it
+    configures its optimizers, before the trainer asks for the trial's loader."""
+
+    def __init__(
+        self, module: Any, datamodule: Any, context: Any, settings: TrainerSettings
+    ) -> None:
+        self._module = module
+        self._datamodule = datamodule
+        self._context = context
+        self._settings = settings
+        self._loader: Any = None
+        self._epoch_len: int | None = None
+
+    def loader(self) -> Any:
+        """This process's training loader (with Lightning's distributed sampler)."""
+        if self._loader is None:
+            module, dm = self._module, self._datamodule
+            if not (
+                overrides(module, "train_dataloader", "LightningModule")
+                or overrides(dm, "train_dataloader", "LightningDataModule")
+            ):
+                raise InvalidTrialError(
+                    f"{type(module).__name__} has no train_dataloader(): define it on the "
+                    "module or pass a LightningDataModule that defines it."
+                )
+            owner = hook_owner("train_dataloader", module, dm)
+            returned = (
+                call_hook(module, "train_dataloader")
+                if owner is module
+                else owner.train_dataloader()
+            )
+            (loader,) = loaders_of(returned, "train_dataloader", several=False)
+            dist = self._context.distributed
+            self._loader = distributed_loader(loader, dist.rank, dist.size, shuffle=True)
+            try:
+                self._epoch_len = self._settings.train_batches(len(self._loader))
+            except TypeError:
+                self._epoch_len = None
+            self._check_aggregation()
+        return self._loader
+
+    def epoch_len(self) -> int | None:
+        """Batches per epoch of this process's loader (None for a loader without a length)."""
+        self.loader()
+        return self._epoch_len
+
+    def for_trial(self) -> RepeatingLoader:
+        """What `build_training_data_loader` hands the trainer."""
+        return RepeatingLoader(self.loader(), self._context.get_initial_batch, self.epoch_len())
+
+    def _check_aggregation(self) -> None:
+        k, epoch_len = self._settings.accumulate_grad_batches, self._epoch_len
+        if self._settings.aggregation and epoch_len and epoch_len % k:
+            raise InvalidTrialError(
+                f"optimizations.aggregation_frequency is {k} but an epoch has {epoch_len} "
+                "batches: Lightning steps the optimizer on each epoch's last batch, the trial's "
+                f"aggregation every {k} batches. Choose an aggregation_frequency that divides "
+                "the epoch, or remove it and set hparams['accumulate_grad_batches'] (the "
+                "adapter then accumulates as Lightning does)."
+            )
+
+
+def validation_loader(
+    module: Any, datamodule: Any, context: Any, settings: TrainerSettings
+) -> tuple[Any, bool]:
+    """(the trial's validation loader, whether it chains several) from `val_dataloader()`,
+    each loader cut to `limit_val_batches` as Lightning cuts it."""
+    owner = hook_owner("val_dataloader", module, datamodule)
+    returned = call_hook(module, "val_dataloader") if owner is module else owner.val_dataloader()
+    dist = context.distributed
+    loaders = [
+        distributed_loader(loader, dist.rank, dist.size, shuffle=False)
+        for loader in loaders_of(returned, "val_dataloader", several=True)
+    ]
+    limits = [_val_limit(loader, settings) for loader in loaders]
+    if len(loaders) > 1:
+        return sequential_loader(loaders, limits), True
+    if limits[0] is not None:
+        return _own_loader(_Limited(loaders[0], limits[0])), False
+    return loaders[0], False
+
+
+def _val_limit(loader: Any, settings: TrainerSettings) -> int | None:
+    """How many of `loader`'s batches validation runs (None: all)."""
+    if settings.limit_val_batches == 1.0:
+        return None
+    try:
+        length = len(loader)
+    except TypeError:
+        if isinstance(settings.limit_val_batches, int):
+            return settings.limit_val_batches
+        raise InvalidTrialError(
+            "hparams['limit_val_batches'] is a fraction, but the validation loader has no "
+            "length; give a number of batches (an int), as lightning.Trainer asks."
+        ) from None
+    count = settings.val_batches(length)
+    return None if count >= length else count
+
+
+class _Limited(torch.utils.data.IterableDataset):
+    """The first `count` batches of a loader (`limit_val_batches`)."""
+
+    def __init__(self, loader: Any, count: int) -> None:
+        self.loader = loader
+        self.count = count
+
+    def __iter__(self) -> Iterator[Any]:
+        return itertools.islice(iter(self.loader), self.count)
+
+    def __len__(self) -> int:
+        return self.count
