@@ -362,6 +362,8 @@ def read_settings(
     elif period is not None:
         settings.val_check_interval = period.value
         settings.check_val_every_n_epoch = None
+    # An hparam a constructor takes is the module's, not a Trainer argument.
+    hparams = {k: v for k, v in hparams.items() if k not in (constructor_args or set())}
     settings.limit_train_batches = _limit(hparams, "limit_train_batches")
     if settings.limit_train_batches == 0:
         raise InvalidTrialError(
