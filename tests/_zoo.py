@@ -601,6 +601,23 @@ CASES = [
         trainer={"val_check_interval": 0.5},
     ),
     Case(
+        "limit_fractions",
+        "limit_train_batches=0.67 (4 of 6 batches), limit_val_batches=2, val_check_interval=2 "
+        "as hparams",
+        SparsePlateau,
+        {
+            "global_batch_size": 8,
+            "lr": 0.05,
+            "limit_train_batches": 0.67,
+            "limit_val_batches": 2,
+            "val_check_interval": 2,
+        },
+        epochs=2,
+        validate_every=2,
+        validate_unit="batches",
+        trainer={"limit_train_batches": 0.67, "limit_val_batches": 2, "val_check_interval": 2},
+    ),
+    Case(
         "bf16_mixed",
         "precision='bf16-mixed'",
         Plateau,

@@ -35,6 +35,7 @@ PARTS = [
     "epoch_end_order",  # validation before on_train_epoch_end
     "limit_batches",  # Trainer arguments as hparams: batch limits, logging, sanity check
     "val_check_interval_hparam",
+    "limit_fractions",
 ]
 
 
