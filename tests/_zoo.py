@@ -315,6 +315,30 @@ class LitAutoEncoder(pl.LightningModule):
         return DataLoader(blobs(40, 6), batch_size=self.hparams.batch_size)
 
 
+class NoisyPretraining(pl.LightningModule):
+    """A denoising pretraining run: global-RNG noise (torch.randn) and dropout, no validation."""
+
+    def __init__(self, lr: float = 0.05, batch_size: int = 8) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.encoder = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Dropout(0.3))
+        self.decoder = nn.Linear(8, 6)
+        _init(self, 5)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, _ = batch
+        noisy = x + 0.1 * torch.randn_like(x)
+        loss = F.mse_loss(self.decoder(self.encoder(noisy)), x)
+        self.log("train_loss", loss)
+        return loss
+
+    def configure_optimizers(self) -> Any:
+        return torch.optim.SGD(self.parameters(), lr=self.hparams.lr)
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(blobs(40, 8), batch_size=self.hparams.batch_size, shuffle=True)
+
+
 # ----- the same tutorial on the pytorch_lightning package -----------------------------------
 
 
@@ -452,6 +476,13 @@ CASES = [
         metric="train_loss",
     ),
     Case(
+        "noisy_no_validation",
+        "no validation_step, torch.randn noise, dropout and a shuffling loader on the global RNG",
+        NoisyPretraining,
+        {"global_batch_size": 8, "lr": 0.05},
+        metric="train_loss",
+    ),
+    Case(
         "early_stopping",
         "EarlyStopping(val_loss) from configure_callbacks",
         EarlyStopped,
@@ -543,6 +574,48 @@ CASES = [
         validate_every=4,
         validate_unit="batches",
         trainer={"val_check_interval": 4, "check_val_every_n_epoch": None},
+    ),
+    Case(
+        "limit_batches",
+        "limit_train_batches=4 (OneCycleLR over the limited epochs), limit_val_batches=0.5, "
+        "num_sanity_val_steps=0, log_every_n_steps=2 as hparams",
+        LitClassifier,
+        {
+            "global_batch_size": 8,
+            "lr": 0.01,
+            "limit_train_batches": 4,
+            "limit_val_batches": 0.5,
+            "num_sanity_val_steps": 0,
+            "log_every_n_steps": 2,
+        },
+        trainer={"limit_train_batches": 4, "limit_val_batches": 0.5, "log_every_n_steps": 2},
+    ),
+    Case(
+        "val_check_interval_hparam",
+        "val_check_interval=0.5 as an hparam: every 3 of an epoch's 6 batches",
+        SparsePlateau,
+        {"global_batch_size": 8, "lr": 0.05, "val_check_interval": 0.5},
+        epochs=2,
+        validate_every=3,
+        validate_unit="batches",
+        trainer={"val_check_interval": 0.5},
+    ),
+    Case(
+        "limit_fractions",
+        "limit_train_batches=0.67 (4 of 6 batches), limit_val_batches=2, val_check_interval=2 "
+        "as hparams",
+        SparsePlateau,
+        {
+            "global_batch_size": 8,
+            "lr": 0.05,
+            "limit_train_batches": 0.67,
+            "limit_val_batches": 2,
+            "val_check_interval": 2,
+        },
+        epochs=2,
+        validate_every=2,
+        validate_unit="batches",
+        trainer={"limit_train_batches": 0.67, "limit_val_batches": 2, "val_check_interval": 2},
     ),
     Case(
         "bf16_mixed",

@@ -25,7 +25,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, DistributedSampler, Sampler, TensorDataset
 
-from lightning_bridge.adapter._data import distributed_loader
+from lightning_bridge.adapter._module_data import distributed_loader
 from tests import _adapter_dist_script as script
 from tests._adapter_modules import max_weight_diff
 

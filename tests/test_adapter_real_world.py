@@ -30,8 +30,12 @@ PARTS = [
     "swa",
     "accumulation_scheduler",
     "gan",  # no validation_step
+    "noisy_no_validation",  # no validation_step, training draws from the global RNG
     "two_val_loaders",  # several validation loaders
     "epoch_end_order",  # validation before on_train_epoch_end
+    "limit_batches",  # Trainer arguments as hparams: batch limits, logging, sanity check
+    "val_check_interval_hparam",
+    "limit_fractions",
 ]
 
 
@@ -60,8 +64,9 @@ def test_trains_to_lightnings_weights(name: str, workdir: pathlib.Path) -> None:
     else:
         # A module without validation reports its training epochs as validation metrics.
         assert len(trial.validations) == case.epochs
+        keys = ("g_loss", "d_loss") if name == "gan" else (case.metric,)
         for epoch, metrics in enumerate(trial.validations):
-            for key in ("g_loss", "d_loss"):
+            for key in keys:
                 assert metrics[key] == pytest.approx(lightning.step_means[epoch][key], rel=1e-6)
 
 
@@ -185,3 +190,69 @@ def test_continuing_keeps_the_callbacks_state(workdir: pathlib.Path) -> None:
     assert max_diff(weights(continued.lightning_module), weights(straight.lightning_module)) == 0
     swa = continued.lightning_module.trainer.callbacks[0]
     assert int(swa.n_averaged) == 3  # epochs 2, 3 and 4 were averaged
+
+
+LENGTH = {"searcher": {"name": "single", "metric": "val_loss", "max_length": {"epochs": 1}}}
+
+
+@pytest.mark.parametrize(
+    ("hparams", "period", "message"),
+    [
+        (
+            {"num_sanity_val_steps": 2},
+            None,
+            "['num_sanity_val_steps'] is 2: a trial runs no sanity",
+        ),
+        ({"limit_train_batches": 0}, None, "['limit_train_batches'] is 0, which makes"),
+        ({"limit_val_batches": 1.5}, None, "['limit_val_batches'] is 1.5; give a fraction"),
+        ({"limit_train_batches": 0.1}, None, "0.1 * 6 batches < 1: increase it"),
+        ({"log_every_n_steps": 0}, None, "['log_every_n_steps'] must be an int >= 1"),
+        # 0.7 of 6 batches is 4, counted within each epoch: not a period across epochs.
+        ({"val_check_interval": 0.7}, {"batches": 4}, "which a trial's validation period"),
+        ({"val_check_interval": 0.5}, {"epochs": 1}, "set min_validation_period: {batches: 3}"),
+        ({"val_check_interval": 4, "check_val_every_n_epoch": None}, None, "which is not set"),
+    ],
+)
+def test_trainer_arguments_a_trial_cannot_follow_are_refused_by_name(
+    hparams: dict[str, Any], period: dict[str, int] | None, message: str, workdir: pathlib.Path
+) -> None:
+    config = {**LENGTH, **({"min_validation_period": period} if period else {})}
+    with bridge.init(
+        hparams={"global_batch_size": 8, **hparams}, exp_conf=config, trainer_kwargs=BRIDGE_TRAINER
+    ) as ctx:
+        with pytest.raises(bridge.InvalidTrialError) as raised:
+            bridge.lightning_trial(LitClassifier)(ctx)
+    assert message in str(raised.value)
+
+
+class LogSwitch(pl.Callback):
+    """Records whether callbacks log at each batch (what LearningRateMonitor asks)."""
+
+    def __init__(self) -> None:
+        self.seen: list[bool] = []
+
+    def on_train_batch_start(self, trainer: Any, pl_module: Any, *args: Any) -> None:
+        self.seen.append(bool(trainer._logger_connector.should_update_logs))
+
+
+def test_log_every_n_steps_decides_when_callbacks_log_as_in_lightning(
+    workdir: pathlib.Path,
+) -> None:
+    expected = LogSwitch()
+    pl.Trainer(
+        max_epochs=2,
+        log_every_n_steps=4,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        callbacks=[expected],
+    ).fit(LitClassifier())
+    hparams = {"global_batch_size": 8, "log_every_n_steps": 4}
+    config = {"searcher": {**LENGTH["searcher"], "max_length": {"epochs": 2}}}
+    with bridge.init(hparams=hparams, exp_conf=config, trainer_kwargs=BRIDGE_TRAINER) as ctx:
+        trial = bridge.lightning_trial(LitClassifier, callbacks=[LogSwitch()])(ctx)
+        bridge.Trainer(trial, ctx).fit(max_length=bridge.Epoch(2), checkpoint_policy="none")
+    (ours,) = trial.lightning_module.trainer.callbacks
+    assert ours.seen == expected.seen
+    assert expected.seen.count(True) == 3  # steps 4, 8 and 12 of 12
+    assert trial.lightning_module.trainer.log_every_n_steps == 4

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from lightning_bridge._errors import InvalidTrialError
-from lightning_bridge.adapter._lightning_private import _ResultCollection
+from lightning_bridge.translation._lightning_private import _ResultCollection, forked_names
 
 # A per-process partial result: (kind, value, count) with kind mean / sum / max / min / value.
 Partial = tuple[str, Any, Any]
@@ -44,7 +44,7 @@ def epoch_values(results: _ResultCollection) -> tuple[dict[str, Any], dict[str, 
                 f"{type(value).__name__}; its compute() must return a tensor."
             )
         value = value.detach()
-        for name in results._forked_name(metric, False):
+        for name in forked_names(results, metric, False):
             callback[name] = value
             if metric.meta.logger:
                 reported[name] = value
@@ -68,7 +68,7 @@ def partial_results(results: _ResultCollection) -> dict[str, Partial]:
             part = ("max", scalar(metric.value), None)
         else:
             part = ("min", scalar(metric.value), None)
-        for name in dict.fromkeys(results._forked_name(metric, False)):
+        for name in dict.fromkeys(forked_names(results, metric, False)):
             out[name] = part
     return out
 

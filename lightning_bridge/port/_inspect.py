@@ -22,8 +22,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from lightning_bridge._errors import InvalidArgumentError, InvalidTrialError
-from lightning_bridge.adapter._hooks import signature_refusals
-from lightning_bridge.adapter._packages import is_a, overrides
+from lightning_bridge.adapter._lightning_packages import is_a, overrides
+from lightning_bridge.adapter._refusals import signature_refusals
 from lightning_bridge.port._folder import CONST_YAML, Hyperparameters, Loaded
 
 logger = logging.getLogger("lightning_bridge")

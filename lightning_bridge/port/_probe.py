@@ -22,10 +22,10 @@ import warnings
 from typing import Any
 
 from lightning_bridge._errors import InvalidTrialError
-from lightning_bridge.adapter._hooks import has_validation, refusals
-from lightning_bridge.adapter._packages import package_of
-from lightning_bridge.adapter._settings import TrainerSettings
-from lightning_bridge.adapter._trainer_callbacks import checkpoint_monitor, merge, model_callbacks
+from lightning_bridge.adapter._lightning_callbacks import checkpoint_monitor, merge, model_callbacks
+from lightning_bridge.adapter._lightning_packages import package_of
+from lightning_bridge.adapter._refusals import has_validation, refusals
+from lightning_bridge.adapter._trainer_arguments import TrainerSettings
 from lightning_bridge.port._folder import Loaded, Searcher
 
 # Words in a metric name that mean larger values are better (accuracy, F1, AUC, ...).
@@ -62,7 +62,7 @@ def probe(module: Loaded, data: Loaded | None, buildable: bool) -> tuple[Searche
         metric = _metric_in_source(module.cls)
         return Searcher(metric, smaller_is_better(metric), "source"), None
     model, datamodule = _build(module), (_build(data) if data is not None else None)
-    callbacks = merge([], model_callbacks(model, lambda hook: getattr(model, hook)()))
+    callbacks = merge([], model_callbacks(model))
     problems = refusals(model, datamodule, callbacks, TrainerSettings(), {})
     if problems:
         raise InvalidTrialError(f"{module.spec}: {problems[0]}")
@@ -72,23 +72,22 @@ def probe(module: Loaded, data: Loaded | None, buildable: bool) -> tuple[Searche
     if monitored is not None:
         metric, mode = monitored
         return Searcher(metric, mode == "min", "checkpoint", "best"), batch_size
+    source = "validation" if validates else "training"
+    if not names and validates:
+        # Validation logs nothing the trial would report: the trial then reports the training
+        # values as its validation metrics (as for a module without validation).
+        names, _ = _run_once(module, model, datamodule, validate=False)
+        source = "training"
     if not names:
-        if validates:
-            raise InvalidTrialError(
-                f"{module.spec}: validation_step logged no metric. The searcher needs one: log "
-                "it with self.log('val_loss', loss) in validation_step."
-            )
         if not model.automatic_optimization:
             raise InvalidTrialError(
-                f"{module.spec} has no validation and logged nothing in training. The "
+                f"{module.spec} logs no metric in validation and none in training. The "
                 "searcher needs a metric: log one with self.log('train_loss', loss) in "
-                "training_step."
+                "training_step (or 'val_loss' in validation_step)."
             )
         names = ["loss"]  # the training step's loss, which the trial reports
     metric = names[0]
-    return Searcher(metric, smaller_is_better(metric), "validation" if validates else "training"), (
-        batch_size
-    )
+    return Searcher(metric, smaller_is_better(metric), source), batch_size
 
 
 def _build(loaded: Loaded) -> Any:

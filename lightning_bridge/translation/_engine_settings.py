@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Callable, Mapping
-from typing import Any, get_args
+from typing import Any
 
 from lightning_bridge._errors import InvalidArgumentError
 
@@ -171,12 +171,9 @@ def available_accelerators() -> list[str]:
 
 def accepted_precisions() -> list[Any]:
     """Fabric's precision values (the names, their short aliases and the integers)."""
-    from lightning.fabric.plugins.precision import precision as module
+    from lightning_bridge.translation._lightning_private import precision_values
 
-    values: list[Any] = []
-    for name in ("_PRECISION_INPUT_STR", "_PRECISION_INPUT_STR_ALIAS", "_PRECISION_INPUT_INT"):
-        values.extend(get_args(getattr(module, name, None)) or ())
-    return values
+    return precision_values()
 
 
 def resolve_accelerator(accelerator: Any, spell: Spell) -> str | None:

@@ -32,6 +32,7 @@ from torch.nn.parallel import DistributedDataParallel
 from lightning_bridge._errors import InvalidTrialError
 from lightning_bridge.contract._context import PyTorchTrialContext
 from lightning_bridge.contract._step import prepare_step
+from lightning_bridge.translation._lightning_private import forward_module, prepare_for_backward
 from lightning_bridge.translation._progress import ProgressBar
 from lightning_bridge.translation._reporting import report_training, report_validation
 
@@ -59,7 +60,7 @@ class TrialModels(torch.nn.Module):
 
 def _forward_module(module: Any) -> torch.nn.Module:
     """The strategy's wrapper inside Fabric's module wrapper (DDP, or the module itself)."""
-    inner = getattr(module, "_forward_module", None)
+    inner = forward_module(module)
     if not isinstance(inner, torch.nn.Module):
         raise RuntimeError(
             f"lightning {L.__version__} wraps modules in a way lightning_bridge does not know; "
@@ -160,8 +161,6 @@ class FabricEngine:
 
     def _backward(self, loss: torch.Tensor, kwargs: dict[str, Any]) -> None:
         if self._ddp is not None:
-            from lightning.pytorch.overrides.distributed import prepare_for_backward
-
             prepare_for_backward(self._ddp, loss)
         if self._through_fabric:
             self.fabric.backward(loss, model=self.module, **kwargs)

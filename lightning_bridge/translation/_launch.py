@@ -21,6 +21,10 @@ import torch.distributed
 from lightning_bridge import _logging
 from lightning_bridge._errors import InvalidArgumentError
 from lightning_bridge.translation._engine_settings import EngineSettings
+from lightning_bridge.translation._lightning_private import (
+    is_multiprocessing_launcher,
+    start_method,
+)
 
 # Lightning warnings about choices the bridge makes on the user's behalf. They say nothing
 # actionable to a trial's author, so fits run without them.
@@ -34,10 +38,10 @@ def check_launcher(fabric: L.Fabric) -> None:
     """Processes started by multiprocessing (`ddp_spawn`, `ddp_fork`, `ddp_notebook`) would
     each train a copy of the trial, leaving the caller's untrained: refuse them."""
     launcher = getattr(fabric.strategy, "launcher", None)
-    if launcher is not None and type(launcher).__name__ == "_MultiProcessingLauncher":
+    if launcher is not None and is_multiprocessing_launcher(launcher):
         raise InvalidArgumentError(
             f"strategy {type(fabric.strategy).__name__} with start method "
-            f"{getattr(launcher, '_start_method', '?')!r} starts processes that would each train "
+            f"{start_method(launcher)!r} starts processes that would each train "
             "a copy of the trial; use strategy='ddp' (each process runs the script, as "
             "Determined's launcher does) or launch the script with torchrun."
         )

@@ -16,8 +16,6 @@ from typing import Any
 
 # Module prefix of each package -> the package's import name.
 _PACKAGES = {"lightning.pytorch.": "lightning.pytorch", "pytorch_lightning.": "pytorch_lightning"}
-_FABRIC = {"lightning.pytorch": "lightning.fabric", "pytorch_lightning": "lightning_fabric"}
-KINDS = ("LightningModule", "LightningDataModule", "Callback")
 
 
 def _loaded_packages() -> list[types.ModuleType]:
@@ -32,11 +30,6 @@ def package_of(obj: Any) -> types.ModuleType:
             if klass.__module__.startswith(prefix):
                 return importlib.import_module(name)
     return importlib.import_module("lightning.pytorch")
-
-
-def fabric_of(package: types.ModuleType) -> str:
-    """The name of the Fabric package that goes with `package`."""
-    return _FABRIC[package.__name__]
 
 
 def is_a(obj: Any, kind: str) -> bool:

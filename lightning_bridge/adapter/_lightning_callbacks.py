@@ -12,7 +12,9 @@ trial (`lightning_trial(callbacks=...)` for the Trainer's):
 - not run, display only: progress bars and model summaries (the trainer has its own);
 - refused by name: every other Lightning callback (finetuning, pruning, tuners, timers, ...).
 
-The model's callbacks replace the Trainer's of the same type, as in Lightning.
+The model's callbacks replace the Trainer's of the same type, as in Lightning. `Hooks` runs a
+hook as `lightning.Trainer` does: the running callbacks' first, then the module's, each under
+the hook's name (what `self.log` checks).
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from lightning_bridge.adapter._packages import is_a, package_of
+from lightning_bridge.adapter._lightning_packages import is_a, overrides, package_of
+from lightning_bridge.translation._lightning_private import current_hook, set_current_hook
 
 logger = logging.getLogger("lightning_bridge")
 
@@ -205,12 +208,12 @@ class TrainerCallbacks:
         for cb in self.running:
             if monitoring is not None and is_monitoring(cb) != monitoring:
                 continue
-            previous = module._current_fx_name
-            module._current_fx_name = hook
+            previous = current_hook(module)
+            set_current_hook(module, hook)
             try:
                 getattr(cb, hook)(self._trainer, module, *args)
             finally:
-                module._current_fx_name = previous
+                set_current_hook(module, previous)
 
     def state_dict(self) -> dict[str, Any]:
         return {str(cb.state_key): cb.state_dict() for cb in self.running}
@@ -222,10 +225,41 @@ class TrainerCallbacks:
                 cb.load_state_dict(state)
 
 
-def model_callbacks(module: Any, call: Any) -> list[Any]:
+def call_hook(module: Any, hook: str, *args: Any, **kwargs: Any) -> Any:
+    """Run the module's `hook` under its name (what `self.log` checks), as Lightning does."""
+    previous = current_hook(module)
+    set_current_hook(module, hook)
+    try:
+        return getattr(module, hook)(*args, **kwargs)
+    finally:
+        set_current_hook(module, previous)
+
+
+class Hooks:
+    """A module's hooks and its running callbacks', called in Lightning's order."""
+
+    def __init__(self, module: Any, callbacks: TrainerCallbacks) -> None:
+        self.module = module
+        self.callbacks = callbacks
+
+    def call(self, hook: str, *args: Any, **kwargs: Any) -> Any:
+        """The module's `hook` alone."""
+        return call_hook(self.module, hook, *args, **kwargs)
+
+    def run(self, hook: str, *args: Any) -> Any:
+        """The callbacks' `hook`, then the module's (Lightning's order)."""
+        self.callbacks.call(hook, *args)
+        return call_hook(self.module, hook, *args)
+
+    def overrides(self, hook: str) -> bool:
+        """Whether the module overrides LightningModule's `hook`."""
+        return overrides(self.module, hook, "LightningModule")
+
+
+def model_callbacks(module: Any) -> list[Any]:
     """`configure_callbacks()` as a list (Lightning accepts one callback or a sequence)."""
     package = package_of(module)
-    returned = call("configure_callbacks")
+    returned = call_hook(module, "configure_callbacks")
     if returned is None:
         return []
     if isinstance(returned, package.Callback) or is_a(returned, "Callback"):

@@ -4,11 +4,14 @@ A project trained by `lightning.Trainer(...)` passes arguments the module depend
 trial each has one place:
 
 - hparams: `gradient_clip_val`, `gradient_clip_algorithm`, `accumulate_grad_batches`,
-  `precision` (the adapter applies them itself, the same way on either trainer);
+  `precision`, `limit_train_batches`, `limit_val_batches`, `log_every_n_steps` (the adapter
+  applies them itself, the same way on either trainer), `num_sanity_val_steps` (0: a trial
+  runs no sanity check);
 - the experiment config: `searcher.max_length` (`max_epochs` / `max_steps`, which the module
   reads from `self.trainer`), `min_validation_period` (`check_val_every_n_epoch` /
-  `val_check_interval`), `optimizations.aggregation_frequency` (the trial's gradient
-  aggregation, the same as `accumulate_grad_batches`);
+  `val_check_interval`, also accepted as hparams when the config's period is what they mean),
+  `optimizations.aggregation_frequency` (the trial's gradient aggregation, the same as
+  `accumulate_grad_batches`);
 - `lightning_trial(callbacks=...)`: the Trainer's callbacks.
 
 Any other Trainer argument found among the hparams (and taken by neither constructor) is
@@ -26,7 +29,17 @@ from typing import Any
 from lightning_bridge._errors import InvalidTrialError
 from lightning_bridge.translation._engine_settings import EngineSettings
 
-HPARAM_SETTINGS = ("gradient_clip_val", "gradient_clip_algorithm", "accumulate_grad_batches")
+HPARAM_SETTINGS = (
+    "gradient_clip_val",
+    "gradient_clip_algorithm",
+    "accumulate_grad_batches",
+    "limit_train_batches",
+    "limit_val_batches",
+    "log_every_n_steps",
+    "num_sanity_val_steps",
+    "val_check_interval",
+    "check_val_every_n_epoch",
+)
 # The precisions the adapter applies (Fabric's names; EngineSettings reads the aliases).
 _PRECISIONS = ("32-true", "64-true", "bf16-mixed", "16-mixed", "bf16-true", "16-true")
 _PLACES = {
@@ -35,19 +48,12 @@ _PLACES = {
         "the trial's length is searcher.max_length in the experiment config (and "
         "fit(max_length=...)); the module reads it as self.trainer.max_epochs / max_steps",
     ),
-    **dict.fromkeys(
-        ("val_check_interval", "check_val_every_n_epoch"),
-        "validation runs every min_validation_period of the experiment config ({epochs: N} "
-        "for check_val_every_n_epoch=N, {batches: N} for val_check_interval=N) and "
-        "fit(validation_period=...)",
-    ),
     "callbacks": "pass Trainer callbacks as lightning_trial(..., callbacks=[...])",
     **dict.fromkeys(
         ("accelerator", "strategy", "devices", "num_nodes"),
         "the trainer places the trial: resources.slots_per_trial in the experiment config",
     ),
     "enable_checkpointing": "checkpoints are the trial's: checkpoint_policy and checkpoint_period",
-    "log_every_n_steps": "training metrics are reported every reporting period",
 }
 
 
@@ -72,6 +78,49 @@ class TrainerSettings:
     length: Length | None = None
     val_check_interval: int | float = 1.0
     check_val_every_n_epoch: int | None = 1
+    # The validation period the config gives, and the one the hparams ask for (None: none).
+    period: Length | None = None
+    validation_hparams: dict[str, Any] = dataclasses.field(default_factory=dict)
+    limit_train_batches: int | float = 1.0
+    limit_val_batches: int | float = 1.0
+    # Lightning's default; given as an hparam, `should_update_logs` follows it (without it,
+    # every step's values go into the trial's reporting window, which averages them).
+    log_every_n_steps: int = 50
+    log_every_n_steps_given: bool = False
+
+    def train_batches(self, length: int) -> int:
+        """Batches of an epoch of `length` batches that the trial trains (limit_train_batches)."""
+        return _num_batches(length, self.limit_train_batches, "train")
+
+    def val_batches(self, length: int) -> int:
+        """Batches of a validation loader of `length` batches that run (limit_val_batches)."""
+        return _num_batches(length, self.limit_val_batches, "val")
+
+    def check_validation_period(self, epoch_len: int | None) -> None:
+        """`val_check_interval` / `check_val_every_n_epoch` given as hparams must be what the
+        config's `min_validation_period` says (a trial validates on its trainer's schedule)."""
+        if not self.validation_hparams:
+            return
+        given = ", ".join(f"{k}={v!r}" for k, v in sorted(self.validation_hparams.items()))
+        wanted = _lightning_period(self.val_check_interval, self.check_val_every_n_epoch, epoch_len)
+        if wanted is None:
+            raise InvalidTrialError(
+                f"hparams {given}: lightning.Trainer validates every "
+                f"{_describe(self.val_check_interval, self.check_val_every_n_epoch, epoch_len)}, "
+                "restarting the count each epoch, which a trial's validation period (counted "
+                "across epochs) cannot express. Use a val_check_interval that divides the "
+                f"epoch's {epoch_len} batches, or check_val_every_n_epoch=None (counted across "
+                "epochs), and set min_validation_period to match."
+            )
+        if self.period != wanted:
+            write = f"{{{wanted.unit}: {wanted.value}}}"
+            raise InvalidTrialError(
+                f"hparams {given} mean validating every {wanted.value} {wanted.unit}, but the "
+                "trial validates on its trainer's schedule, min_validation_period in the "
+                f"experiment config, which is {_period_text(self.period)}: set "
+                f"min_validation_period: {write} (and fit(validation_period=...) to the same), "
+                "or remove the hparams."
+            )
 
     def max_epochs(self, epoch_len: int | None, what: str = "max_epochs") -> int:
         """`Trainer.max_epochs` for the trial's length (the epochs it starts)."""
@@ -113,6 +162,106 @@ class TrainerSettings:
         return self.length
 
 
+def _num_batches(length: int, limit: int | float, stage: str) -> int:
+    """Lightning's count of the batches a loader of `length` runs under `limit_{stage}_batches`."""
+    count = min(length, limit) if isinstance(limit, int) else int(length * limit)
+    if count == 0 and isinstance(limit, float) and limit > 0:
+        raise InvalidTrialError(
+            f"hparams['limit_{stage}_batches'] is {limit}, but {limit} * {length} batches < 1: "
+            f"increase it (at least {1.0 / length}), as lightning.Trainer asks."
+        )
+    return int(count)
+
+
+def _lightning_period(
+    interval: int | float, every_n_epochs: int | None, epoch_len: int | None
+) -> Length | None:
+    """The trial's validation period for Lightning's `val_check_interval` and
+    `check_val_every_n_epoch` (None when a period counted across epochs cannot say it)."""
+    if isinstance(interval, float) and interval == 1.0:
+        return Length("epochs", every_n_epochs or 1)
+    batches = interval if isinstance(interval, int) else max(1, int((epoch_len or 0) * interval))
+    if every_n_epochs is None:
+        return Length("batches", batches)
+    if every_n_epochs == 1 and epoch_len and epoch_len % batches == 0:
+        return Length("batches", batches)
+    return None
+
+
+def _describe(interval: int | float, every_n_epochs: int | None, epoch_len: int | None) -> str:
+    batches = interval if isinstance(interval, int) else max(1, int((epoch_len or 0) * interval))
+    return f"{batches} batches counted within the epoch (check_val_every_n_epoch={every_n_epochs})"
+
+
+def _period_text(period: Length | None) -> str:
+    return "not set" if period is None else f"{{{period.unit}: {period.value}}}"
+
+
+def _limit(hparams: dict[str, Any], name: str) -> int | float:
+    """`limit_*_batches` as lightning.Trainer reads it: a fraction in [0.0, 1.0] or a count."""
+    value = hparams.get(name)
+    if value is None:
+        return 1.0
+    if not isinstance(value, bool) and isinstance(value, (int, float)):
+        if isinstance(value, float) and 0 <= value <= 1:
+            return value
+        if value >= 0 and float(value).is_integer():
+            return int(value)
+    raise InvalidTrialError(
+        f"hparams[{name!r}] is {value!r}; give a fraction of the epoch in [0.0, 1.0] or a "
+        "number of batches (an int), as lightning.Trainer takes it."
+    )
+
+
+def _validation_hparams(hparams: dict[str, Any], settings: TrainerSettings) -> None:
+    """`val_check_interval` / `check_val_every_n_epoch` from the hparams (checked later
+    against the config's period, once the epoch's length is known)."""
+    names = ("val_check_interval", "check_val_every_n_epoch")
+    given: dict[str, Any] = {k: hparams[k] for k in names if k in hparams}
+    if not given:
+        return
+    interval = given.get("val_check_interval", 1.0)
+    if interval is None:
+        interval = 1.0
+    if isinstance(interval, bool) or not isinstance(interval, (int, float)) or interval <= 0:
+        raise InvalidTrialError(
+            f"hparams['val_check_interval'] is {interval!r}; give a fraction of the epoch "
+            "(a float in (0.0, 1.0]) or a number of batches (an int), as lightning.Trainer "
+            "takes it."
+        )
+    if isinstance(interval, float) and interval > 1:
+        raise InvalidTrialError(
+            f"hparams['val_check_interval'] is {interval}; a float is a fraction of the epoch "
+            "in (0.0, 1.0], an int a number of batches."
+        )
+    every = given.get("check_val_every_n_epoch", 1)
+    if every is not None and (isinstance(every, bool) or not isinstance(every, int) or every < 1):
+        raise InvalidTrialError(
+            f"hparams['check_val_every_n_epoch'] is {every!r}; give an int >= 1, or null to "
+            "count val_check_interval across epochs."
+        )
+    settings.validation_hparams = given
+    settings.val_check_interval = interval
+    settings.check_val_every_n_epoch = every
+
+
+def _log_and_sanity(hparams: dict[str, Any], settings: TrainerSettings) -> None:
+    every = hparams.get("log_every_n_steps")
+    if every is not None:
+        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+            raise InvalidTrialError(
+                f"hparams['log_every_n_steps'] must be an int >= 1; got {every!r}."
+            )
+        settings.log_every_n_steps, settings.log_every_n_steps_given = every, True
+    sanity = hparams.get("num_sanity_val_steps")
+    if sanity not in (None, 0):
+        raise InvalidTrialError(
+            f"hparams['num_sanity_val_steps'] is {sanity!r}: a trial runs no sanity check "
+            "before training (its validation runs on the trial's schedule, and checkpoints "
+            "keep a run from failing late). Set it to 0 or remove it."
+        )
+
+
 def config_of(context: Any) -> dict[str, Any]:
     """The experiment config the trial was given (empty without one)."""
     try:
@@ -136,7 +285,9 @@ def _unit(value: Any, where: str, global_batch_size: Any) -> Length | None:
     )
 
 
-def _precision(value: Any, device: Any) -> str:
+def precision_of(value: Any, device: Any) -> str:
+    """Lightning's precision name for `hparams["precision"]` on `device` (the one place the
+    adapter maps precision values; EngineSettings reads the aliases)."""
     unified = EngineSettings(precision=value).precision_name()
     if unified not in _PRECISIONS:
         raise InvalidTrialError(
@@ -189,18 +340,30 @@ def read_settings(
     settings.gradient_clip_algorithm = None if algorithm is None else str(algorithm).lower()
     settings.accumulate_grad_batches = _accumulation(context, config, hparams, settings)
     if "precision" in hparams and "precision" not in (constructor_args or set()):
-        settings.precision = _precision(hparams["precision"], getattr(context, "device", "cpu"))
+        settings.precision = precision_of(hparams["precision"], getattr(context, "device", "cpu"))
     searcher = config.get("searcher") or {}
     gbs = (config.get("hyperparameters") or {}).get(
         "global_batch_size", hparams.get("global_batch_size")
     )
     settings.length = _unit(searcher.get("max_length"), "searcher.max_length", gbs)
     period = _unit(config.get("min_validation_period"), "min_validation_period", gbs)
+    settings.period = period
     if period is not None and period.unit == "epochs":
         settings.check_val_every_n_epoch = period.value
     elif period is not None:
         settings.val_check_interval = period.value
         settings.check_val_every_n_epoch = None
+    # An hparam a constructor takes is the module's, not a Trainer argument.
+    hparams = {k: v for k, v in hparams.items() if k not in (constructor_args or set())}
+    settings.limit_train_batches = _limit(hparams, "limit_train_batches")
+    if settings.limit_train_batches == 0:
+        raise InvalidTrialError(
+            "hparams['limit_train_batches'] is 0, which makes lightning.Trainer skip training; "
+            "a trial trains for searcher.max_length. Remove it or give a positive value."
+        )
+    settings.limit_val_batches = _limit(hparams, "limit_val_batches")
+    _validation_hparams(hparams, settings)
+    _log_and_sanity(hparams, settings)
     return settings
 
 

@@ -25,17 +25,21 @@ import torch
 from torchmetrics import Metric
 
 from lightning_bridge._errors import InvalidTrialError
-from lightning_bridge.adapter._lightning_private import (
-    _FxValidator,
-    _get_default_dtype,
-    _ResultCollection,
-)
 from lightning_bridge.adapter._metric_values import (
     Partial,
     epoch_values,
     live_items,
     partial_results,
     scalar,
+)
+from lightning_bridge.translation._lightning_private import (
+    _FxValidator,
+    _get_default_dtype,
+    _ResultCollection,
+    _sync_ddp_if_available,
+    current_hook,
+    forked_names,
+    step_value,
 )
 
 
@@ -97,7 +101,7 @@ class LogRouter:
         rank_zero_only: bool = False,
     ) -> None:
         """Record one logged value, with Lightning's defaults and checks for the hook."""
-        fx = module._current_fx_name
+        fx = current_hook(module)
         if fx is None:
             raise InvalidTrialError(
                 f"self.log({name!r}, ...) was called outside the hooks LightningAdapter runs; "
@@ -162,11 +166,11 @@ class LogRouter:
             key = f"{metric.meta.fx}.{metric.meta.name}"
             if key not in self._logged_now or not metric.meta.on_step:
                 continue
-            value = metric._forward_cache
+            value = step_value(metric)
             if not isinstance(value, torch.Tensor):
                 continue
             value = value.detach()
-            name, forked = self.train._forked_name(metric, True)
+            name, forked = forked_names(self.train, metric, True)
             self._callback[name] = value
             self._callback[forked] = value
             if metric.meta.logger:
@@ -270,6 +274,4 @@ def _no_sync(value: Any, *args: Any, **kwargs: Any) -> Any:
 
 
 def _sync_fn(value: Any, group: Any = None, reduce_op: Any = None) -> Any:
-    from lightning_bridge.adapter._lightning_private import _sync_ddp_if_available
-
     return _sync_ddp_if_available(value, group, reduce_op=reduce_op)

@@ -18,8 +18,8 @@ import torch
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from lightning_bridge._errors import InvalidTrialError
-from lightning_bridge.adapter._lightning_private import optimizer_helpers
-from lightning_bridge.adapter._packages import package_of, submodule
+from lightning_bridge.adapter._lightning_packages import package_of, submodule
+from lightning_bridge.translation._lightning_private import optimizer_helpers
 
 
 def parse_optimizers(module: Any, conf: Any) -> tuple[list[torch.optim.Optimizer], list[Any]]:

@@ -4,16 +4,17 @@ A module running under `LightningAdapter` is never attached to a `lightning.Trai
 trial runs on whichever Determined-style `Trainer` drives it. `module.trainer` is a
 `StandInTrainer` that answers what modules and callbacks commonly read (epoch and step
 counters, phase flags, optimizers and scheduler configs, rank and world size,
-`callback_metrics`, the Trainer settings of `_settings` such as `max_epochs` and
+`callback_metrics`, the Trainer arguments of `_trainer_arguments` such as `max_epochs` and
 `estimated_stepping_batches`, ...), and whose `strategy` routes `manual_backward` and
-`optimizer.step()` into the trial context. Anything else fails with a message naming the
-attribute.
+`optimizer.step()` to the adapter's optimization (`_optimization`), which goes through the trial
+context. Anything else fails with a message naming the attribute.
 """
 
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from lightning.pytorch.profilers import PassThroughProfiler
@@ -21,53 +22,56 @@ from lightning.pytorch.trainer.states import RunningStage, TrainerFn, TrainerSta
 from lightning.pytorch.utilities import GradClipAlgorithmType
 
 from lightning_bridge._errors import InvalidTrialError
-from lightning_bridge.adapter._lightning_private import (
+from lightning_bridge.adapter._lightning_packages import package_of
+from lightning_bridge.adapter._module_data import TrainingData
+from lightning_bridge.adapter._module_log import LogRouter
+from lightning_bridge.adapter._trainer_arguments import TrainerSettings
+from lightning_bridge.translation._lightning_private import (
     _all_gather_ddp_if_available,
     _sync_ddp_if_available,
+    attach_fit_loop,
+    set_lightning_optimizers,
 )
 
-if TYPE_CHECKING:
-    from lightning_bridge.adapter._host import AdapterHost
-    from lightning_bridge.adapter._settings import TrainerSettings
 
-
-def _distributed() -> bool:
+def distributed() -> bool:
+    """Whether a torch process group is running."""
     return torch.distributed.is_available() and torch.distributed.is_initialized()
 
 
 class StandInStrategy:
-    """`trainer.strategy`: backward and optimizer steps go through the trial context."""
+    """`trainer.strategy`: backward and optimizer steps go where `route` says (the adapter's
+    optimization, through the trial context); collectives use the process group."""
 
     handles_gradient_accumulation = False
 
-    def __init__(self, adapter: AdapterHost, precision_plugin: Any) -> None:
-        self._adapter = adapter
-        self._lightning_optimizers: list[Any] = []
+    def __init__(self, context: Any, module: Any, precision_plugin: Any) -> None:
+        self._context = context
+        self.lightning_module = self.model = module
         self.precision_plugin = precision_plugin
+        set_lightning_optimizers(self, [], package_of(module))
+        self._backward: Callable[..., None] | None = None
+        self._optimizer_step: Callable[..., Any] | None = None
 
-    @property
-    def lightning_module(self) -> Any:
-        return self._adapter.lightning_module
-
-    @property
-    def model(self) -> Any:
-        return self._adapter.lightning_module
+    def route(self, backward: Callable[..., None], optimizer_step: Callable[..., Any]) -> None:
+        """Where `backward` and `optimizer_step` go (set once, by the adapter's run)."""
+        self._backward, self._optimizer_step = backward, optimizer_step
 
     @property
     def root_device(self) -> torch.device:
-        return torch.device(self._adapter.context.device)
+        return torch.device(self._context.device)
 
     @property
     def world_size(self) -> int:
-        return int(self._adapter.context.distributed.size)
+        return int(self._context.distributed.size)
 
     @property
     def global_rank(self) -> int:
-        return int(self._adapter.context.distributed.rank)
+        return int(self._context.distributed.rank)
 
     @property
     def local_rank(self) -> int:
-        return int(self._adapter.context.distributed.local_rank)
+        return int(self._context.distributed.local_rank)
 
     @property
     def is_global_zero(self) -> bool:
@@ -77,15 +81,17 @@ class StandInStrategy:
         self, closure_loss: torch.Tensor, optimizer: Any, *args: Any, **kwargs: Any
     ) -> Any:
         """`manual_backward` and automatic optimization: backward through the context."""
-        self._adapter._backward(closure_loss, *args, **kwargs)
+        assert self._backward is not None, "route() first"
+        self._backward(closure_loss, *args, **kwargs)
         return closure_loss
 
     def optimizer_step(self, optimizer: Any, closure: Any, model: Any = None, **kwargs: Any) -> Any:
         """`LightningOptimizer.step`: run the closure, then step through the context."""
-        return self._adapter._optimizer_step(optimizer, closure, **kwargs)
+        assert self._optimizer_step is not None, "route() first"
+        return self._optimizer_step(optimizer, closure, **kwargs)
 
     def reduce(self, tensor: Any, group: Any = None, reduce_op: Any = "mean") -> Any:
-        if not isinstance(tensor, torch.Tensor) or not _distributed():
+        if not isinstance(tensor, torch.Tensor) or not distributed():
             return tensor
         return _sync_ddp_if_available(tensor, group, reduce_op=reduce_op)
 
@@ -94,13 +100,13 @@ class StandInStrategy:
 
     def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:
         """One decision for every process (EarlyStopping's): all agree, or any says yes."""
-        if not _distributed():
+        if not distributed():
             return bool(decision)
         total = self.reduce(torch.tensor(int(decision), device=self.root_device), reduce_op="sum")
         return bool(total == self.world_size) if all else bool(total)
 
     def barrier(self, name: str | None = None) -> None:
-        if _distributed():
+        if distributed():
             torch.distributed.barrier()
 
     def broadcast(self, obj: Any, src: int = 0) -> Any:
@@ -108,35 +114,29 @@ class StandInStrategy:
             raise InvalidTrialError(
                 "trainer.strategy.broadcast() under LightningAdapter broadcasts from rank 0 only."
             )
-        return self._adapter.context.distributed.broadcast(obj)
-
-
-class _Progress:
-    """`trainer.fit_loop.epoch_loop._batches_that_stepped`, which LearningRateMonitor reads."""
-
-    def __init__(self, trainer: StandInTrainer) -> None:
-        self._trainer = trainer
-        self.epoch_loop = self
-
-    @property
-    def _batches_that_stepped(self) -> int:
-        return int(self._trainer.global_step)
-
-    @property
-    def should_update_logs(self) -> bool:
-        # Every step's values go into the reporting window (which averages them).
-        return True
+        return self._context.distributed.broadcast(obj)
 
 
 class StandInTrainer:
     """`module.trainer` for a module running as a trial (see the module docstring)."""
 
     def __init__(
-        self, adapter: AdapterHost, settings: TrainerSettings, precision_plugin: Any
+        self,
+        context: Any,
+        module: Any,
+        datamodule: Any,
+        settings: TrainerSettings,
+        precision_plugin: Any,
+        data: TrainingData,
+        log: LogRouter,
     ) -> None:
-        self._adapter = adapter
+        self._context = context
+        self.lightning_module = self.model = module
+        self.datamodule = datamodule
         self._settings = settings
-        self.strategy = StandInStrategy(adapter, precision_plugin)
+        self._data = data
+        self._log = log
+        self.strategy = StandInStrategy(context, module, precision_plugin)
         self.precision_plugin = precision_plugin
         self.state = TrainerState(status=TrainerStatus.RUNNING, fn=TrainerFn.FITTING)
         self.state.stage = RunningStage.TRAINING
@@ -171,36 +171,45 @@ class StandInTrainer:
         self.num_nodes = 1
         self.num_devices = 1
         self.node_rank = 0
-        self.fit_loop = _Progress(self)
-        self._logger_connector = self.fit_loop
+        self.limit_train_batches = settings.limit_train_batches
+        self.limit_val_batches = settings.limit_val_batches
+        self.log_every_n_steps = settings.log_every_n_steps
+        self.num_sanity_val_steps = 0
+        attach_fit_loop(self, lambda: self.global_step, self._should_update_logs)
+
+    def _should_update_logs(self) -> bool:
+        """Whether callbacks log now (LearningRateMonitor): with `log_every_n_steps` given,
+        Lightning's rule; without it, every step (the trial's reporting period averages)."""
+        if not self._settings.log_every_n_steps_given:
+            return True
+        step = self.global_step + 1
+        return step % self.log_every_n_steps == 0 or self.should_stop
 
     # ----- the trial's length (from the experiment config) -----
 
     @property
     def num_training_batches(self) -> int | float:
         """Batches per epoch of this process's training loader (built early if needed)."""
-        length = self._adapter._training_epoch_len()
+        length = self._data.epoch_len()
         return float("inf") if length is None else length
 
     @property
     def max_epochs(self) -> int:
-        return self._settings.max_epochs(self._adapter._training_epoch_len())
+        return self._settings.max_epochs(self._data.epoch_len())
 
     @property
     def max_steps(self) -> int:
-        return self._settings.max_steps(
-            self._adapter._training_epoch_len(), self.accumulate_grad_batches
-        )
+        return self._settings.max_steps(self._data.epoch_len(), self.accumulate_grad_batches)
 
     @property
     def estimated_stepping_batches(self) -> int | float:
         return self._settings.estimated_stepping_batches(
-            self._adapter._training_epoch_len(), self.accumulate_grad_batches
+            self._data.epoch_len(), self.accumulate_grad_batches
         )
 
     @property
     def train_dataloader(self) -> Any:
-        return self._adapter._training_loader()
+        return self._data.loader()
 
     # ----- phases -----
 
@@ -243,21 +252,9 @@ class StandInTrainer:
     # ----- objects -----
 
     @property
-    def lightning_module(self) -> Any:
-        return self._adapter.lightning_module
-
-    @property
-    def model(self) -> Any:
-        return self._adapter.lightning_module
-
-    @property
-    def datamodule(self) -> Any:
-        return self._adapter.datamodule
-
-    @property
     def callback_metrics(self) -> dict[str, torch.Tensor]:
         """What the module logged (step and epoch values, synced where `sync_dist=True`)."""
-        return self._adapter._log.callback_metrics
+        return self._log.callback_metrics
 
     @property
     def default_root_dir(self) -> str:
@@ -269,12 +266,12 @@ class StandInTrainer:
 
     @property
     def should_stop(self) -> bool:
-        return bool(self._adapter.context.get_stop_requested())
+        return bool(self._context.get_stop_requested())
 
     @should_stop.setter
     def should_stop(self, value: bool) -> None:
         # Determined's way to end training early: the trainer stops at the next boundary.
-        self._adapter.context.set_stop_requested(bool(value))
+        self._context.set_stop_requested(bool(value))
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__"):

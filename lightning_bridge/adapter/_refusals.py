@@ -10,9 +10,9 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-from lightning_bridge.adapter._packages import overrides
-from lightning_bridge.adapter._settings import TrainerSettings
-from lightning_bridge.adapter._trainer_callbacks import callback_problems
+from lightning_bridge.adapter._lightning_callbacks import callback_problems
+from lightning_bridge.adapter._lightning_packages import overrides
+from lightning_bridge.adapter._trainer_arguments import TrainerSettings
 
 
 def has_validation(module: Any, datamodule: Any) -> bool:
