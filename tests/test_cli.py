@@ -91,7 +91,7 @@ def test_runs_an_unchanged_trial_folder(
     assert run.version == 1 and run.record == RecordConnection(str(workspace), 1, 1)
     assert (run.run_dir, run.checkpoint_dir) == (trial_dir, trial_dir / "checkpoints")
     assert run.context_dir == folder and run.entrypoint == "model_def:LinearTrial"
-    assert run.hparams == {"global_batch_size": 8, "lr": 0.05} and run.trial_seed == 7
+    assert run.hparams == {"global_batch_size": 8, "lr": 0.05} and run.trial_seed == SEED_7
     assert repr(run.max_length) == "Epoch(2)" and repr(run.validation_period) == "Batch(4)"
     assert run.engine.fabric_kwargs() == {
         "accelerator": "auto", "devices": 1, "num_nodes": 1, "strategy": "auto"
