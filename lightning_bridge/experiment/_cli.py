@@ -30,7 +30,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from lightning_bridge import _logging
-from lightning_bridge._errors import BridgeError, CheckpointWriteError, InvalidArgumentError
+from lightning_bridge._errors import (
+    BridgeError,
+    CheckpointWriteError,
+    InvalidArgumentError,
+    WorkspaceError,
+)
 from lightning_bridge.experiment._child import EntrypointFailed
 from lightning_bridge.experiment._engine_settings import oversubscription_allowed
 from lightning_bridge.experiment._parser import build_parser
@@ -206,6 +211,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.from_command_line = argv is None
     try:
         return int(handler(args, from_command_line=argv is None))
+    except WorkspaceError as exc:  # the record cannot be opened: before anything was written
+        print(f"lightning-bridge: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     except KeyboardInterrupt:  # outside training: a fit stops on SIGINT by itself
         print("lightning-bridge: interrupted (no training was running)", file=sys.stderr)
         return 128 + signal.SIGINT

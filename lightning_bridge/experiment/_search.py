@@ -32,6 +32,7 @@ from lightning_bridge.experiment._experiments import (
     continue_command,
 )
 from lightning_bridge.experiment._search_run import SearchRun
+from lightning_bridge.experiment._search_storage import check_search_storage
 from lightning_bridge.experiment._source import warm_start_source
 from lightning_bridge.experiment._summary import checkpoint_line, format_value, table
 from lightning_bridge.record._registry import Registry
@@ -112,6 +113,8 @@ def run_search(args: argparse.Namespace, options: _runner.Options) -> int | None
         warning = _runner.unused_warning(first)
         check_storage(first)
         import_optuna()
+        if args.storage:  # before the experiment is recorded: a refusal leaves nothing
+            check_search_storage(_absolute(args.storage))
     except BridgeError as exc:
         return _error(exc)
     if warning:
@@ -228,6 +231,7 @@ def search_worker(args: argparse.Namespace) -> int:
     try:
         import_optuna()
         storage = _absolute(args.storage)
+        check_search_storage(storage, args.experiment)  # joins a search; never creates one
         driver = SearchDriver(storage, args.experiment)
     except BridgeError as exc:
         return _error(exc)

@@ -1,0 +1,196 @@
+"""Faults of the experiment layer as a careless or hostile user meets them: a workspace that
+cannot hold the record, a `--storage` that is not a storage, a checkpoint's `code/` that would
+swallow the run's own outputs, orphans after a kill, services that go away mid-run.
+
+Each case runs the real command (`python -m lightning_bridge ...` in a process of its own, or
+`main()` where only the refusal matters) on real files, and checks the exit code, the one
+message, and that nothing already written changed (every file's hash before and after).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pathlib
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import pytest
+
+from lightning_bridge.experiment._cli import main
+from tests import _fault_folders as ff
+from tests._cli_folders import isolated_imports  # noqa: F401 - autouse fixture
+
+SHORT = {"name": "single", "metric": "validation_loss", "max_length": {"batches": 4}}
+SEARCH = {
+    "name": "random",
+    "metric": "validation_loss",
+    "max_trials": 2,
+    "max_length": {"batches": 4},
+}
+
+
+def hashes(root: pathlib.Path) -> dict[str, str]:
+    """Every file under `root` (relative path -> sha1): what must not change."""
+    return {
+        str(p.relative_to(root)): hashlib.sha1(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
+
+
+def command(folder: pathlib.Path, *args: str, timeout: float = 240) -> tuple[int, str, str]:
+    """`python -m lightning_bridge ARGS` in `folder`, as a user types it."""
+    done = subprocess.run(
+        [sys.executable, "-m", "lightning_bridge", *args],
+        cwd=folder,
+        env=ff.cli_env(folder),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    return done.returncode, done.stdout, done.stderr
+
+
+def one_error(err: str) -> str:
+    """The one line a refusal prints (no traceback, nothing else)."""
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert lines[0].startswith("lightning-bridge: error: "), err
+    return lines[0]
+
+
+# ----- a workspace that cannot hold the record --------------------------------------------
+
+
+@pytest.fixture
+def read_only_folder(tmp_path: pathlib.Path) -> Iterator[pathlib.Path]:
+    """A folder nobody may write: a read-only tmpfs for root, else a folder without write
+    permission."""
+    folder = tmp_path / "read-only"
+    folder.mkdir()
+    mounted = False
+    if os.geteuid() == 0:
+        done = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(folder)],
+            capture_output=True,
+        )
+        if done.returncode != 0:
+            pytest.skip("a read-only folder needs a read-only mount for root")
+        mounted = True
+    else:
+        folder.chmod(0o555)
+    try:
+        yield folder
+    finally:
+        if mounted:
+            subprocess.run(["umount", "-l", str(folder)], capture_output=True)
+        else:
+            folder.chmod(0o755)
+
+
+@pytest.mark.processes
+def test_run_with_a_read_only_workspace_names_it(
+    tmp_path: pathlib.Path, read_only_folder: pathlib.Path
+) -> None:
+    folder = ff.write_folder(tmp_path, searcher=SHORT)
+    before = hashes(folder)
+    for workspace in (read_only_folder, read_only_folder / "ws"):
+        code, _, err = command(folder, "run", "const.yaml", "--workspace", str(workspace))
+        assert code == 2
+        line = one_error(err)
+        assert f"the workspace {workspace} is read-only" in line and "--workspace DIR" in line
+    assert hashes(folder) == before  # nothing trained (no events, no pid file)
+
+
+@pytest.mark.processes
+def test_run_and_list_on_a_damaged_record_say_how_to_recover(tmp_path: pathlib.Path) -> None:
+    """Garbage bytes in the workspace's registry file: one message naming the file, what is
+    wrong and how to go on; the file and the checkpoints beside it stay as they are."""
+    folder = ff.write_folder(tmp_path, searcher=SHORT)
+    assert main(ff.run_args(folder)) == 0
+    workspace = ff.workspace(folder)
+    registry = workspace / "registry.sqlite"
+    for name in ("registry.sqlite-wal", "registry.sqlite-shm"):
+        (workspace / name).unlink(missing_ok=True)
+    registry.write_bytes(os.urandom(8192))
+    before, code_before = hashes(workspace), hashes(folder)
+    for args in (["run", "const.yaml"], ["experiment", "list"], ["checkpoint", "list"]):
+        code, _, err = command(folder, *args, "--workspace", str(workspace))
+        assert code == 2, err
+        line = one_error(err)
+        assert f"the workspace's record {registry} is damaged (file is not a database)" in line
+        assert f"mv {registry} {registry}.damaged" in line
+        assert "checkpoints under" in line and "untouched" in line
+    assert hashes(workspace) == before
+    assert hashes(folder) == code_before
+
+    registry.rename(registry.with_name("registry.sqlite.damaged"))  # as the message says
+    assert main(ff.run_args(folder)) == 0
+    kept = [p for p in (workspace / "experiments").rglob("metadata.json")]
+    assert len(kept) == 2, "the first run's checkpoint is still there beside the new one"
+
+
+# ----- a --storage that is not a storage ----------------------------------------------------
+
+
+def _experiments(folder: pathlib.Path) -> int:
+    registry = ff.workspace(folder) / "registry.sqlite"
+    if not registry.exists():
+        return 0
+    from lightning_bridge.record._registry import Registry
+
+    with Registry(ff.workspace(folder)) as record:
+        return len(record.experiments())
+
+
+@pytest.mark.processes
+def test_run_with_a_storage_that_is_not_a_storage_records_nothing(
+    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = ff.write_folder(tmp_path, searcher=SEARCH, hyperparameters={"lr": 0.05})
+    (folder / "garbage.db").write_bytes(b"\x00not sqlite" * 100)
+    before = hashes(folder)
+    code, _, err = command(folder, "run", "const.yaml", "--storage", "model_def.py")
+    assert code == 2
+    line = one_error(err)
+    assert f"--storage {folder / 'model_def.py'}: the file exists and is not an Optuna journal" in (
+        line
+    )
+    cases = [
+        ("nosuch://host/x", "nosuch:// is not a storage a search can live in"),
+        (str(folder), "it is a folder"),
+        (f"sqlite:///{folder / 'garbage.db'}", "exists and is not an SQLite database"),
+        ("postgresql://nobody@127.0.0.1:1/none", "the server does not answer"),
+    ]
+    for storage, reason in cases:
+        assert main([*ff.run_args(folder), "--storage", storage]) == 2
+        assert reason in one_error(capsys.readouterr().err)
+    assert _experiments(folder) == 0, "a refused --storage left an experiment behind"
+    assert hashes(folder) == before
+    assert not list(folder.glob("*.search-lock"))
+
+
+@pytest.mark.processes
+def test_search_worker_for_a_search_that_does_not_exist_creates_nothing(
+    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = ff.write_folder(tmp_path, searcher=SEARCH, hyperparameters={"lr": 0.05})
+    journal = tmp_path / "search.journal"
+    code, _, err = command(
+        folder, "search-worker", "some-search", "--storage", str(journal), "--workspace",
+        str(ff.workspace(folder)),
+    )  # fmt: skip
+    assert code == 2
+    assert "no such file, so no search is stored there" in one_error(err)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["exp"]  # no journal, no lock, no ws
+
+    # A real search's journal, asked for another name: refused, the journal unchanged.
+    assert main([*ff.run_args(folder), "--storage", str(journal)]) == 0
+    name = capsys.readouterr().out.split(" search ", 1)[1].split()[0]
+    before = hashes(tmp_path)
+    assert main(["search-worker", "typo", "--storage", str(journal)]) == 2
+    line = one_error(capsys.readouterr().err)
+    assert f"it holds no search named 'typo' (searches there: {name})" in line
+    assert hashes(tmp_path) == before
