@@ -194,3 +194,50 @@ def test_search_worker_for_a_search_that_does_not_exist_creates_nothing(
     line = one_error(capsys.readouterr().err)
     assert f"it holds no search named 'typo' (searches there: {name})" in line
     assert hashes(tmp_path) == before
+
+
+# ----- a checkpoint's code/ ---------------------------------------------------------------
+
+
+@pytest.mark.processes
+def test_checkpoints_of_a_run_whose_storage_and_workspace_sit_in_its_folder_copy_only_code(
+    tmp_path: pathlib.Path,
+) -> None:
+    """`host_path: ckpts` (relative: inside the experiment folder) and `--workspace ws` in the
+    folder too; a checkpoint every batch, three kept. Before, each checkpoint's code/ took in
+    the earlier checkpoints and the workspace (95 MB for a 400 KB model)."""
+    folder = ff.write_folder(
+        tmp_path,
+        searcher={**SHORT, "max_length": {"batches": 6}},
+        min_checkpoint_period={"batches": 1},
+        checkpoint_storage={"type": "shared_fs", "host_path": "ckpts", "save_trial_latest": 3},
+    )
+    (folder / "helpers.py").write_text("VALUE = 1\n")
+    code, out, err = command(folder, "run", "const.yaml", "--workspace", "ws")
+    assert code == 0, err
+    kept = sorted((folder / "ckpts").iterdir(), key=lambda p: ff.steps(p))
+    assert [ff.steps(c) for c in kept] == [4, 5, 6]
+    for checkpoint in kept:
+        copied = sorted(str(p.relative_to(checkpoint / "code")) for p in checkpoint.rglob("code/*"))
+        assert copied == ["const.yaml", "helpers.py", "model_def.py", "train.py"], copied
+
+
+def test_a_folder_over_the_code_bound_is_refused_before_training(
+    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = ff.write_folder(tmp_path, searcher=SHORT)
+    (folder / "data").mkdir()
+    with open(folder / "data" / "images.bin", "wb") as f:  # sparse: 96 MiB without writing it
+        f.truncate(96 * 2**20)
+    before = hashes(folder)
+    assert main(ff.run_args(folder)) == 2
+    line = one_error(capsys.readouterr().err)
+    assert f"the experiment folder {folder} holds 96.0 MiB of files" in line
+    assert "over the 95 MiB every checkpoint copies into code/" in line
+    assert "the largest: data/ (96.0 MiB), model_def.py (" in line and ".detignore" in line
+    assert hashes(folder) == before and not ff.workspace(folder).exists()
+
+    (folder / ".detignore").write_text("data/\n")  # as the message says
+    assert main(ff.run_args(folder)) == 0
+    (checkpoint,) = ff.checkpoints(folder)
+    assert not (checkpoint / "code" / "data").exists()

@@ -81,8 +81,10 @@ def _run(args: argparse.Namespace, from_command_line: bool) -> int:
         from lightning_bridge.experiment._engine_settings import check_settings
         from lightning_bridge.experiment._summary import run_summary
         from lightning_bridge.record._registry import Registry
+        from lightning_bridge.record._workspace import Workspace
 
         _experiments.check_storage(plan)
+        _experiments.check_code(plan, Workspace(args.workspace))
         check_settings(plan)
     except BridgeError as exc:
         print(f"lightning-bridge: error: {exc}", file=sys.stderr)

@@ -21,6 +21,7 @@ from typing import Any
 
 from lightning_bridge import _logging
 from lightning_bridge._errors import InvalidArgumentError
+from lightning_bridge.checkpoint._code import check_size
 from lightning_bridge.checkpoint._storage_config import check_backend, storage_from_config
 from lightning_bridge.experiment import _runner
 from lightning_bridge.experiment._checkpoints import (
@@ -55,6 +56,19 @@ def check_storage(plan: _runner.Plan) -> None:
     check_backend(kind)
     if kind != "shared_fs" or section.get("host_path"):
         storage_from_config(section, plan.context_dir).probe()
+
+
+def check_code(plan: _runner.Plan, workspace: Workspace, *written: pathlib.Path) -> None:
+    """What every checkpoint copies into `code/` fits Determined's bound (before anything
+    trains); the workspace, the checkpoint storage and `written` (a search's storage file) are
+    never part of it."""
+    skipped = [workspace.root, *written]
+    section = plan.experiment_config().get("checkpoint_storage") or {}
+    if (section.get("type") or "shared_fs") == "shared_fs":
+        storage = storage_from_config(section, plan.context_dir)
+        if storage.is_local:
+            skipped.append(pathlib.Path(storage.root))
+    check_size(plan.context_dir, exclude=skipped)
 
 
 def run_trial(

@@ -28,6 +28,7 @@ from lightning_bridge.experiment._checkpoints import Source
 from lightning_bridge.experiment._config import ResolvedConfig, load_config, parse_config
 from lightning_bridge.experiment._experiments import (
     _options_record,
+    check_code,
     check_storage,
     continue_command,
 )
@@ -37,6 +38,7 @@ from lightning_bridge.experiment._source import warm_start_source
 from lightning_bridge.experiment._summary import checkpoint_line, format_value, table
 from lightning_bridge.record._registry import Registry
 from lightning_bridge.record._schema import TrialState
+from lightning_bridge.record._workspace import Workspace
 from lightning_bridge.search import SearchDriver
 from lightning_bridge.search._storage import import_optuna
 
@@ -115,6 +117,8 @@ def run_search(args: argparse.Namespace, options: _runner.Options) -> int | None
         import_optuna()
         if args.storage:  # before the experiment is recorded: a refusal leaves nothing
             check_search_storage(_absolute(args.storage))
+        written = [pathlib.Path(_absolute(args.storage))] if args.storage else []
+        check_code(first, Workspace(args.workspace), *written)
     except BridgeError as exc:
         return _error(exc)
     if warning:
