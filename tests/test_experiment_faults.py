@@ -241,3 +241,67 @@ def test_a_folder_over_the_code_bound_is_refused_before_training(
     assert main(ff.run_args(folder)) == 0
     (checkpoint,) = ff.checkpoints(folder)
     assert not (checkpoint / "code" / "data").exists()
+
+
+# ----- orphans after a kill -------------------------------------------------------------
+
+KILLED_AFTER_WRITE = """
+import os
+import signal
+
+from model_def import FaultTrial, pytorch
+
+
+class KillAfterWrite(pytorch.PyTorchCallback):
+    # The process is killed once a checkpoint is written whole in the trial's folder, before
+    # it is moved into the configured storage (kill -9 at the worst moment).
+    def __init__(self, trial):
+        self.trial = trial
+
+    def on_checkpoint_write_end(self, checkpoint_dir):
+        if self.trial.trained == self.trial.hp.get("kill_after_write_at"):
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+class KilledTrial(FaultTrial):
+    def build_callbacks(self):
+        return {**super().build_callbacks(), "kill": KillAfterWrite(self)}
+"""
+
+
+@pytest.mark.processes
+def test_experiment_continue_after_a_kill_between_write_and_store_keeps_that_checkpoint(
+    tmp_path: pathlib.Path,
+) -> None:
+    store = tmp_path / "store"
+    folder = ff.write_folder(
+        tmp_path,
+        entrypoint="killed:KilledTrial",
+        hyperparameters={"kill_after_write_at": 4},
+        searcher={**SHORT, "max_length": {"batches": 8}},
+        min_checkpoint_period={"batches": 2},
+        checkpoint_storage={"type": "shared_fs", "host_path": str(store), "save_trial_latest": 3},
+    )
+    (folder / "killed.py").write_text(KILLED_AFTER_WRITE)
+    code, _, err = command(folder, "run", "const.yaml")
+    assert code == -9, err
+    staging = ff.workspace(folder) / "experiments" / "1" / "trials" / "1" / "checkpoints"
+    (orphan,) = [p for p in staging.iterdir() if p.is_dir() and not p.name.startswith(".")]
+    assert ff.steps(orphan) == 4
+    written = hashes(orphan)
+    assert [ff.steps(c) for c in store.iterdir()] == [2]
+
+    code, out, err = command(folder, "experiment", "continue", "1")
+    assert code == 0, err
+    log = (staging.parent / "trial.log").read_text()
+    assert (
+        f"Checkpoint {orphan.name} (batch 4) was written but not stored when the trial's process "
+        f"ended; stored now in {store / orphan.name}"
+    ) in log
+    assert f"Continuing from checkpoint {store / orphan.name}" in log
+    assert hashes(store / orphan.name) == written  # moved as it was written
+    # Retention (the latest 3) counted it: batches 2 went, 4, 6 and 8 are kept.
+    assert sorted(ff.steps(c) for c in store.iterdir()) == [4, 6, 8]
+    assert [ff.steps(c) for c in ff.checkpoints(folder)] == [4, 6, 8]
+    assert not [p for p in staging.iterdir() if p.is_dir() and not p.name.startswith(".")]
+    assert [e["batches"] for e in ff.events(folder)] == [4, 8]

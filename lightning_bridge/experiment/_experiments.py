@@ -27,9 +27,9 @@ from lightning_bridge.experiment import _runner
 from lightning_bridge.experiment._checkpoints import (
     Source,
     apply_experiment_retention,
-    discard_incomplete,
     fetch,
     resolve_resume,
+    settle_checkpoints,
 )
 from lightning_bridge.experiment._config import ResolvedConfig, parse_config
 from lightning_bridge.experiment._parent import follow_parent
@@ -231,7 +231,7 @@ def continue_experiment(
             continue_command=continue_command(registry.workspace, experiment_id),
         )
         _logging.configure(trial.log_file)  # the clean-up and download are in the trial's log
-        discard_incomplete(registry, recorded.id)
+        settle_checkpoints(registry, recorded.id)
         latest = registry.latest_checkpoint(recorded.id)
         if latest is not None:
             trial.latest_checkpoint = str(fetch(registry, latest, trial.trial_dir / "restore"))

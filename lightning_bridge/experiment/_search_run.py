@@ -34,7 +34,7 @@ from collections.abc import Callable
 from typing import Any
 
 from lightning_bridge.experiment import _runner
-from lightning_bridge.experiment._checkpoints import Source, discard_incomplete, fetch
+from lightning_bridge.experiment._checkpoints import Source, fetch, settle_checkpoints
 from lightning_bridge.experiment._config import ResolvedConfig
 from lightning_bridge.experiment._experiments import continue_command
 from lightning_bridge.experiment._parent import PARENT_ENV
@@ -236,7 +236,7 @@ class SearchRun:
         )
         latest = None
         if not fresh:
-            discard_incomplete(registry, trial_id)
+            settle_checkpoints(registry, trial_id)
             latest = registry.latest_checkpoint(trial_id)
             registry.archive_metrics_after(trial_id, latest.batches if latest else 0)
         restore = trial.trial_dir / "restore"

@@ -27,7 +27,7 @@ def _read_only(root: pathlib.Path, exc: BaseException) -> bool:
     )
 
 
-def unusable_registry(root: pathlib.Path, registry: pathlib.Path, exc: BaseException) -> Exception:
+def unusable_registry(root: pathlib.Path, registry: pathlib.Path, exc: Exception) -> Exception:
     """The error to raise when opening `registry` (in workspace `root`) failed with `exc`;
     `exc` itself when it is neither a read-only workspace nor a damaged registry."""
     text = str(getattr(exc, "orig", None) or exc).lower()

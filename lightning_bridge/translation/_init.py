@@ -165,7 +165,7 @@ def init(
     if code_dir is None and run is None:
         code_dir = os.getcwd()  # as Determined's local mode: the working directory is the code
     # The code is what the folder holds now: nothing the run writes later rides along.
-    snapshot_code(pathlib.Path(code_dir), exclude=[p for p in (checkpoint_dir,) if p is not None])
+    snapshot_code(pathlib.Path(code_dir), exclude=[pathlib.Path(checkpoint_dir or "checkpoints")])
     dist = distributed if distributed is not None else DistributedContext()
     devices, num_nodes, strategy = _launch_settings(distributed, devices, num_nodes, strategy)
     seed = None
