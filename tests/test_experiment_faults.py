@@ -9,11 +9,19 @@ message, and that nothing already written changed (every file's hash before and 
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import hashlib
 import os
 import pathlib
+import pwd
+import shutil
+import socket
+import sqlite3
 import subprocess
 import sys
+import tempfile
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -305,3 +313,160 @@ def test_experiment_continue_after_a_kill_between_write_and_store_keeps_that_che
     assert [ff.steps(c) for c in ff.checkpoints(folder)] == [4, 6, 8]
     assert not [p for p in staging.iterdir() if p.is_dir() and not p.name.startswith(".")]
     assert [e["batches"] for e in ff.events(folder)] == [4, 8]
+
+
+# ----- services that go away mid-run --------------------------------------------------------
+
+
+def _validations(workspace: pathlib.Path) -> dict[int, list[int]]:
+    """The validations the record holds per trial: their batch counts."""
+    from lightning_bridge.record._registry import Registry
+
+    with Registry(workspace) as record:
+        return {
+            t.id: [m.batches for m in record.metrics(t.id, "validation")] for t in record.trials()
+        }
+
+
+@pytest.mark.processes
+def test_a_run_whose_record_is_locked_for_a_while_trains_on_and_records_everything_once(
+    tmp_path: pathlib.Path,
+) -> None:
+    """Another process holds the registry's write lock for 8 s mid-run (longer than a
+    writer waits). Before, the trial waited 120 s and failed with `database is locked`."""
+    folder = ff.write_folder(
+        tmp_path,
+        hyperparameters={"sleep": 0.1, "mark_at": 6},
+        searcher={**SHORT, "max_length": {"batches": 40}},
+    )
+    proc = ff.start_run(folder)
+    ff.wait_for(folder / "training.0", proc)
+    registry = ff.workspace(folder) / "registry.sqlite"
+    before = _validations(ff.workspace(folder))
+    lock = sqlite3.connect(registry, isolation_level=None, timeout=30)
+    lock.execute("BEGIN IMMEDIATE")
+    try:
+        held_from = len(ff.events(folder))
+        time.sleep(8)
+        trained_meanwhile = len(ff.events(folder)) - held_from
+    finally:
+        lock.execute("COMMIT")
+        lock.close()
+    code, out, err, _ = ff.finish(proc, timeout=240)
+    assert code == 0, err
+    assert trained_meanwhile >= 3, "training waited for the record"
+    after = _validations(ff.workspace(folder))
+    assert after == {1: [4 * i for i in range(1, 11)]}  # every validation, once
+    assert after[1][: len(before[1])] == before[1]
+    log = (ff.workspace(folder) / "experiments" / "1" / "trials" / "1" / "trial.log").read_text()
+    assert f"The record {registry} is unavailable (database is locked); training goes on" in log
+    assert f"The record {registry} is back after" in log and "reports held back" in log
+    assert "Traceback" not in err
+
+
+POSTGRES_USER = "lightning-bridge-pg"
+
+
+@dataclasses.dataclass
+class PostgresServer:
+    """A PostgreSQL server of this test's own (Debian's binaries, run as a dedicated user
+    when the tests run as root), which a test may stop and start again."""
+
+    binaries: pathlib.Path
+    folder: pathlib.Path
+    port: int
+
+    @property
+    def url(self) -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+
+    def _run(self, *command: str) -> None:
+        line = [str(self.binaries / command[0]), *command[1:]]
+        if os.geteuid() == 0:
+            line = ["runuser", "-u", POSTGRES_USER, "--", *line]
+        done = subprocess.run(line, capture_output=True, text=True, cwd="/")
+        assert done.returncode == 0, done.stderr or done.stdout
+
+    def start(self) -> None:
+        options = f"-h 127.0.0.1 -p {self.port} -k {self.folder}"
+        data, log = str(self.folder / "data"), str(self.folder / "server.log")
+        self._run("pg_ctl", "-D", data, "-l", log, "-w", "-o", options, "start")
+
+    def stop(self) -> None:
+        self._run("pg_ctl", "-D", str(self.folder / "data"), "-m", "fast", "-w", "stop")
+
+
+@pytest.fixture
+def postgres_server() -> Iterator[PostgresServer]:
+    found = sorted(pathlib.Path("/usr/lib/postgresql").glob("*/bin/initdb"))
+    if not found:
+        pytest.skip("no PostgreSQL server installed (apt-get install postgresql)")
+    pytest.importorskip("psycopg")
+    # Outside pytest's temporary folders, which the server's user may not enter.
+    folder = pathlib.Path(tempfile.mkdtemp(prefix="lightning-bridge-pg-"))
+    folder.chmod(0o755)
+    if os.geteuid() == 0:
+        try:
+            pwd.getpwnam(POSTGRES_USER)
+        except KeyError:
+            subprocess.run(
+                ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin",
+                 POSTGRES_USER],
+                check=True,
+            )  # fmt: skip
+        shutil.chown(folder, user=POSTGRES_USER)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = PostgresServer(found[-1].parent, folder, port)
+    server._run("initdb", "-D", str(folder / "data"), "-U", "postgres", "--auth=trust")
+    server.start()
+    try:
+        yield server
+    finally:
+        with contextlib.suppress(AssertionError):
+            server.stop()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.mark.postgres
+@pytest.mark.search
+def test_a_search_whose_postgresql_server_restarts_mid_trial_finishes_with_every_report_once(
+    tmp_path: pathlib.Path, postgres_server: PostgresServer
+) -> None:
+    """The search's PostgreSQL server is stopped for 8 s while a trial trains, then started
+    again. Before, the worker and the trial ended in tracebacks (connection refused)."""
+    import optuna
+
+    folder = ff.write_folder(
+        tmp_path,
+        hyperparameters={"sleep": 0.1, "mark_at": 6, "lr": {"type": "categorical", "vals": [0.05]}},
+        searcher={**SEARCH, "max_trials": 1, "max_length": {"batches": 40}},
+    )
+    proc = ff.start_run(folder, "--storage", postgres_server.url)
+    ff.wait_for(folder / "training.0", proc)
+    before = _validations(ff.workspace(folder))
+    postgres_server.stop()
+    held_from = len(ff.events(folder))
+    time.sleep(8)
+    trained_meanwhile = len(ff.events(folder)) - held_from
+    postgres_server.start()
+    code, out, err, _ = ff.finish(proc, timeout=300)
+    assert code == 0, out + err
+    assert trained_meanwhile >= 3, "training waited for the search storage"
+    assert "The search storage is unavailable (" in out and "The search storage is back" in out
+    after = _validations(ff.workspace(folder))
+    assert after == {1: [4 * i for i in range(1, 11)]}
+    assert after[1][: len(before[1])] == before[1]
+    trial_log = ff.workspace(folder) / "experiments" / "1" / "trials" / "1" / "trial.log"
+    log = trial_log.read_text()
+    assert "is unavailable (" in log and "reports held back" in log, log
+    (name,) = optuna.get_all_study_names(
+        postgres_server.url.replace("postgresql", "postgresql+psycopg")
+    )
+    study = optuna.load_study(
+        study_name=name, storage=postgres_server.url.replace("postgresql", "postgresql+psycopg")
+    )
+    (trial,) = study.get_trials()
+    assert trial.state == optuna.trial.TrialState.COMPLETE
+    assert sorted(trial.intermediate_values) == [4 * i for i in range(1, 11)]

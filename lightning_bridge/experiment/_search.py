@@ -32,7 +32,7 @@ from lightning_bridge.experiment._experiments import (
     check_storage,
     continue_command,
 )
-from lightning_bridge.experiment._search_run import SearchRun
+from lightning_bridge.experiment._search_run import SearchRun, SearchStorageUnavailable
 from lightning_bridge.experiment._search_storage import check_search_storage
 from lightning_bridge.experiment._source import warm_start_source
 from lightning_bridge.experiment._summary import checkpoint_line, format_value, table
@@ -213,8 +213,12 @@ def _serve(
         source=source,
         lost_after_s=lost_after_s,
     )
-    finished = worker.serve()
-    print(search_summary(registry, driver, experiment_id), flush=True)
+    try:
+        finished = worker.serve()
+    except SearchStorageUnavailable as exc:
+        print(f"lightning-bridge: error: {exc}", file=sys.stderr, flush=True)
+        return EXIT_FAILED
+    print(search_summary(registry, worker.driver, experiment_id), flush=True)
     if not finished:
         print(
             "The search stopped; its trials are checkpointed. Continue with: "
