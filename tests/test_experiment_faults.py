@@ -23,12 +23,16 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
+import torch
 
+import lightning_bridge as pytorch
 from lightning_bridge.experiment._cli import main
 from tests import _fault_folders as ff
 from tests._cli_folders import isolated_imports  # noqa: F401 - autouse fixture
+from tests._trials import LinearTrial, Recorder, RegressionData, fit
 
 SHORT = {"name": "single", "metric": "validation_loss", "max_length": {"batches": 4}}
 SEARCH = {
@@ -340,7 +344,7 @@ def test_a_run_whose_record_is_locked_for_a_while_trains_on_and_records_everythi
         searcher={**SHORT, "max_length": {"batches": 40}},
     )
     proc = ff.start_run(folder)
-    ff.wait_for(folder / "training.0", proc)
+    ff.wait_for(folder / "training.0", proc, timeout=300)
     registry = ff.workspace(folder) / "registry.sqlite"
     before = _validations(ff.workspace(folder))
     lock = sqlite3.connect(registry, isolation_level=None, timeout=30)
@@ -444,7 +448,7 @@ def test_a_search_whose_postgresql_server_restarts_mid_trial_finishes_with_every
         searcher={**SEARCH, "max_trials": 1, "max_length": {"batches": 40}},
     )
     proc = ff.start_run(folder, "--storage", postgres_server.url)
-    ff.wait_for(folder / "training.0", proc)
+    ff.wait_for(folder / "training.0", proc, timeout=300)
     before = _validations(ff.workspace(folder))
     postgres_server.stop()
     held_from = len(ff.events(folder))
@@ -470,3 +474,54 @@ def test_a_search_whose_postgresql_server_restarts_mid_trial_finishes_with_every
     (trial,) = study.get_trials()
     assert trial.state == optuna.trial.TrialState.COMPLETE
     assert sorted(trial.intermediate_values) == [4 * i for i in range(1, 11)]
+
+
+# ----- errors Determined raises as RuntimeError ----------------------------------------------
+
+
+class _WiderTrial(LinearTrial):
+    """The same trial with a model of another shape: the checkpoint's weights do not fit."""
+
+    def __init__(self, context: pytorch.PyTorchTrialContext) -> None:
+        self.context = context
+        self.hp = context.get_hparams()
+        self.model = context.wrap_model(torch.nn.Linear(4, 3))
+        self.opt = context.wrap_optimizer(torch.optim.SGD(self.model.parameters(), lr=0.05))
+        self.recorder, self.n_train, self.n_val = Recorder(), 32, 16
+
+
+class _PlainLoaderTrial(LinearTrial):
+    def build_training_data_loader(self) -> Any:
+        return torch.utils.data.DataLoader(RegressionData(16), batch_size=8)
+
+
+def test_except_runtime_error_written_for_determined_still_catches_its_errors(
+    tmp_path: pathlib.Path,
+) -> None:
+    """Determined raises RuntimeError for a checkpoint whose weights do not fit the model
+    (torch's load_state_dict) and for a plain torch DataLoader (not reproducible); code that
+    catches them with `except RuntimeError` keeps working, and the message is the bridge's."""
+    conf = {"exp_conf": {"searcher": {"metric": "val_loss"}}}
+    trial, trainer = fit(
+        max_length=pytorch.Batch(2), init_kwargs={"checkpoint_dir": tmp_path, **conf}
+    )
+    (checkpoint,) = trainer.checkpoints
+    before = hashes(checkpoint)
+    caught: list[str] = []
+    for attempt in (
+        lambda: fit(
+            _WiderTrial, init_kwargs={"checkpoint_dir": tmp_path / "other", **conf},
+            max_length=pytorch.Batch(4), latest_checkpoint=str(checkpoint),
+        ),
+        lambda: pytorch.load_trial_from_checkpoint_path(checkpoint, trial_class=_WiderTrial),
+        lambda: fit(_PlainLoaderTrial, max_length=pytorch.Batch(2)),
+    ):  # fmt: skip
+        try:
+            attempt()
+        except RuntimeError as exc:
+            assert isinstance(exc, pytorch.BridgeError)
+            caught.append(str(exc))
+    assert len(caught) == 3
+    assert all("does not fit the trial's model 0" in m for m in caught[:2]), caught
+    assert "build_training_data_loader" in caught[2], caught
+    assert hashes(checkpoint) == before
