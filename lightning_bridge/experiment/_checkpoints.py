@@ -16,7 +16,6 @@ import shutil
 from typing import Any
 
 from lightning_bridge._errors import InvalidArgumentError, InvalidCheckpointError
-from lightning_bridge.checkpoint._safe_load import read_metadata, read_trial_state
 from lightning_bridge.checkpoint._storage import CheckpointStorage
 from lightning_bridge.checkpoint._storage_config import storage_from_config
 from lightning_bridge.contract._units import Epoch
@@ -182,6 +181,9 @@ def _settle(
     row: Checkpoint | None,
 ) -> None:
     """Move one checkpoint left in the trial's folder into storage, or remove it."""
+    # Here, not at the top: reading the record never imports torch.
+    from lightning_bridge.checkpoint._safe_load import read_metadata, read_trial_state
+
     uuid = local.name
     try:
         metadata = read_metadata(local)
