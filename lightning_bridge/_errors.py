@@ -20,6 +20,10 @@ class InvalidArgumentError(BridgeError, ValueError):
     """An argument to `init`, `Trainer` or `Trainer.fit` is malformed."""
 
 
+class WorkspaceError(InvalidArgumentError):
+    """The workspace cannot hold the record (read-only, or its registry file is damaged)."""
+
+
 class InvalidCheckpointError(BridgeError, ValueError):
     """A checkpoint directory is missing, incomplete, corrupt or does not fit the trial."""
 

@@ -15,6 +15,7 @@ import json
 import os
 import pathlib
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -558,9 +559,7 @@ def test_load_trial_refuses_what_load_data_names_unless_it_is_a_trial_class(
 ) -> None:
     source = ff.in_directory(continued_run)[-1]
     copy = tmp_path / "ckpt"
-    copy.mkdir()
-    for file in source.iterdir():
-        (copy / file.name).write_bytes(file.read_bytes())
+    shutil.copytree(source, copy)  # with its code/ (the working directory, as Determined's)
     load_data = json.loads((copy / "load_data.json").read_text())
     load_data["trial_cls_spec"] = "builtins:print"  # called, it would print the context
     (copy / "load_data.json").write_text(json.dumps(load_data))

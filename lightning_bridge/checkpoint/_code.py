@@ -2,9 +2,16 @@
 
 With the code beside the weights, `load_trial_from_checkpoint_path(path)` imports the trial
 class from the checkpoint on any machine. The copy honours `.detignore` (gitignore patterns,
-plus the bytecode Determined always leaves out), skips what the run itself writes there
-(checkpoints, logs), and is capped like Determined's context upload: a larger folder is not
-copied, with one warning that says how to shrink it.
+plus the bytecode Determined always leaves out) and, whatever `.detignore` says, never holds
+what a run writes: a workspace (a folder with a registry), checkpoints (folders with a
+checkpoint's files, also half-written ones) and the folders the caller names (the checkpoint
+storage, the trial's logs). Determined copies the context as it was submitted; here the files
+are listed once when the run starts (`snapshot`), so what the run writes later into the folder
+(a search journal, files the trial writes) is not code either.
+
+The copy is capped like Determined's context upload (95 MB): `check_size` refuses a larger
+folder before training with its largest entries named; `copy_code` called over the cap
+(a fit of the Python API) copies nothing and warns once with the same list.
 """
 
 from __future__ import annotations
@@ -17,12 +24,19 @@ from collections.abc import Iterable
 
 import pathspec
 
+from lightning_bridge._errors import InvalidArgumentError
+
 logger = logging.getLogger("lightning_bridge")
 
 CODE_DIR = "code"
 MAX_CODE_BYTES = 95 * 1024 * 1024  # Determined's limit for an experiment's context folder
 _ALWAYS_IGNORED = ["__pycache__/", "*.py[co]", "*$py.class", ".detignore"]
+# A folder holding one of these is a workspace (its registry, any version of its name).
+_WORKSPACE_MARKS = ("registry.sqlite",)
+# A folder holding these is a checkpoint (Determined's layout, complete or not).
+_CHECKPOINT_MARKS = ("state_dict.pth", "trial_state.pkl", "load_data.json")
 _warned: set[pathlib.Path] = set()
+_snapshots: dict[pathlib.Path, list[pathlib.Path]] = {}
 
 
 def _spec(root: pathlib.Path) -> pathspec.PathSpec:
@@ -31,6 +45,18 @@ def _spec(root: pathlib.Path) -> pathspec.PathSpec:
     if ignore_file.is_file():
         lines += ignore_file.read_text().splitlines()
     return pathspec.PathSpec.from_lines("gitwildmatch", lines)
+
+
+def is_run_output(folder: pathlib.Path) -> bool:
+    """Whether `folder` is something a run writes: a workspace, a checkpoint, a partial save."""
+    if folder.name.endswith(".partial") and folder.name.startswith("."):
+        return True
+    try:
+        names = set(os.listdir(folder))
+    except OSError:
+        return False
+    checkpoint = "metadata.json" in names and any(m in names for m in _CHECKPOINT_MARKS)
+    return checkpoint or bool(names.intersection(_WORKSPACE_MARKS))
 
 
 def code_files(root: pathlib.Path, exclude: Iterable[pathlib.Path] = ()) -> list[pathlib.Path]:
@@ -47,11 +73,61 @@ def code_files(root: pathlib.Path, exclude: Iterable[pathlib.Path] = ()) -> list
             for d in dirs
             if (here / d).resolve() not in skipped
             and not spec.match_file(f"{(rel_dir / d).as_posix()}/")
+            and not is_run_output(here / d)
         )
         for name in sorted(names):
             rel = rel_dir / name
             if not spec.match_file(rel.as_posix()) and (here / name).is_file():
                 files.append(rel)
+    return files
+
+
+def snapshot(root: pathlib.Path, exclude: Iterable[pathlib.Path] = ()) -> list[pathlib.Path]:
+    """List `root`'s code files now (a run starts): later copies take only these."""
+    files = code_files(root, exclude)
+    _snapshots[root.resolve()] = files
+    return files
+
+
+def _size(root: pathlib.Path, files: Iterable[pathlib.Path]) -> int:
+    total = 0
+    for rel in files:
+        try:
+            total += (root / rel).stat().st_size
+        except OSError:
+            pass
+    return total
+
+
+def largest_entries(root: pathlib.Path, files: list[pathlib.Path], count: int = 5) -> str:
+    """The top-level entries of `root` holding most of `files`, largest first, as text."""
+    sizes: dict[str, int] = {}
+    for rel in files:
+        top = rel.parts[0] + ("/" if len(rel.parts) > 1 else "")
+        sizes[top] = sizes.get(top, 0) + _size(root, [rel])
+    ranked = sorted(sizes.items(), key=lambda kv: -kv[1])[:count]
+    return ", ".join(f"{name} ({_shown(size)})" for name, size in ranked)
+
+
+def _shown(size: int) -> str:
+    return f"{size / 2**20:.1f} MiB" if size >= 2**20 else f"{size / 2**10:.1f} KiB"
+
+
+def check_size(
+    root: pathlib.Path, exclude: Iterable[pathlib.Path] = (), max_bytes: int = MAX_CODE_BYTES
+) -> list[pathlib.Path]:
+    """`root`'s code files (and their snapshot), or one message when they exceed
+    `max_bytes`: what every checkpoint would copy, with the largest entries named."""
+    files = snapshot(root, exclude)
+    size = _size(root, files)
+    if size > max_bytes:
+        raise InvalidArgumentError(
+            f"the experiment folder {root} holds {size / 2**20:.1f} MiB of files (after "
+            f".detignore), over the {max_bytes / 2**20:.0f} MiB every checkpoint copies into "
+            f"code/ (Determined's limit for a context directory); the largest: "
+            f"{largest_entries(root, files)}. List data and outputs in {root / '.detignore'} "
+            "(gitignore patterns), or move them out of the folder."
+        )
     return files
 
 
@@ -62,19 +138,31 @@ def copy_code(
     max_bytes: int = MAX_CODE_BYTES,
 ) -> bool:
     """Copy `root`'s code files into `dest`; False (and one warning) when over `max_bytes`."""
-    files = code_files(root, exclude)
-    size = sum((root / f).stat().st_size for f in files)
+    exclude = [p.resolve() for p in exclude]
+    listed = _snapshots.get(root.resolve())
+    if listed is None:
+        files = code_files(root, exclude)
+    else:  # the files of the run's start that are still there and still code
+        files = [
+            rel
+            for rel in listed
+            if (root / rel).is_file()
+            and not any((root / rel).resolve().is_relative_to(p) for p in exclude)
+        ]
+    size = _size(root, files)
     if size > max_bytes:
         if root.resolve() not in _warned:
             _warned.add(root.resolve())
             logger.warning(
                 "The experiment folder %s holds %.1f MiB of files (after .detignore), over the "
-                "%.0f MiB a checkpoint's code/ copy may take: checkpoints carry no code/, so "
-                "load them with load_trial_from_checkpoint_path(path, trial_class=MyTrial). List "
-                "data, outputs and other large files in a .detignore file to include the code.",
+                "%.0f MiB a checkpoint's code/ copy may take (the largest: %s): checkpoints "
+                "carry no code/, so load them with load_trial_from_checkpoint_path(path, "
+                "trial_class=MyTrial). List data, outputs and other large files in a .detignore "
+                "file to include the code.",
                 root,
                 size / 2**20,
                 max_bytes / 2**20,
+                largest_entries(root, files),
             )
         return False
     for rel in files:

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from lightning_bridge._errors import CheckpointRuntimeError, InvalidCheckpointError
+from lightning_bridge._errors import CheckpointRuntimeError
 
 
 def entries(payload: dict[str, Any], single: str, many: str) -> list[Any]:
@@ -44,7 +44,8 @@ def load_models(models: list[torch.nn.Module], payload: dict[str, Any]) -> None:
             try:
                 model.load_state_dict(unprefixed)
             except RuntimeError:
-                raise InvalidCheckpointError(
+                # Determined lets torch's RuntimeError through: `except RuntimeError` catches it.
+                raise CheckpointRuntimeError(
                     f"The checkpoint's model {idx} does not fit the trial's model {idx} "
                     f"({type(model).__name__}): {exc}"
                 ) from None

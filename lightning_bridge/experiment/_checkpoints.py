@@ -15,7 +15,7 @@ import pathlib
 import shutil
 from typing import Any
 
-from lightning_bridge._errors import InvalidArgumentError
+from lightning_bridge._errors import InvalidArgumentError, InvalidCheckpointError
 from lightning_bridge.checkpoint._storage import CheckpointStorage
 from lightning_bridge.checkpoint._storage_config import storage_from_config
 from lightning_bridge.contract._units import Epoch
@@ -142,16 +142,82 @@ def resolve_resume(registry: Registry, value: str, plan: Plan, config_path: path
     return Source(checkpoint.uuid, checkpoint=checkpoint)
 
 
-def discard_incomplete(registry: Registry, trial_id: int) -> None:
-    """Delete what a killed upload of the trial left in storage; it was never complete."""
-    pending = registry.checkpoints(trial_id=trial_id, states=(CheckpointState.UPLOADING,))
-    for checkpoint in pending:
-        experiment = registry.experiment(checkpoint.experiment_id)
-        storage_of(registry, experiment, trial_id).delete(checkpoint.uuid)
+def settle_checkpoints(registry: Registry, trial_id: int) -> None:
+    """Before a trial starts again: finish what a killed run of it left half done.
+
+    A checkpoint is written whole in the trial's folder, then moved into storage and marked
+    complete. A kill between the two leaves a complete checkpoint there that nothing lists:
+    it is moved into storage now and recorded complete (with the validation metrics of its
+    batch), so the trial continues from it and retention counts it. An upload that did not
+    finish (its local copy gone) is deleted from storage, as it never was complete."""
+    trial = registry.trial(trial_id)
+    experiment = registry.experiment(trial.experiment_id)
+    storage = storage_of(registry, experiment, trial_id)
+    staging = registry.workspace.trial_dir(experiment.id, trial_id) / "checkpoints"
+    every = CheckpointState.UPLOADING, CheckpointState.COMPLETED, CheckpointState.DELETED
+    rows = {c.uuid: c for c in registry.checkpoints(trial_id=trial_id, states=every)}
+    for local in sorted(staging.iterdir()) if staging.is_dir() else []:
+        if local.name.startswith(".") or not local.is_dir():
+            continue  # partial saves and pointers are the checkpoint directory's own
+        row = rows.get(local.name)
+        stored = storage.local_path(local.name)
+        in_place = stored is not None and stored.resolve() == local.resolve()
+        if row is not None and row.state == CheckpointState.COMPLETED.value and in_place:
+            continue
+        _settle(registry, trial_id, storage, local, row)
+    for checkpoint in registry.checkpoints(trial_id=trial_id, states=(CheckpointState.UPLOADING,)):
+        storage.delete(checkpoint.uuid)
         registry.checkpoint_deleted(checkpoint.uuid)
         logger.info(
             "Removed the incomplete checkpoint %s (its upload did not finish)", checkpoint.uuid
         )
+
+
+def _settle(
+    registry: Registry,
+    trial_id: int,
+    storage: CheckpointStorage,
+    local: pathlib.Path,
+    row: Checkpoint | None,
+) -> None:
+    """Move one checkpoint left in the trial's folder into storage, or remove it."""
+    # Here, not at the top: reading the record never imports torch.
+    from lightning_bridge.checkpoint._safe_load import read_metadata, read_trial_state
+
+    uuid = local.name
+    try:
+        metadata = read_metadata(local)
+        state = read_trial_state(local) if metadata else None
+    except InvalidCheckpointError:
+        metadata, state = {}, None
+    if state is None or (row is not None and row.state == CheckpointState.DELETED.value):
+        shutil.rmtree(local, ignore_errors=True)
+        why = "deleted by retention" if row is not None else "not a complete checkpoint"
+        logger.info("Removed %s, left in the trial's folder by a killed run (%s)", local, why)
+        return
+    if row is None:
+        metrics = [
+            m.values
+            for m in registry.metrics(trial_id, "validation")
+            if m.batches == state.batches_trained
+        ]
+        registry.add_checkpoint(
+            uuid,
+            trial_id,
+            batches=state.batches_trained,
+            epochs=max(state.epochs_trained, 0),
+            location=storage.url(uuid),
+            metrics=metrics[-1] if metrics else {},
+        )
+    location = storage.publish(local, uuid)
+    registry.checkpoint_completed(uuid)
+    logger.info(
+        "Checkpoint %s (batch %d) was written but not stored when the trial's process ended; "
+        "stored now in %s",
+        uuid,
+        state.batches_trained,
+        location,
+    )
 
 
 def _policy(config: dict[str, Any]) -> tuple[int, int, int]:

@@ -31,7 +31,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from lightning_bridge import _logging
-from lightning_bridge._errors import BridgeError, CheckpointWriteError, InvalidArgumentError
+from lightning_bridge._errors import (
+    BridgeError,
+    CheckpointWriteError,
+    InvalidArgumentError,
+    WorkspaceError,
+)
 from lightning_bridge.experiment._child import EntrypointFailed
 from lightning_bridge.experiment._machine_capacity import oversubscription_allowed
 from lightning_bridge.experiment._parser import build_parser
@@ -97,8 +102,10 @@ def _run(args: argparse.Namespace, from_command_line: bool) -> int:
         from lightning_bridge.experiment._checkpoints import AlreadyComplete
         from lightning_bridge.experiment._summary import run_summary
         from lightning_bridge.record._registry import Registry
+        from lightning_bridge.record._workspace import Workspace
 
         _experiments.check_storage(plan)
+        _experiments.check_code(plan, Workspace(args.workspace))
         plan.check_engine()
     except BridgeError as exc:
         print(f"lightning-bridge: error: {exc}", file=sys.stderr)
@@ -227,6 +234,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.from_command_line = argv is None
     try:
         return int(handler(args, from_command_line=argv is None))
+    except WorkspaceError as exc:  # the record cannot be opened: before anything was written
+        print(f"lightning-bridge: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     except KeyboardInterrupt:  # outside training: a fit stops on SIGINT by itself
         print("lightning-bridge: interrupted (no training was running)", file=sys.stderr)
         return 128 + signal.SIGINT

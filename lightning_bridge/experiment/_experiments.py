@@ -20,14 +20,15 @@ from typing import Any
 
 from lightning_bridge import _logging
 from lightning_bridge._errors import InvalidArgumentError
+from lightning_bridge.checkpoint._code import check_size
 from lightning_bridge.checkpoint._storage_config import check_backend, storage_from_config
 from lightning_bridge.experiment import _runner
 from lightning_bridge.experiment._checkpoints import (
     Source,
     apply_experiment_retention,
-    discard_incomplete,
     fetch,
     resolve_resume,
+    settle_checkpoints,
 )
 from lightning_bridge.experiment._config import ResolvedConfig, parse_config
 from lightning_bridge.experiment._parent import follow_parent
@@ -56,6 +57,19 @@ def check_storage(plan: _runner.Plan) -> None:
     if kind != "shared_fs" or (storage is not None and storage.host_path):
         section = plan.experiment_config()["checkpoint_storage"]  # host_path made absolute
         storage_from_config(section, plan.context_dir).probe()
+
+
+def check_code(plan: _runner.Plan, workspace: Workspace, *written: pathlib.Path) -> None:
+    """What every checkpoint copies into `code/` fits Determined's bound (before anything
+    trains); the workspace, the checkpoint storage and `written` (a search's storage file) are
+    never part of it."""
+    skipped = [workspace.root, *written]
+    section = plan.experiment_config().get("checkpoint_storage") or {}
+    if (section.get("type") or "shared_fs") == "shared_fs":
+        storage = storage_from_config(section, plan.context_dir)
+        if storage.is_local:
+            skipped.append(pathlib.Path(storage.root))
+    check_size(plan.context_dir, exclude=skipped)
 
 
 def run_trial(
@@ -220,7 +234,7 @@ def continue_experiment(
             seed=recorded.seed,
         )
         _logging.configure(trial.log_file)  # the clean-up and download are in the trial's log
-        discard_incomplete(registry, recorded.id)
+        settle_checkpoints(registry, recorded.id)
         latest = registry.latest_checkpoint(recorded.id)
         if latest is not None:
             trial.latest_checkpoint = str(fetch(registry, latest, trial.trial_dir / "restore"))

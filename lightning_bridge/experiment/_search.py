@@ -27,14 +27,17 @@ from lightning_bridge.experiment._checkpoints import Source
 from lightning_bridge.experiment._config import ResolvedConfig, load_config, parse_config
 from lightning_bridge.experiment._experiments import (
     _options_record,
+    check_code,
     check_storage,
     continue_command,
 )
-from lightning_bridge.experiment._search_run import SearchRun
+from lightning_bridge.experiment._search_run import SearchRun, SearchStorageUnavailable
+from lightning_bridge.experiment._search_storage import check_search_storage
 from lightning_bridge.experiment._source import warm_start_source
 from lightning_bridge.experiment._summary import checkpoint_line, format_value, table
 from lightning_bridge.record._registry import Registry
 from lightning_bridge.record._schema import TrialState
+from lightning_bridge.record._workspace import Workspace
 from lightning_bridge.search import SearchDriver
 from lightning_bridge.search._storage import import_optuna
 
@@ -110,6 +113,10 @@ def run_search(args: argparse.Namespace, options: _runner.Options) -> int | None
         warning = _runner.unused_warning(first)
         check_storage(first)
         import_optuna()
+        if args.storage:  # before the experiment is recorded: a refusal leaves nothing
+            check_search_storage(_absolute(args.storage))
+        written = [pathlib.Path(_absolute(args.storage))] if args.storage else []
+        check_code(first, Workspace(args.workspace), *written)
     except BridgeError as exc:
         return _error(exc)
     if warning:
@@ -204,8 +211,12 @@ def _serve(
         source=source,
         lost_after_s=lost_after_s,
     )
-    finished = worker.serve()
-    print(search_summary(registry, driver, experiment_id), flush=True)
+    try:
+        finished = worker.serve()
+    except SearchStorageUnavailable as exc:
+        print(f"lightning-bridge: error: {exc}", file=sys.stderr, flush=True)
+        return EXIT_FAILED
+    print(search_summary(registry, worker.driver, experiment_id), flush=True)
     if not finished:
         print(
             "The search stopped; its trials are checkpointed. Continue with: "
@@ -226,6 +237,7 @@ def search_worker(args: argparse.Namespace) -> int:
     try:
         import_optuna()
         storage = _absolute(args.storage)
+        check_search_storage(storage, args.experiment)  # joins a search; never creates one
         driver = SearchDriver(storage, args.experiment)
     except BridgeError as exc:
         return _error(exc)

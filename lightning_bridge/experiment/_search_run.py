@@ -33,11 +33,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from lightning_bridge._errors import BridgeError
 from lightning_bridge.experiment import _runner
-from lightning_bridge.experiment._checkpoints import Source, discard_incomplete, fetch
+from lightning_bridge.experiment._checkpoints import Source, fetch, settle_checkpoints
 from lightning_bridge.experiment._config import ResolvedConfig
 from lightning_bridge.experiment._experiments import continue_command
 from lightning_bridge.experiment._parent import PARENT_ENV
+from lightning_bridge.record._outage import RETRY_S, is_unavailable, reason
 from lightning_bridge.record._registry import Registry
 from lightning_bridge.record._schema import TrialState
 from lightning_bridge.search import SearchDriver, TrialSpec
@@ -48,6 +50,10 @@ from lightning_bridge.translation._run_description import ENV_VAR, SearchConnect
 POLL_S = 0.25
 # A running trial not heard of for this long is taken as lost with its worker and given back.
 LOST_AFTER_S = 300.0
+
+
+class SearchStorageUnavailable(BridgeError):
+    """The search's storage did not come back within the bound."""
 
 
 @dataclasses.dataclass
@@ -119,7 +125,11 @@ class SearchRun:
         self.running: dict[int, Launched] = {}
         self.ran: list[int] = []
         self._events: queue.SimpleQueue[tuple[int, int]] = queue.SimpleQueue()
+        self._unhandled: list[tuple[int, int]] = []
         self._signals = 0
+        self._next_beat = 0.0
+        self._away_since: float | None = None
+        self._reopen = False
 
     def _machine_capacity(self) -> int:
         """How many trials fit at once: whole sets of `processes` GPUs (each trial gets its
@@ -141,28 +151,85 @@ class SearchRun:
         for number in self.driver.requeue_orphans():
             self.say(f"Search trial {number}: its worker on this machine is gone; pending again")
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-        beat = time.monotonic() + self.heartbeat_s
+        self._next_beat = time.monotonic() + self.heartbeat_s
         try:
             while True:
-                if not self._signals:
-                    self._fill()
-                if not self.running and (self._signals or self.driver.is_finished()):
-                    break
-                room = len(self.running) < self.capacity and not self._signals
-                wait = POLL_S if room else max(beat - time.monotonic(), 0.0)
                 try:
-                    self._ended(*self._events.get(timeout=wait))
-                    while True:
-                        self._ended(*self._events.get_nowait())
-                except queue.Empty:
-                    pass
-                if time.monotonic() >= beat:
-                    self._beat()
-                    beat = time.monotonic() + self.heartbeat_s
+                    if self._step():
+                        break
+                except Exception as exc:
+                    if not is_unavailable(exc):
+                        raise
+                    self._storage_away(exc)
+                    continue
+                self._storage_back()
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
         return not self._signals
+
+    def _step(self) -> bool:
+        """One turn of the loop: start trials while there is room, handle the trials that
+        ended, keep this worker's trials alive. True when the worker is done."""
+        if self._reopen:
+            self.driver = SearchDriver(self.storage, self.driver.name)
+            self._reopen = False
+        if not self._signals:
+            self._fill()
+        if not self.running and (self._signals or self.driver.is_finished()):
+            return True
+        room = len(self.running) < self.capacity and not self._signals
+        wait = POLL_S if room else max(self._next_beat - time.monotonic(), 0.0)
+        self._handle_ended()  # ends whose handling the storage interrupted come first
+        try:
+            self._unhandled.append(self._events.get(timeout=wait))
+            while True:
+                self._unhandled.append(self._events.get_nowait())
+        except queue.Empty:
+            pass
+        self._handle_ended()
+        if time.monotonic() >= self._next_beat:
+            self._beat()
+            self._next_beat = time.monotonic() + self.heartbeat_s
+        return False
+
+    def _handle_ended(self) -> None:
+        while self._unhandled:
+            self._ended(*self._unhandled[0])
+            self._unhandled.pop(0)
+
+    # ----- the search's storage away for a while (a database server restarting) -----
+
+    def _storage_away(self, exc: BaseException) -> None:
+        """The storage did not answer: the running trials go on (they hold their own reports
+        back); the worker opens the storage again every second, for up to `RETRY_S`."""
+        now = time.monotonic()
+        if self._away_since is None:
+            self._away_since = now
+            self.say(
+                f"The search storage is unavailable ({reason(exc)}); the running trials go "
+                f"on, retrying for up to {RETRY_S:.0f} s"
+            )
+        elif now - self._away_since > RETRY_S:
+            raise SearchStorageUnavailable(
+                f"the search storage {self.storage} stayed unavailable for {RETRY_S:.0f} s "
+                f"({reason(exc)}); the trials are checkpointed: continue the search once it "
+                "is back (lightning-bridge experiment continue ID, or search-worker)"
+            ) from None
+        time.sleep(1.0)
+        if not self._reopen:
+            self._reopen = True  # its connections do not recover: opened again next turn
+            try:
+                self.driver.close()
+            except Exception:  # noqa: BLE001 - closing a connection that is already gone
+                pass
+
+    def _storage_back(self) -> None:
+        if self._away_since is not None:
+            self.say(
+                f"The search storage is back after {time.monotonic() - self._away_since:.0f} s"
+            )
+            self._away_since = None
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         self._signals += 1
@@ -233,7 +300,7 @@ class SearchRun:
         )
         latest = None
         if not fresh:
-            discard_incomplete(registry, trial_id)
+            settle_checkpoints(registry, trial_id)
             latest = registry.latest_checkpoint(trial_id)
             registry.archive_metrics_after(trial_id, latest.batches if latest else 0)
         restore = trial.trial_dir / "restore"
@@ -284,7 +351,7 @@ class SearchRun:
         )
 
     def _ended(self, trial_id: int, code: int) -> None:
-        launched = self.running.pop(trial_id)
+        launched = self.running[trial_id]  # removed once handled: a retry finds it
         stopping = bool(self._signals)
         crashed = self.driver.lost(launched.spec, give_back=stopping)
         recorded = self.registry.trial(trial_id)
@@ -303,4 +370,5 @@ class SearchRun:
             line += f": {recorded.message}"
         if crashed and not stopping:
             line += f" (its output: {launched.run.trial_dir / 'output.log'})"
+        del self.running[trial_id]
         self.say(line)

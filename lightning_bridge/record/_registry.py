@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from sqlalchemy import select, update
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
 from lightning_bridge._errors import InvalidArgumentError
@@ -33,7 +34,8 @@ from lightning_bridge.record._schema import (
     TrialRow,
     TrialState,
 )
-from lightning_bridge.record._sqlite import sqlite_engine
+from lightning_bridge.record._sqlite import BUSY_TIMEOUT_S, sqlite_engine
+from lightning_bridge.record._unusable import unusable_registry
 from lightning_bridge.record._views import Checkpoint, Experiment, Metric, Trial
 from lightning_bridge.record._workspace import Workspace
 
@@ -59,9 +61,24 @@ def plain_metrics(values: dict[str, Any]) -> dict[str, Any]:
 class Registry:
     """The record of a workspace: create experiments and trials, record what they report."""
 
-    def __init__(self, workspace: Workspace | str | os.PathLike[str] | None = None) -> None:
+    def __init__(
+        self,
+        workspace: Workspace | str | os.PathLike[str] | None = None,
+        busy_timeout_s: float = BUSY_TIMEOUT_S,
+    ) -> None:
+        """`busy_timeout_s`: how long a write waits for another process's lock before it fails
+        (a trial's process waits briefly and holds its reports back instead, `_outage`)."""
         self.workspace = workspace if isinstance(workspace, Workspace) else Workspace(workspace)
-        self._engine = sqlite_engine(self.workspace.registry_path)
+        path = self.workspace.registry_path
+        try:
+            self._engine = sqlite_engine(path, busy_timeout_s)
+            self._open()
+        except (OSError, DBAPIError) as exc:
+            if hasattr(self, "_engine"):
+                self._engine.dispose()
+            raise unusable_registry(self.workspace.root, path, exc) from None
+
+    def _open(self) -> None:
         with self._session() as session:
             Base.metadata.create_all(session.connection())
             version = session.get(Meta, "schema_version")

@@ -22,9 +22,9 @@ BUSY_TIMEOUT_S = 120
 _RETRY_PAUSE_S = 0.05
 
 
-def _use_wal(connection: sqlite3.Connection) -> None:
+def _use_wal(connection: sqlite3.Connection, timeout_s: float = BUSY_TIMEOUT_S) -> None:
     """Put the database in WAL mode, retrying while another process holds it locked."""
-    deadline = time.monotonic() + BUSY_TIMEOUT_S
+    deadline = time.monotonic() + timeout_s
     while True:
         try:
             connection.execute("PRAGMA journal_mode=WAL").fetchall()
@@ -35,17 +35,18 @@ def _use_wal(connection: sqlite3.Connection) -> None:
             time.sleep(_RETRY_PAUSE_S)
 
 
-def sqlite_engine(path: pathlib.Path) -> Engine:
-    """An engine on the database file `path` (created with its folder when missing)."""
+def sqlite_engine(path: pathlib.Path, busy_timeout_s: float = BUSY_TIMEOUT_S) -> Engine:
+    """An engine on the database file `path` (created with its folder when missing); a
+    writer waits up to `busy_timeout_s` for another's lock."""
     path.parent.mkdir(parents=True, exist_ok=True)
     engine = create_engine(
         f"sqlite:///{path}",
-        connect_args={"timeout": BUSY_TIMEOUT_S, "isolation_level": None},
+        connect_args={"timeout": busy_timeout_s, "isolation_level": None},
     )
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: Any, record: Any) -> None:
-        _use_wal(dbapi_connection)
+        _use_wal(dbapi_connection, busy_timeout_s)
         dbapi_connection.execute("PRAGMA synchronous=FULL")
         dbapi_connection.execute("PRAGMA foreign_keys=ON")
 

@@ -24,6 +24,7 @@ import torch
 from lightning_bridge import _logging
 from lightning_bridge._errors import InvalidArgumentError, is_invalid_hp
 from lightning_bridge.checkpoint._bounded import check_expanded_size
+from lightning_bridge.checkpoint._code import snapshot as snapshot_code
 from lightning_bridge.contract._context import PyTorchTrialContext
 from lightning_bridge.contract._determined_compat import is_determined_object
 from lightning_bridge.contract._distributed import DistributedContext
@@ -114,9 +115,10 @@ def init(
     `lightning.Fabric`, `trainer_kwargs` the rest of its `EngineSettings`; `checkpoint_dir` is
     where checkpoints are written (default: `checkpoint_storage` from `exp_conf`, else
     `./checkpoints`); `run_dir` holds TensorBoard / CSV logs (default: the working directory);
-    `code_dir` (`lightning-bridge run` sets it to the experiment folder) is copied into every
-    checkpoint's `code/`, so `load_trial_from_checkpoint_path(path)` finds the trial class on
-    another machine.
+    `code_dir` (`lightning-bridge run` sets it to the experiment folder; default: the working
+    directory, as Determined's local mode copies it) is copied into every checkpoint's `code/`
+    as it is now (`.detignore` honoured, never checkpoints or a workspace), so
+    `load_trial_from_checkpoint_path(path)` finds the trial class on another machine.
     """
     # Run by `lightning-bridge run`: the runner's description fills the defaults.
     run = RunDescription.current()
@@ -170,6 +172,13 @@ def init(
     # Every process running and the process group created before the trial is built, as in
     # Determined: the trial's __init__ reads the true rank and size.
     launch_processes(engine)
+    if code_dir is None and run is None:
+        code_dir = os.getcwd()  # as Determined's local mode: the working directory is the code
+    # The code is what the folder holds now: nothing the run writes later rides along.
+    if code_dir is not None:
+        snapshot_code(
+            pathlib.Path(code_dir), exclude=[pathlib.Path(checkpoint_dir or "checkpoints")]
+        )
     dist = distributed if distributed is not None else DistributedContext()
     seed = None
     if run is not None:

@@ -13,11 +13,13 @@ from __future__ import annotations
 import logging
 import os
 import pathlib
+from collections.abc import Callable
 from typing import Any
 
 from lightning_bridge.checkpoint._retention import CheckpointRetention
 from lightning_bridge.checkpoint._storage import CheckpointStorage
 from lightning_bridge.checkpoint._storage_config import storage_from_config
+from lightning_bridge.record._outage import HeldBack
 from lightning_bridge.record._registry import Registry
 from lightning_bridge.record._schema import TrialState
 from lightning_bridge.record._workspace import Workspace
@@ -27,6 +29,9 @@ logger = logging.getLogger("lightning_bridge")
 
 # Counters the bridge adds to a training window's averages; they are the report's position.
 _POSITION = ("batches", "epochs")
+# How long a write of the trial waits for a lock another process holds on the record before
+# it is held back (training goes on meanwhile).
+WRITE_WAIT_S = 0.5
 
 
 class RunRecord:
@@ -44,6 +49,8 @@ class RunRecord:
         self.continue_command = continue_command
         self._workspace = Workspace(record.workspace)
         self._registry: Registry | None = None
+        # The record's writes, held back while the database is away (a lock held elsewhere).
+        self._writes = HeldBack(f"The record {self._workspace.registry_path}")
         self._exp_conf = exp_conf or {}
         self._checkpoint_dir = checkpoint_dir
         self.storage: CheckpointStorage = storage_from_config(
@@ -64,10 +71,14 @@ class RunRecord:
     @property
     def registry(self) -> Registry:
         if self._registry is None:
-            self._registry = Registry(self._workspace)
+            self._registry = Registry(self._workspace, busy_timeout_s=WRITE_WAIT_S)
         return self._registry
 
+    def _write(self, what: str, op: Callable[[Registry], Any]) -> None:
+        self._writes.write(what, lambda: op(self.registry))
+
     def close(self) -> None:
+        self._writes.flush()
         if self._registry is not None:
             self._registry.close()
             self._registry = None
@@ -75,24 +86,39 @@ class RunRecord:
     # ----- reports -----
 
     def started(self) -> None:
-        self.registry.trial_started(self.trial_id, os.getpid(), new_run=False)
+        pid = os.getpid()
+        self._write(
+            "the trial's start", lambda r: r.trial_started(self.trial_id, pid, new_run=False)
+        )
 
     def training(self, batches: int, epochs: int, metrics: dict[str, Any]) -> None:
         values = {k: v for k, v in metrics.items() if k not in _POSITION}
         if values:
-            self.registry.add_metrics(self.trial_id, "training", batches, epochs, values)
+            self._write(
+                f"training metrics at batch {batches}",
+                lambda r: r.add_metrics(self.trial_id, "training", batches, epochs, values),
+            )
 
     def validation(self, batches: int, epochs: int, metrics: dict[str, Any]) -> None:
-        self.registry.add_metrics(self.trial_id, "validation", batches, epochs, metrics)
+        self._write(
+            f"validation metrics at batch {batches}",
+            lambda r: r.add_metrics(self.trial_id, "validation", batches, epochs, metrics),
+        )
 
     def ended(self, stopped_by: str | None) -> None:
         """A signal stopped the fit (STOPPED); otherwise the trial trained to its end (or
         asked to stop early), which Determined records as COMPLETED."""
         if stopped_by is not None:
             message = f"stopped by {stopped_by}"
-            self.registry.trial_ended(self.trial_id, TrialState.STOPPED, message)
+            self._write(
+                "the trial's end",
+                lambda r: r.trial_ended(self.trial_id, TrialState.STOPPED, message),
+            )
         else:
-            self.registry.trial_ended(self.trial_id, TrialState.COMPLETED)
+            self._write(
+                "the trial's end", lambda r: r.trial_ended(self.trial_id, TrialState.COMPLETED)
+            )
+        self._writes.flush()
 
     # ----- checkpoints -----
 
@@ -104,25 +130,31 @@ class RunRecord:
         epochs: int,
         metrics: dict[str, Any] | None,
     ) -> None:
-        """Move a checkpoint just written to `path` into storage; only then is it complete."""
-        registry = self.registry
-        registry.add_checkpoint(
-            uuid,
-            self.trial_id,
-            batches=batches,
-            epochs=epochs,
-            location=self.storage.url(uuid),
-            metrics=metrics,
+        """Move a checkpoint just written to `path` into storage; only then is it complete.
+        While the record is away the move waits too (in order, behind the record's writes):
+        a checkpoint is never in storage without its record."""
+        where = self.storage.url(uuid)
+        self._write(
+            f"checkpoint {uuid}",
+            lambda r: r.add_checkpoint(
+                uuid, self.trial_id, batches=batches, epochs=epochs, location=where,
+                metrics=metrics,
+            ),
+        )  # fmt: skip
+        self._writes.write(
+            f"the move of checkpoint {uuid} into storage", lambda: self._publish(path, uuid)
         )
+        self._write(f"checkpoint {uuid} complete", lambda r: r.checkpoint_completed(uuid))
+
+    def _publish(self, path: pathlib.Path, uuid: str) -> None:
         location = self.storage.publish(path, uuid)
-        registry.checkpoint_completed(uuid)
         if location != str(path):
             logger.info("Checkpoint %s stored in %s", uuid, location)
 
     def _remove(self, path: pathlib.Path) -> None:
         uuid = path.name
-        self.storage.delete(uuid)
-        self.registry.checkpoint_deleted(uuid)
+        self._writes.write(f"the deletion of checkpoint {uuid}", lambda: self.storage.delete(uuid))
+        self._write(f"checkpoint {uuid} deleted", lambda r: r.checkpoint_deleted(uuid))
 
     def retention(self) -> CheckpointRetention | None:
         """The config's retention, deleting from storage and the registry, aware of the

@@ -22,6 +22,7 @@ import os
 from typing import Any
 
 from lightning_bridge._errors import TrialRuntimeError, is_invalid_hp
+from lightning_bridge.record._outage import HeldBack
 from lightning_bridge.record._registry import Registry
 from lightning_bridge.record._schema import TrialState
 from lightning_bridge.record._workspace import Workspace
@@ -62,6 +63,10 @@ class SearchReport:
         }
         self._driver: SearchDriver | None = None
         self.stopped = False  # the searcher stopped the trial
+        self._stop_now = False
+        # Reports held back while the storage is away (a database server restarting); a
+        # driver whose connection failed is dropped and opened again for the next try.
+        self._reports = HeldBack(f"The search storage of {self._name}", reset=self.close)
 
     @classmethod
     def from_runner(cls, run: RunDescription) -> SearchReport | None:
@@ -77,9 +82,9 @@ class SearchReport:
         return self._driver
 
     def close(self) -> None:
-        if self._driver is not None:
-            self._driver.close()
-            self._driver = None
+        driver, self._driver = self._driver, None
+        if driver is not None:
+            driver.close()
 
     # ----- the schedule -----
 
@@ -125,6 +130,13 @@ class SearchReport:
                     "searcher.time_metric."
                 )
             length = int(searcher_value(self._unit, metrics[self._unit]))
+        self._reports.write(
+            f"{self._metric} at {length} {self._unit}", lambda: self._report(length, value)
+        )
+        stop, self._stop_now = self._stop_now, False
+        return stop
+
+    def _report(self, length: int, value: float) -> None:
         decision = self.driver.report(self.trial, length, value)
         if decision.stop and length < max(self.trial.rungs or (length + 1,)):
             logger.info(
@@ -132,23 +144,31 @@ class SearchReport:
                 length, self._unit, self._metric, value,
             )  # fmt: skip
         self.stopped = self.stopped or decision.stop
-        return decision.stop
+        self._stop_now = self._stop_now or decision.stop
 
     def ended(self, preempted: bool, stopped_early: bool) -> None:
         """The fit ended: a signal stopped it (`preempted`: given back, to resume from its
         checkpoint), it trained to its length or the searcher stopped it (completed), or it
         asked to stop on its own (`stopped_early`: an early exit to the searcher)."""
         if preempted and not self.stopped:
-            self.driver.pause(self.trial)
+            self._reports.write("the trial's end", lambda: self.driver.pause(self.trial))
         else:  # trained to its end, or the searcher stopped it (nothing left to resume)
-            self.driver.complete(self.trial, early=stopped_early and not self.stopped)
+            early = stopped_early and not self.stopped
+            self._reports.write(
+                "the trial's end", lambda: self.driver.complete(self.trial, early=early)
+            )
+        self._reports.flush()
 
     def failed(self, exc: BaseException) -> None:
         """The fit raised `exc`: InvalidHP, an interrupt (given back) or an error."""
         if isinstance(exc, KeyboardInterrupt):
-            self.driver.pause(self.trial)
+            self._reports.write("the trial's end", lambda: self.driver.pause(self.trial))
         else:
-            self.driver.fail(self.trial, invalid_hp=is_invalid_hp(exc))
+            invalid_hp = is_invalid_hp(exc)
+            self._reports.write(
+                "the trial's end", lambda: self.driver.fail(self.trial, invalid_hp=invalid_hp)
+            )
+        self._reports.flush()
 
 
 def end_invalid_hp(run: RunDescription, exc: BaseException) -> bool:
