@@ -5,11 +5,13 @@ A trial of a search trains in a process of its own, started from a run descripti
 pulled it. As a Determined cluster's master would, the search then hears from the trial
 itself, so the worker that started it has nothing to relay:
 
-- the trial validates at each rung length (ASHA ranks trials there) besides its own periods;
-- its chief reports the searcher metric of every validation to the search (a `SearchDriver`
-  on the same storage) and gets the decision back at once; a stop ends the fit through the
-  preemption path (the batch is finished, a checkpoint written), and the trial ends COMPLETED,
-  as Determined shows a trial its searcher stopped;
+- the trial validates at each rung length (ASHA ranks trials there) besides its own periods
+  (`rungs`, added to the fit's `Schedule`);
+- observing the fit (`FitObserver`), its chief reports the searcher metric of every validation
+  to the search (a `SearchDriver` on the same storage) and gets the decision back at once; a
+  stop (`stopped`, which the fit's `StopRequest` polls) ends the fit at that boundary (a
+  checkpoint written), and the trial ends COMPLETED, as Determined shows a trial its searcher
+  stopped;
 - when the fit ends, the trial is closed in the search: completed, given back (a signal stopped
   it: it resumes from its checkpoint), failed, or ended by InvalidHP (the searcher replaces it
   where Determined's does).
@@ -28,6 +30,7 @@ from lightning_bridge.record._schema import TrialState
 from lightning_bridge.record._workspace import Workspace
 from lightning_bridge.search import SearchDriver, TrialSpec
 from lightning_bridge.translation._metrics import searcher_value
+from lightning_bridge.translation._observer import FitObserver, FitOutcome, Progress
 
 logger = logging.getLogger("lightning_bridge")
 
@@ -40,35 +43,31 @@ def is_chief() -> bool:
     )
 
 
-class SearchReport:
+class SearchReport(FitObserver):
     """One trial of a search, as its own process sees it (see the module docstring)."""
 
-    def __init__(self, section: dict[str, Any], hparams: dict[str, Any]) -> None:
-        fields = dict(section["trial"])
-        fields["rungs"] = tuple(fields.get("rungs") or ())
-        self.trial = TrialSpec(**fields)
-        self._storage = str(section["storage"])
-        self._name = str(section["name"])
-        self._metric: str = section["metric"]
+    def __init__(
+        self,
+        *,
+        trial: TrialSpec,
+        storage: str,
+        name: str,
+        metric: str,
+        records_per_batch: int = 1,
+    ) -> None:
+        self.trial = trial
+        self._storage = storage
+        self._name = name
+        self._metric = metric
         self._unit = self.trial.unit or "batches"
         # Records are counted in whole batches of global_batch_size, rounded down as the
         # length of the training is (at least one batch).
-        self._records_per_batch = 1
-        if self._unit == "records":
-            self._records_per_batch = int(hparams.get("global_batch_size") or 1)
+        self._records_per_batch = records_per_batch if self._unit == "records" else 1
         self._rung_batches = {
             max(length // self._records_per_batch, 1): length for length in self.trial.rungs
         }
         self._driver: SearchDriver | None = None
         self.stopped = False  # the searcher stopped the trial
-
-    @classmethod
-    def from_runner(cls) -> SearchReport | None:
-        """The search of this trial when a search worker started it, else None."""
-        run = _cluster_info.runner_run()
-        if not run or not run.get("search"):
-            return None
-        return cls(run["search"], dict(run.get("hparams") or {}))
 
     @property
     def driver(self) -> SearchDriver:
@@ -83,14 +82,27 @@ class SearchReport:
 
     # ----- the schedule -----
 
-    def at_rung(self, batches: int, epochs: int | None) -> bool:
-        """Whether the trial reaches a rung after `batches` batches (`epochs`: the epochs
-        trained when the batch ends an epoch, else None)."""
+    def rungs(self) -> tuple[frozenset[int], frozenset[int]]:
+        """Where the trial reaches a rung: batch counts, and epoch counts (at an epoch's end)."""
         if self._unit == "epochs":
-            return epochs is not None and epochs in self.trial.rungs
+            return frozenset(), frozenset(self.trial.rungs)
         if self._unit == "records":
-            return batches in self._rung_batches
-        return batches in self.trial.rungs
+            return frozenset(self._rung_batches), frozenset()
+        return frozenset(self.trial.rungs), frozenset()
+
+    # ----- the fit's events (the chief's) -----
+
+    def on_validation(self, progress: Progress, metrics: dict[str, Any]) -> None:
+        self.validated(progress.batches, progress.epochs, metrics)
+
+    def on_end(self, outcome: FitOutcome) -> None:
+        self.ended(outcome.preempted_by is not None, outcome.stopped_early)
+
+    def on_exception(self, exception: BaseException) -> None:
+        self.failed(exception)
+
+    def teardown(self, status: str) -> None:
+        self.close()
 
     def _length(self, batches: int, epochs: int) -> int:
         """How far the trial trained, in the searcher's unit."""
@@ -139,6 +151,24 @@ class SearchReport:
             self.driver.fail(self.trial, invalid_hp=is_invalid_hp(exc))
 
 
+def search_from_runner() -> SearchReport | None:
+    """The search of this trial when a search worker started it, else None."""
+    run = _cluster_info.runner_run()
+    if not run or not run.get("search"):
+        return None
+    section = run["search"]
+    fields = dict(section["trial"])
+    fields["rungs"] = tuple(fields.get("rungs") or ())
+    hparams = dict(run.get("hparams") or {})
+    return SearchReport(
+        trial=TrialSpec(**fields),
+        storage=str(section["storage"]),
+        name=str(section["name"]),
+        metric=section["metric"],
+        records_per_batch=int(hparams.get("global_batch_size") or 1),
+    )
+
+
 def end_invalid_hp(exc: BaseException) -> bool:
     """A trial started by `lightning-bridge` raised InvalidHP: record how it ended (COMPLETED
     with the message, as Determined ends such a trial), tell its search, and return True (the
@@ -153,7 +183,7 @@ def end_invalid_hp(exc: BaseException) -> bool:
     record = run["record"]
     with Registry(Workspace(record["workspace"])) as registry:
         registry.trial_ended(int(record["trial_id"]), TrialState.COMPLETED, message)
-    search = SearchReport.from_runner()
+    search = search_from_runner()
     if search is not None:
         try:
             search.failed(exc)
