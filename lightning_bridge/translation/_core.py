@@ -35,7 +35,6 @@ from lightning_bridge.contract._context import (
 from lightning_bridge.contract._step import StepDriver
 from lightning_bridge.contract._trial import is_overridden, takes_batch_idx
 from lightning_bridge.translation._data_position import PassTracker
-from lightning_bridge.translation._feed import build_trial_data
 from lightning_bridge.translation._metrics import (
     average_across_processes,
     average_training_metrics,
@@ -44,7 +43,8 @@ from lightning_bridge.translation._metrics import (
 )
 from lightning_bridge.translation._observer import FitObservers, Progress
 from lightning_bridge.translation._payload import apply_payload
-from lightning_bridge.translation._validation import ValidationPass
+from lightning_bridge.translation._trial_data import build_trial_data
+from lightning_bridge.translation._validation_pass import ValidationPass
 
 logger = logging.getLogger("lightning_bridge")
 

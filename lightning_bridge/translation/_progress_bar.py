@@ -17,8 +17,8 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from lightning_bridge.translation._logger_reports import training_values, validation_values
 from lightning_bridge.translation._observer import FitObserver, Progress
-from lightning_bridge.translation._reporting import training_values, validation_values
 
 
 class ProgressBar(FitObserver):

@@ -29,7 +29,7 @@ from lightning_bridge.translation._checkpointer import CHECKPOINT_POLICIES, Chec
 from lightning_bridge.translation._core import TrialCore
 from lightning_bridge.translation._fabric_engine import FabricEngine
 from lightning_bridge.translation._fit_loop import FitLoop, model_summary
-from lightning_bridge.translation._reporting import LoggerReports
+from lightning_bridge.translation._logger_reports import LoggerReports
 from lightning_bridge.translation._resume import starts_new_run
 from lightning_bridge.translation._schedule import Schedule
 from lightning_bridge.translation._settings import FitSettings, checkpoint_dir, fit_settings

@@ -27,16 +27,16 @@ from lightning_bridge.contract._context import PyTorchTrialContext
 from lightning_bridge.contract._step import prepare_step
 from lightning_bridge.contract._units import Batch
 from lightning_bridge.translation._core import TrialCore
-from lightning_bridge.translation._feed import EpochFeed, FullDatasetPass
-from lightning_bridge.translation._observer import FitObserver, Progress
-from lightning_bridge.translation._payload import trial_payload
-from lightning_bridge.translation._reporting import (
+from lightning_bridge.translation._logger_reports import (
     log_training,
     log_validation,
     training_values,
     validation_values,
 )
+from lightning_bridge.translation._observer import FitObserver, Progress
+from lightning_bridge.translation._payload import trial_payload
 from lightning_bridge.translation._schedule import Boundary, Schedule
+from lightning_bridge.translation._trial_data import EpochFeed, FullDatasetPass
 
 
 class LightningReports(FitObserver):
