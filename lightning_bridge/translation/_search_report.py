@@ -20,11 +20,11 @@ itself, so the worker that started it has nothing to relay:
 from __future__ import annotations
 
 import logging
-import os
 from typing import Any
 
 from lightning_bridge._errors import TrialRuntimeError, is_invalid_hp
 from lightning_bridge.contract import _cluster_info
+from lightning_bridge.contract._distributed import DistributedContext
 from lightning_bridge.record._registry import Registry
 from lightning_bridge.record._schema import TrialState
 from lightning_bridge.record._workspace import Workspace
@@ -33,14 +33,6 @@ from lightning_bridge.translation._metrics import searcher_value
 from lightning_bridge.translation._observer import FitObserver, FitOutcome, Progress
 
 logger = logging.getLogger("lightning_bridge")
-
-
-def is_chief() -> bool:
-    """Rank 0 of the trial's processes (as launched by torchrun or Lightning)."""
-    return (
-        int(os.environ.get("LOCAL_RANK", "0") or 0) == 0
-        and int(os.environ.get("RANK", "0") or 0) == 0
-    )
 
 
 class SearchReport(FitObserver):
@@ -178,7 +170,8 @@ def end_invalid_hp(exc: BaseException) -> bool:
         return False
     message = f"InvalidHP: {getattr(exc, 'msg', None) or exc}"
     logger.info("%s; the trial ends here", message)
-    if not is_chief():
+    processes = DistributedContext()  # before or after the launcher started the others
+    if processes.rank != 0 or processes.local_rank != 0:  # the chief records it
         return True
     record = run["record"]
     with Registry(Workspace(record["workspace"])) as registry:
