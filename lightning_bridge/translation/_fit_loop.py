@@ -88,7 +88,6 @@ class FitLoop:
                 self.engine = start_engine()
                 core.attach(self.engine)
                 self._fit()
-            status = "success"
             outcome = FitOutcome(
                 # The searcher stopped it at the rung its signal came at: it is done.
                 preempted_by=None if self.stop.by_searcher else self._preempted_by,
@@ -96,6 +95,7 @@ class FitLoop:
             )
             if core.is_chief:
                 core.observers.on_end(outcome)
+            status = "success"
             return outcome
         except BaseException as exc:
             if core.is_chief:
