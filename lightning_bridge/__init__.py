@@ -55,8 +55,8 @@ if TYPE_CHECKING:
     from lightning_bridge.contract._trial import PyTorchTrial
     from lightning_bridge.contract._units import Batch, Epoch, TrainUnit
     from lightning_bridge.translation._init import init
-    from lightning_bridge.translation._module import TrialModule
-    from lightning_bridge.translation._trainer import Trainer
+    from lightning_bridge.translation._trainer_api import Trainer
+    from lightning_bridge.translation._trial_module import TrialModule
 
 # Public name -> the module that defines it. The Lightning adapter reuses Lightning's private
 # helpers, so a Lightning release which moved one breaks only the adapter, with its message.
@@ -76,8 +76,8 @@ _LAZY = {
     "Reducer": "lightning_bridge.contract._reducer",
     "TorchData": "lightning_bridge.contract._data",
     "TrainUnit": "lightning_bridge.contract._units",
-    "Trainer": "lightning_bridge.translation._trainer",
-    "TrialModule": "lightning_bridge.translation._module",
+    "Trainer": "lightning_bridge.translation._trainer_api",
+    "TrialModule": "lightning_bridge.translation._trial_module",
     "adapt_batch_sampler": "lightning_bridge.contract._data",
     "data_length": "lightning_bridge.contract._data",
     "init": "lightning_bridge.translation._init",

@@ -349,3 +349,49 @@ def test_a_lightning_trainer_strategy_is_refused_before_the_trial_is_built() -> 
     message = str(info.value)
     assert "strategy=: lightning.pytorch.strategies.ddp.DDPStrategy" in message
     assert "lightning.fabric.strategies.DDPStrategy(...)" in message
+
+
+def test_schedule_answers_each_batch_in_determined_order() -> None:
+    from lightning_bridge.translation._schedule import Boundary, Schedule
+
+    schedule = Schedule.for_fit(
+        max_length=pytorch.Epoch(2),
+        validation_period=pytorch.Batch(3),
+        checkpoint_period=pytorch.Epoch(1),
+        reporting_period=pytorch.Batch(2),
+    )
+    epoch_len = 4
+    reached = {n: schedule.reached(n, epoch_len) for n in range(1, 9)}
+    assert reached[1] == []
+    assert reached[2] == [Boundary.REPORT]
+    assert reached[3] == [Boundary.VALIDATE]
+    assert reached[4] == [Boundary.CHECKPOINT, Boundary.REPORT]
+    assert reached[6] == [Boundary.VALIDATE, Boundary.REPORT]
+    assert reached[8] == [Boundary.LENGTH, Boundary.CHECKPOINT, Boundary.REPORT]
+    assert schedule.remaining(batches_trained=8, epochs_trained=1) == 1
+    assert schedule.remaining(batches_trained=8, epochs_trained=2) == 0
+    assert schedule.total_batches(epoch_len) == 8
+    # A search's rungs are validations too; test mode ends after one batch.
+    with_rungs = schedule.with_rungs(frozenset({5}), frozenset({1}))
+    assert with_rungs.reached(5, epoch_len) == [Boundary.VALIDATE]
+    assert with_rungs.reached(4, epoch_len) == [
+        Boundary.VALIDATE,
+        Boundary.CHECKPOINT,
+        Boundary.REPORT,
+    ]
+    test = Schedule.for_fit(
+        max_length=pytorch.Batch(100),
+        validation_period=None,
+        checkpoint_period=None,
+        reporting_period=pytorch.Batch(100),
+        test_mode=True,
+    )
+    assert test.reached(1, epoch_len) == [Boundary.LENGTH]
+    assert test.remaining(1, 0) == 0 and test.total_batches(epoch_len) == 1
+    with pytest.raises(ValueError, match="validation_period must count batches with integers"):
+        Schedule.for_fit(
+            max_length=pytorch.Batch(10),
+            validation_period=pytorch.Batch("4"),
+            checkpoint_period=None,
+            reporting_period=pytorch.Batch(1),
+        )

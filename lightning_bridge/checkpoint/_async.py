@@ -12,7 +12,7 @@ A save is `submit`ted, then `start`ed: with `copy=True` when training continues 
 writes a snapshot, see `_snapshot`), with `copy=False` when nothing will change the tensors
 before the write is done (the end of a fit, a preemption). At most one save is in flight:
 `submit` waits for the previous one. `wait()` blocks until the write is durable and runs the
-save's `on_durable` callbacks on the calling thread; an error in the thread is raised there
+save's `on_durable` callback on the calling thread; an error in the thread is raised there
 (or by `poll()`, which finishes a save that is already done without blocking). The thread is
 not a daemon, so even an interpreter that exits early lets a started write finish.
 """
@@ -43,7 +43,7 @@ class _Save:
         trial_state: dict[str, int],
         load_data: dict[str, Any],
         storage_id: str,
-        on_durable: list[Callable[[pathlib.Path], None]],
+        on_durable: Callable[[pathlib.Path], None] | None,
         options: dict[str, Any],
     ) -> None:
         self.base_dir = base_dir
@@ -107,16 +107,10 @@ class CheckpointWriter:
         to `write_checkpoint` (the code folder to copy)."""
         self.wait()
         storage_id = str(uuid_lib.uuid4())
-        callbacks = [] if on_durable is None else [on_durable]
         self._save = _Save(
-            base_dir, payload, trial_state, load_data, storage_id, callbacks, options
+            base_dir, payload, trial_state, load_data, storage_id, on_durable, options
         )
         return self._save.path, storage_id
-
-    def on_durable(self, callback: Callable[[pathlib.Path], None]) -> None:
-        """Also run `callback(path)` when the save in flight is durable."""
-        assert self._save is not None, "no save in flight"
-        self._save.on_durable.append(callback)
 
     def start(self, copy: bool) -> None:
         """Begin writing the queued save; `copy` snapshots its tensors first (see module doc)."""
@@ -131,14 +125,15 @@ class CheckpointWriter:
         save.thread.start()
 
     def poll(self) -> None:
-        """Finish the save in flight if its write is done (runs callbacks, raises its error)."""
+        """Finish the save in flight if its write is done (runs its callback, raises its
+        error)."""
         save = self._save
         if save is not None and save.done.is_set():
             self._finish(save)
 
     def wait(self) -> None:
         """Write the save in flight (uncopied, if it was not started) and block until it is
-        durable; runs its callbacks, raises its error."""
+        durable; runs its callback, raises its error."""
         save = self._save
         if save is None:
             return
@@ -160,5 +155,5 @@ class CheckpointWriter:
             if not isinstance(save.error, BridgeError):  # those name the path already
                 save.error.add_note(f"(while writing checkpoint {save.path} in the background)")
             raise save.error
-        for callback in save.on_durable:
-            callback(save.path)
+        if save.on_durable is not None:
+            save.on_durable(save.path)

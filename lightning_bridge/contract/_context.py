@@ -1,8 +1,10 @@
 """`PyTorchTrialContext`: what a trial uses to wrap its objects and talk to the training loop.
 
 The context records the models, optimizers, schedulers and reducers a trial wraps. During a fit
-it forwards `backward` and `step_optimizer` to the `StepDriver` running the trial, so the
-backward pass and optimizer steps go through Lightning's strategy and precision plugin.
+it reads the fit's progress through one read-only view (`FitView`, the fit's `TrialCore`,
+attached with `attach_fit`) and forwards `backward` and `step_optimizer` to the view's
+`StepDriver`, so the backward pass and optimizer steps go through Lightning's strategy and
+precision plugin.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import logging
 import pathlib
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -21,7 +23,7 @@ from lightning_bridge.contract._data import to_device
 from lightning_bridge.contract._determined_compat import as_bridge_enum
 from lightning_bridge.contract._distributed import DistributedContext
 from lightning_bridge.contract._experimental import PyTorchExperimentalContext
-from lightning_bridge.contract._lr_scheduler import LRScheduler
+from lightning_bridge.contract._lr_scheduler import LRScheduler, step_count
 from lightning_bridge.contract._reducer import MetricReducer, ReducerRegistry
 from lightning_bridge.contract._step import prepare_step
 
@@ -29,6 +31,48 @@ if TYPE_CHECKING:
     from lightning_bridge.contract._step import StepDriver
 
 logger = logging.getLogger("lightning_bridge")
+
+
+class FitView(Protocol):
+    """What the context reads of the fit running its trial (the fit owns all of it)."""
+
+    @property
+    def current_batch(self) -> int | None:
+        """The index of the batch being (or last) trained; None before the first."""
+
+    @property
+    def epoch_length(self) -> int | None:
+        """Batches per epoch; None until the training data is built."""
+
+    @property
+    def in_train_batch(self) -> bool:
+        """Whether the trial's `train_batch` is running."""
+
+    @property
+    def start_batch(self) -> int:
+        """The batch the fit started from (a continued run's batches trained)."""
+
+    @property
+    def driver(self) -> StepDriver | None:
+        """The engine running backward passes and optimizer steps."""
+
+
+def attach_fit(context: PyTorchTrialContext, fit: FitView) -> None:
+    """Let `context` read `fit`'s progress (the fit driving its trial, from now on)."""
+    context._fit = fit
+
+
+def step_lr_schedulers(context: PyTorchTrialContext, batch_idx: int, epoch_len: int) -> None:
+    """Step the wrapped LR schedulers after batch `batch_idx`, by their step modes (on the
+    batches where the optimizers step)."""
+    if not context._should_communicate_and_update():
+        return
+    for sched in context.lr_schedulers:
+        count = step_count(
+            sched._step_mode, sched._frequency, batch_idx, context._aggregation_frequency, epoch_len
+        )
+        for _ in range(count):
+            sched.step()
 
 
 class PyTorchTrialContext:
@@ -86,12 +130,8 @@ class PyTorchTrialContext:
         self._tb_writer: Any = None
         self._scaler: Any = None
 
-        # Set while a fit runs.
-        self._driver: StepDriver | None = None
-        self._epoch_len: int | None = None
-        self._current_batch_idx: int | None = None
-        self._in_train_batch = False
-        self._steps_completed = 0
+        # The fit driving the trial (see `attach_fit`); None before one.
+        self._fit: FitView | None = None
 
     # ----- configuration accessors -----
 
@@ -153,7 +193,7 @@ class PyTorchTrialContext:
         return 0
 
     def get_initial_batch(self) -> int:
-        return self._steps_completed
+        return self._fit.start_batch if self._fit is not None else 0
 
     def get_stop_requested(self) -> bool:
         return self._stop_requested
@@ -179,14 +219,18 @@ class PyTorchTrialContext:
     # ----- training progress -----
 
     def _require_started(self) -> int:
-        if self._current_batch_idx is None:
+        fit = self._fit
+        batch = fit.current_batch if fit is not None else None
+        if batch is None:
             raise InvalidTrialError("Training has not started yet: call this from train_batch().")
-        return self._current_batch_idx
+        return batch
 
     def _require_epoch_len(self) -> int:
-        if self._epoch_len is None:
+        fit = self._fit
+        epoch_len = fit.epoch_length if fit is not None else None
+        if not epoch_len:
             raise InvalidTrialError("The training data loader is not built yet.")
-        return self._epoch_len
+        return epoch_len
 
     def current_train_batch(self) -> int:
         return self._require_started()
@@ -352,14 +396,16 @@ class PyTorchTrialContext:
         create_graph: bool = False,
     ) -> None:
         """Backward pass through the strategy and precision plugin (as `Tensor.backward`)."""
-        if not self._in_train_batch:
+        fit = self._fit
+        if fit is None or not fit.in_train_batch:
             raise InvalidTrialError(
                 "context.backward() was called outside train_batch(); compute gradients only "
                 "inside train_batch()."
             )
         kwargs = {"gradient": gradient, "retain_graph": retain_graph, "create_graph": create_graph}
-        if self._driver is not None:
-            self._driver.run_backward(loss, self._should_communicate_and_update(), **kwargs)
+        driver = fit.driver
+        if driver is not None:
+            driver.run_backward(loss, self._should_communicate_and_update(), **kwargs)
         else:
             loss.backward(**kwargs)
 
@@ -392,8 +438,8 @@ class PyTorchTrialContext:
             # The trial's own scaler (wrap_scaler): step through it, skipping inf/NaN steps.
             prepare_step(optimizer, clip_grads, divisor)
             scaler.step(optimizer)
-        elif self._driver is not None:
-            self._driver.run_step(optimizer, clip_grads, divisor)
+        elif (driver := self._fit.driver if self._fit is not None else None) is not None:
+            driver.run_step(optimizer, clip_grads, divisor)
         else:
             prepare_step(optimizer, clip_grads, divisor)
             optimizer.step()

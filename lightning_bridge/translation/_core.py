@@ -5,8 +5,11 @@ Both ways of training a trial share this object, so they cannot drift apart:
 `TrialModule` runs it inside a user's `lightning.Trainer`. The core builds the trial's data
 loaders, runs `train_batch` with Determined's batch and epoch indices, steps the wrapped LR
 schedulers, keeps the training-metric window, runs `evaluate_batch` / `evaluate_full_dataset`,
-reduces metrics and calls the trial's `PyTorchCallback`s in Determined's order. What differs
-between the engines (the backward pass and optimizer step, where metrics are logged, the
+reduces metrics and calls the trial's `PyTorchCallback`s in Determined's order. It owns the
+fit's progress (batches and epochs trained, the batch being trained, the last validation); the
+trial's context reads it through its read-only `FitView`. Closed training windows and
+validations go to the fit's observers (`FitObserver`: the run record, a search, loggers, the
+progress bar). What differs between the engines (the backward pass and optimizer step, the
 precision plugin's gradient scaler) is the `Engine` it is attached to.
 """
 
@@ -24,34 +27,30 @@ from lightning_bridge._errors import InvalidTrialError
 from lightning_bridge.checkpoint._layout import EXTRAS_KEY
 from lightning_bridge.checkpoint._state import TrialState
 from lightning_bridge.contract._callback import PyTorchCallback
-from lightning_bridge.contract._context import PyTorchTrialContext
-from lightning_bridge.contract._lr_scheduler import step_count
+from lightning_bridge.contract._context import (
+    PyTorchTrialContext,
+    attach_fit,
+    step_lr_schedulers,
+)
 from lightning_bridge.contract._step import StepDriver
 from lightning_bridge.contract._trial import is_overridden, takes_batch_idx
 from lightning_bridge.translation._data_position import PassTracker
-from lightning_bridge.translation._feed import build_trial_data
 from lightning_bridge.translation._metrics import (
     average_across_processes,
     average_training_metrics,
     check_training_output,
     to_numpy,
 )
+from lightning_bridge.translation._observer import FitObservers, Progress
 from lightning_bridge.translation._payload import apply_payload
-from lightning_bridge.translation._validation import ValidationPass
+from lightning_bridge.translation._trial_data import build_trial_data
+from lightning_bridge.translation._validation_pass import ValidationPass
 
 logger = logging.getLogger("lightning_bridge")
 
 
 class Engine(StepDriver, Protocol):
     """What the core needs of the engine running it, beyond backward passes and steps."""
-
-    def report_training(
-        self, avg: dict[str, Any], batch_metrics: list[dict[str, Any]], batches_trained: int
-    ) -> None:
-        """Log a closed training window (chief only, TensorBoard logging on)."""
-
-    def report_validation(self, metrics: dict[str, Any], batches_trained: int) -> None:
-        """Log reduced validation metrics (chief only, TensorBoard logging on)."""
 
     def gradient_scaler(self) -> Any:
         """The precision plugin's gradient scaler, if it has one (it is checkpointed)."""
@@ -105,7 +104,10 @@ class TrialCore:
         }
         self._eval_takes_idx = self.evaluates_batches and takes_batch_idx(trial.evaluate_batch)
         self.state = TrialState()
+        # What the context reads (`FitView`): where the fit started, the batch being trained.
         self.start_batch = 0
+        self.current_batch: int | None = None
+        self.in_train_batch = False
         self._window: list[dict[str, Any]] = []
         self._epoch_len = 0
         self.val_loader: Any = None
@@ -118,13 +120,32 @@ class TrialCore:
         self._engine: Engine | None = None
         self.last_validation_metrics: dict[str, Any] | None = None
         self.last_training_metrics: dict[str, Any] | None = None
+        # Told of closed training windows and validations (on the chief).
+        self.observers = FitObservers()
+        attach_fit(context, self)
 
     def attach(self, engine: Engine) -> None:
-        """Run backward passes, steps and reports through `engine` from now on."""
+        """Run backward passes and steps through `engine` from now on."""
         self._engine = engine
-        self._ctx._driver = engine
 
-    # ----- what the engines and the boundary callback read -----
+    # ----- what the engines, the loop and the context read -----
+
+    @property
+    def driver(self) -> Engine | None:
+        return self._engine
+
+    @property
+    def epoch_length(self) -> int | None:
+        return self._epoch_len or None
+
+    @property
+    def window_open(self) -> bool:
+        """Whether batches were trained since the last training report."""
+        return bool(self._window)
+
+    @property
+    def progress(self) -> Progress:
+        return Progress(self.state.batches_trained, self.state.epochs_trained)
 
     @property
     def context(self) -> PyTorchTrialContext:
@@ -159,10 +180,11 @@ class TrialCore:
             evaluate_batch=self.evaluates_batches,
             start_batch=self.start_batch,
             saved=saved,
+            chief=self.is_chief,
         )
         self.train_iterator, self.val_loader = data.iterator, data.val_loader
         self._tracker = data.tracker
-        self._epoch_len = self._ctx._epoch_len or 0
+        self._epoch_len = data.epoch_len
 
     def resume_from(
         self, payload: dict[str, Any], state: TrialState | None, *, warm_start: bool = False
@@ -176,7 +198,6 @@ class TrialCore:
             state = None
         self._resume = (payload, state)
         self.start_batch = state.batches_trained if state is not None else 0
-        self._ctx._steps_completed = self.start_batch
 
     def data_state(self) -> dict[str, Any]:
         """What a checkpoint needs to resume the data exactly (see `_data_position`)."""
@@ -227,7 +248,7 @@ class TrialCore:
         epoch_idx, in_epoch = divmod(idx, epoch_len)
         if not self._window:
             ctx.reset_reducers()
-        ctx._current_batch_idx = idx
+        self.current_batch = idx
         if in_epoch == 0:
             for name, cb in self.trial_callbacks.items():
                 if self._epoch_start_takes_idx[name]:
@@ -236,24 +257,14 @@ class TrialCore:
                     cb.on_training_epoch_start()
         if ctx.experimental._auto_to_device:
             batch = ctx.to_device(batch)
-        ctx._in_train_batch = True
+        self.in_train_batch = True
         try:
             out = self._trial.train_batch(batch=batch, epoch_idx=epoch_idx, batch_idx=idx)
         finally:
-            ctx._in_train_batch = False
+            self.in_train_batch = False
         metrics = check_training_output(out)
-        if ctx.lr_schedulers and ctx._should_communicate_and_update():
-            for sched in ctx.lr_schedulers:
-                for _ in range(
-                    step_count(
-                        sched._step_mode,
-                        sched._frequency,
-                        idx,
-                        ctx._aggregation_frequency,
-                        epoch_len,
-                    )
-                ):
-                    sched.step()
+        if ctx.lr_schedulers:
+            step_lr_schedulers(ctx, idx, epoch_len)
         self._window.append(metrics)
         state.batches_trained = idx + 1
         if in_epoch == epoch_len - 1:
@@ -270,8 +281,8 @@ class TrialCore:
             batch_metrics = average_across_processes(ctx.distributed, batch_metrics)
         avg = average_training_metrics(batch_metrics)
         avg.update(to_numpy(ctx.reduce_metrics(for_training=True)))
-        if self.is_chief and ctx.get_enable_tensorboard_logging() and self._engine is not None:
-            self._engine.report_training(avg, batch_metrics, state.batches_trained)
+        if self.is_chief and self.observers:
+            self.observers.on_training_report(self.progress, avg, batch_metrics)
         avg.setdefault("batches", state.batches_trained)
         avg.setdefault("epochs", state.epochs_trained)
         self.last_training_metrics = avg
@@ -330,8 +341,8 @@ class TrialCore:
         state = self.state
         state.last_val = state.batches_trained
         if self.is_chief:
-            if ctx.get_enable_tensorboard_logging() and self._engine is not None:
-                self._engine.report_validation(metrics, state.batches_trained)
+            if self.observers:
+                self.observers.on_validation(self.progress, metrics)
             # As Determined: added once the callbacks have seen the metrics (to the same dict),
             # on the chief, unless the trial reports metrics of these names itself.
             metrics.setdefault("batches", state.batches_trained)

@@ -13,8 +13,7 @@ called directly rather than through the Trainer's per-step hook machinery:
   that only accumulate skip the all-reduce);
 * `step_optimizer` unscales the gradients where averaging or clipping needs true values,
   averages and clips them, then steps through the strategy and precision plugin (a gradient
-  scaler skips steps with inf/NaN gradients and updates its scale);
-* reported metrics go to Lightning's loggers and the progress bar.
+  scaler skips steps with inf/NaN gradients and updates its scale).
 """
 
 from __future__ import annotations
@@ -33,8 +32,6 @@ from lightning_bridge._errors import InvalidTrialError
 from lightning_bridge.contract._context import PyTorchTrialContext
 from lightning_bridge.contract._step import prepare_step
 from lightning_bridge.translation._lightning_private import forward_module, prepare_for_backward
-from lightning_bridge.translation._progress import ProgressBar
-from lightning_bridge.translation._reporting import report_training, report_validation
 
 
 class _Step:
@@ -72,9 +69,8 @@ def _forward_module(module: Any) -> torch.nn.Module:
 class FabricEngine:
     """Runs a trial's steps, backward passes and optimizer steps on a launched Fabric."""
 
-    def __init__(self, fabric: L.Fabric, context: PyTorchTrialContext, loggers: list[Any]):
+    def __init__(self, fabric: L.Fabric, context: PyTorchTrialContext):
         self.fabric = fabric
-        self.loggers = loggers
         self.root = TrialModels(context.models)
         wrapped = fabric.setup(self.root, *context.optimizers)
         self.module, *optimizers = wrapped if context.optimizers else (wrapped,)
@@ -94,11 +90,15 @@ class FabricEngine:
         self._autocast = None if type(precision) is Precision else precision.forward_context
         self._scaler = getattr(precision, "scaler", None)
         self.device: torch.device = fabric.device
-        self.progress: ProgressBar | None = None  # set by the fit loop on the chief
 
     @property
     def distributed(self) -> bool:
         return self._redirect is not None
+
+    @property
+    def direct(self) -> bool:
+        """Whether a step is a plain call (one device, no autocast): the loop calls it."""
+        return self._redirect is None and self._autocast is None
 
     # ----- steps -----
 
@@ -188,15 +188,3 @@ class FabricEngine:
 
     def gradient_scaler(self) -> Any:
         return self._scaler
-
-    def report_training(
-        self, avg: dict[str, Any], batch_metrics: list[dict[str, Any]], batches_trained: int
-    ) -> None:
-        shown = report_training(self.loggers, avg, batch_metrics, batches_trained)
-        if self.progress is not None:
-            self.progress.show(shown)
-
-    def report_validation(self, metrics: dict[str, Any], batches_trained: int) -> None:
-        shown = report_validation(self.loggers, metrics, batches_trained)
-        if self.progress is not None:
-            self.progress.show(shown)

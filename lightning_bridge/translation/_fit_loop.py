@@ -1,167 +1,254 @@
 """`FitLoop`: `Trainer.fit`'s loop, on `lightning.Fabric`.
 
-The loop is the trial's own, as in Determined: draw a batch, train it (`TrialCore`), let
-`TrialBoundaries` check Determined's schedule, repeat until the schedule stops it. Lightning
-does the engine work underneath (`FabricEngine`: strategy, precision plugin, loggers);
-`lightning.Trainer`'s per-step machinery (fetchers, progress trackers, hook dispatch on every
-batch) is what a trial does not need, and on small models it cost more than the step itself.
-Validation runs the trial's validation loader through the same engine, in eval mode without
-gradients. Checkpoints are written in the background (`CheckpointWriter`); the loop starts a
-queued write with a snapshot when training goes on, and waits for it when the fit ends, is
-preempted or fails. Order of events, as under `lightning.Trainer` before: `on_trial_startup`,
-data loaders built, `on_training_start` (after any restore), batches, `on_trial_shutdown`.
+The loop is the trial's own, as in Determined: draw a batch, train it (`TrialCore`), ask the
+`Schedule` which boundaries the batch reached and act on them in Determined's order (close the
+training window, validate, checkpoint through the `Checkpointer`, end the fit), and poll its
+`StopRequest` (signals, the trial's `set_stop_requested`, a searcher). Lightning does the
+engine work underneath (`FabricEngine`: strategy, precision plugin); `lightning.Trainer`'s
+per-step machinery (fetchers, progress trackers, hook dispatch on every batch) is what a trial
+does not need, and on small models it cost more than the step itself. Validation runs the
+trial's validation loader through the same engine, in eval mode without gradients. The fit's
+observers (`FitObserver`) hear of its start, reports, checkpoints and end on the chief.
+
+Order of events, as under `lightning.Trainer` before: `on_trial_startup`, data loaders built,
+`on_training_start` (after any restore), batches, `on_trial_shutdown`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import signal
+import warnings
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 
-from lightning_bridge.checkpoint._async import CheckpointWriter
-from lightning_bridge.contract._units import Batch, Epoch, TrainUnit
-from lightning_bridge.translation._boundaries import TrialBoundaries
+from lightning_bridge.translation._checkpointer import Checkpointer
 from lightning_bridge.translation._core import TrialCore
 from lightning_bridge.translation._fabric_engine import FabricEngine
-from lightning_bridge.translation._feed import FullDatasetPass
-from lightning_bridge.translation._progress import ProgressBar
+from lightning_bridge.translation._launch import ENGINE_WARNINGS
+from lightning_bridge.translation._observer import FitOutcome
+from lightning_bridge.translation._progress_bar import ProgressBar
+from lightning_bridge.translation._schedule import Boundary, Schedule
+from lightning_bridge.translation._stop_request import StopRequest
+from lightning_bridge.translation._trial_data import FullDatasetPass
 
 logger = logging.getLogger("lightning_bridge")
 
 
 class FitLoop:
-    """Trains a `TrialCore` on a `FabricEngine` with Determined's schedule (`boundaries`)."""
+    """Trains a `TrialCore` with Determined's `schedule` (see the module docstring)."""
 
     def __init__(
         self,
         core: TrialCore,
-        engine: FabricEngine,
-        boundaries: TrialBoundaries,
+        schedule: Schedule,
+        checkpointer: Checkpointer,
         *,
-        writer: CheckpointWriter,
+        searcher_asks: Callable[[], bool] | None = None,
         progress_bar: bool = True,
         profiler: Any = None,
-        length: TrainUnit | None = None,
     ) -> None:
         self.core = core
-        self.engine = engine
-        self.boundaries = boundaries
-        self.writer = writer
+        self.schedule = schedule
+        self.checkpointer = checkpointer
         self.profiler = profiler
         self._progress_bar = progress_bar
-        self._length = length
-        self._single = core.context.distributed.size == 1
-        # Set by the boundaries (as `lightning.Trainer.should_stop` was): the fit ends after
-        # the current batch.
+        ctx = core.context
+        self.stop = StopRequest(
+            ctx.distributed, trial_asks=ctx.get_stop_requested, searcher_asks=searcher_asks
+        )
+        self.engine: FabricEngine | None = None
+        # Set when the fit ends after the current batch.
         self.should_stop = False
+        self._preempted_by: str | None = None
+        self._stopped_early = False
 
     # ----- the whole fit -----
 
-    def run(self) -> None:
+    def run(self, start_engine: Callable[[], FabricEngine]) -> FitOutcome:
+        """Start the engine (`start_engine`: launch the processes, set the trial's objects
+        up), train until the schedule or a stop request ends the fit, and tell the observers
+        how it ended. Signals are caught from before the launch to the end."""
+        core = self.core
+        status = "failed"
+        self.stop.install()
+        try:
+            with warnings.catch_warnings():
+                for pattern in ENGINE_WARNINGS:
+                    warnings.filterwarnings("ignore", message=pattern)
+                self.engine = start_engine()
+                core.attach(self.engine)
+                self._fit()
+            outcome = FitOutcome(
+                # The searcher stopped it at the rung its signal came at: it is done.
+                preempted_by=None if self.stop.by_searcher else self._preempted_by,
+                stopped_early=self._stopped_early,
+            )
+            if core.is_chief:
+                core.observers.on_end(outcome)
+            status = "success"
+            return outcome
+        except BaseException as exc:
+            if core.is_chief:
+                core.observers.on_exception(exc)
+            raise
+        finally:
+            self.stop.restore()
+            core.shutdown()
+            core.observers.teardown(status)
+            if self.profiler is not None:
+                self.profiler.describe()
+
+    def _fit(self) -> None:
         core = self.core
         core.startup()
         core.build_data()
+        bar = None
         if self._progress_bar and core.is_chief:
-            self.engine.progress = ProgressBar(self._total_batches(), core.start_batch)
+            total = self.schedule.total_batches(core.epoch_len)
+            bar = ProgressBar(
+                total, core.start_batch, enabled=core.context.get_enable_tensorboard_logging
+            )
+            core.observers.add(bar)
         try:
-            self.boundaries.on_train_start(self, core)
-            if self.profiler is None:
-                self._train()
-            else:
-                self._train_profiled(self.profiler)
-        except BaseException as exc:
-            # The write in flight ends before the boundaries let go of the directory.
-            self._finish_writes(failed=True)
-            self.boundaries.on_exception(self, core, exc)
+            self._start()
+            self._train(bar)
+        except BaseException:
+            # The write in flight ends before the directory is let go.
+            self.checkpointer.close(failed=True)
+            self.stop.end(wait=False)
             raise
         finally:
-            if self.engine.progress is not None:
-                self.engine.progress.close(core.state.batches_trained)
-                self.engine.progress = None
+            if bar is not None:
+                bar.close(core.state.batches_trained)
         try:
-            self._finish_writes(failed=False)
-        except BaseException as exc:
-            self.boundaries.on_exception(self, core, exc)
+            self.checkpointer.close(failed=False)
+        except BaseException:
+            self.stop.end(wait=False)
             raise
-        self.boundaries.on_train_end(self, core)
+        self.stop.end()
 
-    def _total_batches(self) -> int | None:
-        """The fit's length in batches, for the progress bar."""
-        length = self._length
-        if not isinstance(length, (Batch, Epoch)) or not isinstance(length.value, int):
-            return None
-        return length.value * (self.core.epoch_len if isinstance(length, Epoch) else 1)
-
-    def _finish_writes(self, failed: bool) -> None:
-        """Wait for the checkpoint in flight; after a failure, report (not raise) its error."""
-        try:
-            self.writer.close()
-        except Exception:
-            if not failed:
-                raise
-            logger.exception("A checkpoint being written when the fit failed was not completed")
+    def _start(self) -> None:
+        """Before the first batch: hold the checkpoint directory, restore, maybe validate."""
+        core = self.core
+        self.checkpointer.hold(core)
+        self.stop.begin()
+        if core.is_chief:
+            core.observers.on_fit_start()
+        core.begin_training()
+        if self.schedule.validates_at_start(core.state.batches_trained):
+            self._validate()
+        if self._remaining() <= 0:
+            self._finish()
 
     # ----- training -----
 
-    def _train(self) -> None:
-        core, writer = self.core, self.writer
-        iterator = core.train_iterator
-        assert iterator is not None
-        train_batch = core.train_batch
-        run = self.engine.run
-        direct = not self.engine.distributed and self.engine._autocast is None
-        batch_end = self.boundaries.on_train_batch_end
-        progress = self.engine.progress
+    def _train(self, bar: ProgressBar | None) -> None:
+        core, checkpointer = self.core, self.checkpointer
+        train = self._batch_step()
+        after_batch: Callable[[int], None] = self._after_batch
+        if self.profiler is not None:
+            after_batch = _profiled(self.profiler, "[FitLoop].after_batch", after_batch)
         while not self.should_stop:
-            batch = next(iterator)
-            if direct:
-                train_batch(batch)
-            else:
-                run(train_batch, batch)
+            train()
             done = core.state.batches_trained
-            batch_end(self, core, None, batch, done - 1)
-            if writer.busy:
-                self._after_save()
-            if progress is not None and done >= progress.next_at:
-                progress.advance(done)
+            after_batch(done)
+            if checkpointer.busy:
+                checkpointer.advance(training_goes_on=not self.should_stop)
+            if bar is not None and done >= bar.next_at:
+                bar.advance(done)
 
-    def _train_profiled(self, profiler: Any) -> None:
+    def _batch_step(self) -> Callable[[], None]:
+        """Draw the next batch and train it: a plain call on one device without autocast,
+        else through the engine; inside the profiler's sections when profiling."""
+        core, engine, profiler = self.core, self.engine, self.profiler
+        assert engine is not None
+        iterator: Iterator[Any] | None = core.train_iterator
+        assert iterator is not None
+        train_batch, run = core.train_batch, engine.run
+        if profiler is not None:
+
+            def profiled() -> None:
+                with profiler.profile("run_training_batch"):
+                    batch = next(iterator)
+                    with profiler.profile("training_step"):
+                        run(train_batch, batch)
+
+            return profiled
+        if engine.direct:
+            return lambda: train_batch(next(iterator))
+        return lambda: run(train_batch, next(iterator))
+
+    def _after_batch(self, batches_trained: int) -> None:
+        """Act on the boundaries the batch reached, in order; end the fit where the schedule
+        or a stop request says so."""
         core = self.core
-        iterator = core.train_iterator
-        assert iterator is not None
-        progress = self.engine.progress
-        while not self.should_stop:
-            with profiler.profile("run_training_batch"):
-                batch = next(iterator)
-                with profiler.profile("training_step"):
-                    self.engine.run(core.train_batch, batch)
-            done = core.state.batches_trained
-            with profiler.profile("[TrialBoundaries].on_train_batch_end"):
-                self.boundaries.on_train_batch_end(self, core, None, batch, done - 1)
-            if self.writer.busy:
-                self._after_save()
-            if progress is not None and done >= progress.next_at:
-                progress.advance(done)
+        # Every process polls after every batch (the agreement is a collective).
+        stop_signal = self.stop.poll()
+        reached = self.schedule.reached(batches_trained, core.epoch_len)
+        if reached:
+            core.close_training_window()
+            state = core.state
+            for kind in reached:
+                if kind is Boundary.VALIDATE and not state.validation_is_current:
+                    self._validate()
+                elif kind is Boundary.CHECKPOINT and not state.checkpoint_is_current:
+                    self.checkpointer.save(core)
+                elif kind in (Boundary.LENGTH, Boundary.REPORT):
+                    logger.debug("Trained %d batches", state.batches_trained)
+                if self.stop.early():
+                    self._end(early=True)
+                    return
+        if self._remaining() <= 0:
+            self._finish()
+        elif stop_signal:
+            self._preempted_by = signal.Signals(stop_signal).name
+            if core.window_open:
+                core.close_training_window()
+            self._end(early=True)
 
-    def _after_save(self) -> None:
-        """A checkpoint was queued or is being written: start it with a snapshot if training
-        goes on (the end of the fit writes it without one), or finish it if it is done. With
-        several processes a finished save is left to the next checkpoint or the fit's end,
-        where every process learns whether it failed (`TrialBoundaries`)."""
-        if self.writer.queued:
-            if not self.should_stop:
-                self.writer.start(copy=True)
-        elif self._single:
-            self.writer.poll()
+    def _remaining(self) -> int:
+        state = self.core.state
+        return self.schedule.remaining(state.batches_trained, state.epochs_trained)
 
-    # ----- validation (TrialBoundaries calls this) -----
+    def _finish(self) -> None:
+        """The fit reached its length: a last validation and checkpoint unless current."""
+        if not self.core.state.validation_is_current:
+            self._validate()
+        self._end(early=False)
+
+    def _end(self, early: bool) -> None:
+        """Checkpoint (unless current) and wait for it: the fit ends after this batch."""
+        core = self.core
+        if not core.state.checkpoint_is_current:
+            self.checkpointer.save(core)
+        self.checkpointer.settle(core)
+        self._stopped_early = self._stopped_early or early
+        self.should_stop = True
+
+    # ----- validation -----
+
+    def _validate(self) -> None:
+        """Validate; checkpoint if the policy wants this validation; hear the searcher."""
+        core = self.core
+        self.run_validation()
+        metrics = core.last_validation_metrics or {}
+        if self.checkpointer.wants(core, metrics):
+            self.checkpointer.save(core, metrics)
+        self.stop.after_validation()
 
     def run_validation(self) -> None:
         """One validation pass over the trial's validation data (every process its shard)."""
         core, engine, profiler = self.core, self.engine, self.profiler
+        assert engine is not None
         loader: Any = core.val_loader if core.evaluates_batches else FullDatasetPass()
         limit = 1 if core.test_mode else None
+        section: Callable[[str], Any] = (
+            profiler.profile if profiler is not None else lambda name: contextlib.nullcontext()
+        )
         if profiler is not None:
             profiler.start("run_validation")
         try:
@@ -170,15 +257,20 @@ class FitLoop:
                 for batch_idx, batch in enumerate(loader):
                     if limit is not None and batch_idx >= limit:
                         break
-                    if profiler is None:
+                    with section("validation_step"):
                         engine.run(core.validate_batch, batch, batch_idx)
-                    else:
-                        with profiler.profile("validation_step"):
-                            engine.run(core.validate_batch, batch, batch_idx)
                 core.end_validation(engine.device)
         finally:
             if profiler is not None:
                 profiler.stop("run_validation")
+
+
+def _profiled(profiler: Any, name: str, fn: Callable[[int], None]) -> Callable[[int], None]:
+    def profiled(batches_trained: int) -> None:
+        with profiler.profile(name):
+            fn(batches_trained)
+
+    return profiled
 
 
 def model_summary(models: list[torch.nn.Module]) -> str:

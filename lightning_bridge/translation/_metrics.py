@@ -121,7 +121,7 @@ _AGGREGATORS: dict[Reducer, Callable[..., BaseAggregator]] = {
 }
 
 
-def _aggregate(reducer: Reducer, key: str, values: np.ndarray, device: torch.device) -> Any:
+def _aggregate(reducer: Reducer, values: np.ndarray, device: torch.device) -> Any:
     """One metric's per-batch values reduced on this process and across processes.
 
     A torchmetrics aggregator does both: `compute()` syncs its state over the process group
@@ -161,7 +161,7 @@ def reduce_validation_metrics(
                 f"batches or with values that are not numbers ({exc}); return numbers, tensors "
                 "or arrays of the same shape on every batch."
             ) from None
-        out[key] = _aggregate(reducers[key], key, values, device)
+        out[key] = _aggregate(reducers[key], values, device)
     return out
 
 

@@ -2,23 +2,24 @@
 
 `trial_payload` gathers the trial's models, optimizers, LR schedulers, callbacks, gradient
 scaler and RNG states (plus the bridge's own entry: the data position and gradients
-accumulated towards a step not yet taken); `apply_payload` puts them back. `save_checkpoint`
-writes a checkpoint through the storage layer (in the background when given a
-`CheckpointWriter`) and fires the trial callbacks' save hooks in Determined's order.
+accumulated towards a step not yet taken); `apply_payload` puts them back. A save is taken in
+two parts, with the trial callbacks' save hooks in Determined's order: `prepare_save` while
+training is paused, then the files (`write_prepared` now, or the `Checkpointer`'s background
+writer); `save_checkpoint` does both at once.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import pathlib
 import random
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any, Protocol
 
 import numpy as np
 import torch
 
-from lightning_bridge.checkpoint._async import CheckpointWriter
 from lightning_bridge.checkpoint._layout import EXTRAS_KEY, write_checkpoint
 from lightning_bridge.checkpoint._models import check_count, entries, load_models
 from lightning_bridge.checkpoint._state import TrialState
@@ -169,31 +170,27 @@ def observes_written_checkpoints(callbacks: Iterable[Any]) -> bool:
     return any(overrides(cb, hook) for cb in callbacks for hook in WRITTEN_HOOKS)
 
 
-def save_checkpoint(
-    module: PayloadSource,
-    base_dir: pathlib.Path,
-    entries: dict[str, Any] | None = None,
-    writer: CheckpointWriter | None = None,
-    on_durable: Callable[[pathlib.Path], None] | None = None,
-) -> tuple[pathlib.Path, str]:
-    """Checkpoint the trial under `base_dir/<uuid>`; returns its path and id.
+@dataclasses.dataclass
+class PreparedSave:
+    """A checkpoint's contents, taken while training is paused (the files come after)."""
 
-    Fires the trial callbacks' save and write hooks in Determined's order (the caller fires
-    `on_checkpoint_upload_end` on every process once the id is shared) and `on_durable(path)`
-    once the checkpoint is complete. `entries` join the bridge's own entry of the payload (the
-    boundaries' retention record). With a `writer`, the files are written in the background
-    (the caller `start`s it) unless a trial callback implements one of `WRITTEN_HOOKS`: those
-    are promised a complete checkpoint, so the save then completes here, as without a writer.
-    """
+    payload: dict[str, Any]
+    trial_state: dict[str, int]
+    load_data: dict[str, Any]
+    # Further arguments of `write_checkpoint`: the code folder to copy, what to leave out.
+    options: dict[str, Any]
+
+
+def prepare_save(module: PayloadSource, entries: dict[str, Any] | None = None) -> PreparedSave:
+    """Take a checkpoint's contents now, firing `on_checkpoint_save_start` (callbacks see, and
+    may extend, exactly the entries Determined writes; the bridge's own entry and `entries`,
+    e.g. the retention record, are added after them)."""
     state = module.state
     state.last_ckpt = state.batches_trained
     payload = trial_payload(module)
     payload.pop("trial_state")
-    # Callbacks see (and may extend) exactly the entries Determined writes; the bridge's own
-    # entry is added after them.
     extras = payload.pop(EXTRAS_KEY)
-    callbacks = list(module.trial_callbacks.values())
-    for cb in callbacks:
+    for cb in module.trial_callbacks.values():
         cb.on_checkpoint_save_start(payload)
     payload[EXTRAS_KEY] = {**extras, **(entries or {})}
     ctx = module.context
@@ -204,21 +201,29 @@ def save_checkpoint(
             ctx._run_dir / d for d in ("tensorboard", "csv_logs", "lightning_logs")
         ),
     }
-    if writer is not None and not observes_written_checkpoints(callbacks):
-        return writer.submit(
-            base_dir, payload, state.to_dict(), _load_data(module), on_durable, **options
-        )
-    if writer is not None:
-        writer.wait()  # one save at a time, so `latest` only ever moves forward
+    return PreparedSave(payload, state.to_dict(), _load_data(module), options)
+
+
+def write_prepared(
+    module: PayloadSource, base_dir: pathlib.Path, save: PreparedSave
+) -> tuple[pathlib.Path, str]:
+    """Write a prepared checkpoint under `base_dir/<uuid>` now, then fire the trial
+    callbacks' `on_checkpoint_end` / `on_checkpoint_write_end`; returns its path and id."""
     final, storage_id = write_checkpoint(
-        base_dir, payload, state.to_dict(), _load_data(module), **options
+        base_dir, save.payload, save.trial_state, save.load_data, **save.options
     )
-    for cb in callbacks:
+    for cb in module.trial_callbacks.values():
         cb.on_checkpoint_end(str(final))
         cb.on_checkpoint_write_end(str(final))
-    if on_durable is not None:
-        on_durable(final)
     return final, storage_id
+
+
+def save_checkpoint(
+    module: PayloadSource, base_dir: pathlib.Path, entries: dict[str, Any] | None = None
+) -> tuple[pathlib.Path, str]:
+    """Checkpoint the trial under `base_dir/<uuid>` now, with the save hooks in Determined's
+    order (the caller fires `on_checkpoint_upload_end`); returns its path and id."""
+    return write_prepared(module, base_dir, prepare_save(module, entries))
 
 
 def _load_data(module: PayloadSource) -> dict[str, Any]:

@@ -1,11 +1,12 @@
-"""What a fit started by `lightning-bridge run` does beside training.
+"""What a fit started by `lightning-bridge run` does beside training: its `RunRecord`.
 
-The runner names the trial's record in the run it describes (`RunDescription`); the fit's chief
-process then records every training report and validation in the workspace's registry, moves
-each checkpoint from the trial's folder into its `checkpoint_storage` (uploading it to an
-object store), marks it complete, applies retention there, and records how the fit ended. So
-metrics and checkpoints are recorded by the trial's own process, whether it is a trial class run
-by the command or a training script it launched.
+The runner names the trial's record in the run it describes (`RunDescription`); the record
+observes the fit (`FitObserver`) on its chief process: it records every training report and
+validation in the workspace's registry, moves each durable checkpoint from the trial's folder
+into its `checkpoint_storage` (uploading it to an object store) and marks it complete, deletes
+from there what retention drops, and records how the fit ended. So metrics and checkpoints are
+recorded by the trial's own process, whether it is a trial class run by the command or a
+training script it launched.
 """
 
 from __future__ import annotations
@@ -19,11 +20,18 @@ from typing import Any
 from lightning_bridge.checkpoint._retention import CheckpointRetention
 from lightning_bridge.checkpoint._storage import CheckpointStorage
 from lightning_bridge.checkpoint._storage_config import storage_from_config
+from lightning_bridge.checkpoint._writable import directory_bytes, write_failure
 from lightning_bridge.record._outage import HeldBack
 from lightning_bridge.record._registry import Registry
 from lightning_bridge.record._schema import TrialState
 from lightning_bridge.record._workspace import Workspace
-from lightning_bridge.translation._run_description import RecordConnection, RunDescription
+from lightning_bridge.translation._observer import (
+    FitObserver,
+    FitOutcome,
+    Progress,
+    SavedCheckpoint,
+)
+from lightning_bridge.translation._run_description import RunDescription
 
 logger = logging.getLogger("lightning_bridge")
 
@@ -34,39 +42,30 @@ _POSITION = ("batches", "epochs")
 WRITE_WAIT_S = 0.5
 
 
-class RunRecord:
+class RunRecord(FitObserver):
     """The registry and storage side of one trial's fit (the chief process writes)."""
 
     def __init__(
         self,
-        record: RecordConnection,
-        continue_command: str,
-        exp_conf: dict[str, Any] | None,
+        *,
+        trial_id: int,
+        experiment_id: int,
+        workspace: Workspace,
+        storage: CheckpointStorage,
         checkpoint_dir: pathlib.Path,
+        searcher_metric: str | None = None,
+        continue_command: str | None = None,
     ) -> None:
-        self.trial_id = record.trial_id
-        self.experiment_id = record.experiment_id
+        self.trial_id = trial_id
+        self.experiment_id = experiment_id
         self.continue_command = continue_command
-        self._workspace = Workspace(record.workspace)
+        self.storage = storage
+        self._workspace = workspace
         self._registry: Registry | None = None
         # The record's writes, held back while the database is away (a lock held elsewhere).
         self._writes = HeldBack(f"The record {self._workspace.registry_path}")
-        self._exp_conf = exp_conf or {}
         self._checkpoint_dir = checkpoint_dir
-        self.storage: CheckpointStorage = storage_from_config(
-            self._exp_conf.get("checkpoint_storage"), checkpoint_dir
-        )
-        searcher = self._exp_conf.get("searcher") or {}
-        self._metric: str | None = searcher.get("metric")
-
-    @classmethod
-    def from_runner(
-        cls, run: RunDescription, exp_conf: dict[str, Any] | None, checkpoint_dir: pathlib.Path
-    ) -> RunRecord | None:
-        """The record of this fit the runner described, or None when it is not recorded."""
-        if run.record is None:
-            return None
-        return cls(run.record, run.continue_command, exp_conf, checkpoint_dir)
+        self._metric = searcher_metric
 
     @property
     def registry(self) -> Registry:
@@ -82,6 +81,37 @@ class RunRecord:
         if self._registry is not None:
             self._registry.close()
             self._registry = None
+
+    # ----- the fit's events -----
+
+    def on_fit_start(self) -> None:
+        self.started()
+
+    def on_training_report(
+        self, progress: Progress, metrics: dict[str, Any], batch_metrics: list[dict[str, Any]]
+    ) -> None:
+        self.training(progress.batches, progress.epochs, metrics)
+
+    def on_validation(self, progress: Progress, metrics: dict[str, Any]) -> None:
+        # Recorded with the position, as Determined reports it (unless the trial's own).
+        values = {**metrics}
+        values.setdefault("batches", progress.batches)
+        values.setdefault("epochs", progress.epochs)
+        self.validation(progress.batches, progress.epochs, values)
+
+    def on_checkpoint(self, checkpoint: SavedCheckpoint) -> None:
+        path, progress = checkpoint.path, checkpoint.progress
+        try:
+            self.checkpoint(path, path.name, progress.batches, progress.epochs, checkpoint.metrics)
+        except OSError as exc:  # moving it into checkpoint storage (a full disk there)
+            where = pathlib.Path(self.storage.root)
+            raise write_failure(where, exc, directory_bytes(path)) from None
+
+    def on_end(self, outcome: FitOutcome) -> None:
+        self.ended(outcome.preempted_by)
+
+    def teardown(self, status: str) -> None:
+        self.close()
 
     # ----- reports -----
 
@@ -151,19 +181,33 @@ class RunRecord:
         if location != str(path):
             logger.info("Checkpoint %s stored in %s", uuid, location)
 
-    def _remove(self, path: pathlib.Path) -> None:
+    def remove(self, path: pathlib.Path) -> None:
+        """Delete a checkpoint retention drops: from storage and the registry."""
         uuid = path.name
         self._writes.write(f"the deletion of checkpoint {uuid}", lambda: self.storage.delete(uuid))
         self._write(f"checkpoint {uuid} deleted", lambda r: r.checkpoint_deleted(uuid))
 
-    def retention(self) -> CheckpointRetention | None:
-        """The config's retention, deleting from storage and the registry, aware of the
-        checkpoints earlier runs of this trial kept."""
-        retention = CheckpointRetention.from_config(self._exp_conf, remove=self._remove)
-        if retention is None:
-            return None
+    def track_kept(self, retention: CheckpointRetention) -> None:
+        """Make `retention` aware of the checkpoints earlier runs of this trial kept."""
         for kept in self.registry.checkpoints(trial_id=self.trial_id):
             value = kept.metrics.get(self._metric) if self._metric else None
             metric = float(value) if isinstance(value, (int, float)) else None
             retention.track(self._checkpoint_dir / kept.uuid, metric)
-        return retention
+
+
+def record_from_runner(
+    run: RunDescription, exp_conf: dict[str, Any] | None, checkpoint_dir: pathlib.Path
+) -> RunRecord | None:
+    """The record of this fit the runner described, or None when it is not recorded."""
+    if run.record is None:
+        return None
+    conf = exp_conf or {}
+    return RunRecord(
+        trial_id=run.record.trial_id,
+        experiment_id=run.record.experiment_id,
+        workspace=Workspace(run.record.workspace),
+        storage=storage_from_config(conf.get("checkpoint_storage"), checkpoint_dir),
+        checkpoint_dir=checkpoint_dir,
+        searcher_metric=(conf.get("searcher") or {}).get("metric"),
+        continue_command=run.continue_command,
+    )

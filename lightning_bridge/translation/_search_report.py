@@ -5,11 +5,13 @@ A trial of a search trains in a process of its own, started from a run descripti
 pulled it. As a Determined cluster's master would, the search then hears from the trial
 itself, so the worker that started it has nothing to relay:
 
-- the trial validates at each rung length (ASHA ranks trials there) besides its own periods;
-- its chief reports the searcher metric of every validation to the search (a `SearchDriver`
-  on the same storage) and gets the decision back at once; a stop ends the fit through the
-  preemption path (the batch is finished, a checkpoint written), and the trial ends COMPLETED,
-  as Determined shows a trial its searcher stopped;
+- the trial validates at each rung length (ASHA ranks trials there) besides its own periods
+  (`rungs`, added to the fit's `Schedule`);
+- observing the fit (`FitObserver`), its chief reports the searcher metric of every validation
+  to the search (a `SearchDriver` on the same storage) and gets the decision back at once; a
+  stop (`stopped`, which the fit's `StopRequest` polls) ends the fit at that boundary (a
+  checkpoint written), and the trial ends COMPLETED, as Determined shows a trial its searcher
+  stopped;
 - when the fit ends, the trial is closed in the search: completed, given back (a signal stopped
   it: it resumes from its checkpoint), failed, or ended by InvalidHP (the searcher replaces it
   where Determined's does).
@@ -18,17 +20,18 @@ itself, so the worker that started it has nothing to relay:
 from __future__ import annotations
 
 import logging
-import os
 from typing import Any
 
 from lightning_bridge._errors import TrialRuntimeError, is_invalid_hp
+from lightning_bridge.contract._distributed import DistributedContext
 from lightning_bridge.record._outage import HeldBack
 from lightning_bridge.record._registry import Registry
 from lightning_bridge.record._schema import TrialState
 from lightning_bridge.record._workspace import Workspace
 from lightning_bridge.search import SearchDriver, TrialSpec
 from lightning_bridge.translation._metrics import searcher_value
-from lightning_bridge.translation._run_description import RunDescription, SearchConnection
+from lightning_bridge.translation._observer import FitObserver, FitOutcome, Progress
+from lightning_bridge.translation._run_description import RunDescription
 
 logger = logging.getLogger("lightning_bridge")
 
@@ -36,28 +39,26 @@ logger = logging.getLogger("lightning_bridge")
 _UNITS = ("batches", "epochs", "records")
 
 
-def is_chief() -> bool:
-    """Rank 0 of the trial's processes (as launched by torchrun or Lightning)."""
-    return (
-        int(os.environ.get("LOCAL_RANK", "0") or 0) == 0
-        and int(os.environ.get("RANK", "0") or 0) == 0
-    )
-
-
-class SearchReport:
+class SearchReport(FitObserver):
     """One trial of a search, as its own process sees it (see the module docstring)."""
 
-    def __init__(self, search: SearchConnection, hparams: dict[str, Any]) -> None:
-        self.trial: TrialSpec = search.trial
-        self._storage = search.storage
-        self._name = search.name
-        self._metric: str = search.metric
+    def __init__(
+        self,
+        *,
+        trial: TrialSpec,
+        storage: str,
+        name: str,
+        metric: str,
+        records_per_batch: int = 1,
+    ) -> None:
+        self.trial = trial
+        self._storage = storage
+        self._name = name
+        self._metric = metric
         self._unit = self.trial.unit or "batches"
         # Records are counted in whole batches of global_batch_size, rounded down as the
         # length of the training is (at least one batch).
-        self._records_per_batch = 1
-        if self._unit == "records":
-            self._records_per_batch = int(hparams.get("global_batch_size") or 1)
+        self._records_per_batch = records_per_batch if self._unit == "records" else 1
         self._rung_batches = {
             max(length // self._records_per_batch, 1): length for length in self.trial.rungs
         }
@@ -67,13 +68,6 @@ class SearchReport:
         # Reports held back while the storage is away (a database server restarting); a
         # driver whose connection failed is dropped and opened again for the next try.
         self._reports = HeldBack(f"The search storage of {self._name}", reset=self.close)
-
-    @classmethod
-    def from_runner(cls, run: RunDescription) -> SearchReport | None:
-        """The search of this trial when a search worker started it, else None."""
-        if run.search is None:
-            return None
-        return cls(run.search, run.hparams)
 
     @property
     def driver(self) -> SearchDriver:
@@ -88,17 +82,31 @@ class SearchReport:
 
     # ----- the schedule -----
 
-    def at_rung(self, batches: int, epochs: int | None) -> bool:
-        """Whether the trial reaches a rung after `batches` batches (`epochs`: the epochs
-        trained when the batch ends an epoch, else None). A `time_metric` of the trial's own
-        (`samples`, ...) is known only from its validations: no extra ones are scheduled."""
+    def rungs(self) -> tuple[frozenset[int], frozenset[int]]:
+        """Where the trial reaches a rung: batch counts, and epoch counts (at an epoch's end).
+        A `time_metric` of the trial's own (`samples`, ...) is known only from its validations:
+        no extra ones are scheduled."""
         if self._unit not in _UNITS:
-            return False
+            return frozenset(), frozenset()
         if self._unit == "epochs":
-            return epochs is not None and epochs in self.trial.rungs
+            return frozenset(), frozenset(self.trial.rungs)
         if self._unit == "records":
-            return batches in self._rung_batches
-        return batches in self.trial.rungs
+            return frozenset(self._rung_batches), frozenset()
+        return frozenset(self.trial.rungs), frozenset()
+
+    # ----- the fit's events (the chief's) -----
+
+    def on_validation(self, progress: Progress, metrics: dict[str, Any]) -> None:
+        self.validated(progress.batches, progress.epochs, metrics)
+
+    def on_end(self, outcome: FitOutcome) -> None:
+        self.ended(outcome.preempted_by is not None, outcome.stopped_early)
+
+    def on_exception(self, exception: BaseException) -> None:
+        self.failed(exception)
+
+    def teardown(self, status: str) -> None:
+        self.close()
 
     def _length(self, batches: int, epochs: int) -> int:
         """How far the trial trained, in the searcher's unit."""
@@ -171,6 +179,19 @@ class SearchReport:
         self._reports.flush()
 
 
+def search_from_runner(run: RunDescription) -> SearchReport | None:
+    """The search of this trial when a search worker started it, else None."""
+    if run.search is None:
+        return None
+    return SearchReport(
+        trial=run.search.trial,
+        storage=run.search.storage,
+        name=run.search.name,
+        metric=run.search.metric,
+        records_per_batch=int(run.hparams.get("global_batch_size") or 1),
+    )
+
+
 def end_invalid_hp(run: RunDescription, exc: BaseException) -> bool:
     """A trial started by `lightning-bridge` raised InvalidHP: record how it ended (COMPLETED
     with the message, as Determined ends such a trial), tell its search, and return True (the
@@ -179,11 +200,12 @@ def end_invalid_hp(run: RunDescription, exc: BaseException) -> bool:
         return False
     message = f"InvalidHP: {getattr(exc, 'msg', None) or exc}"
     logger.info("%s; the trial ends here", message)
-    if not is_chief():
+    processes = DistributedContext()  # before or after the launcher started the others
+    if processes.rank != 0 or processes.local_rank != 0:  # the chief records it
         return True
     with Registry(Workspace(run.record.workspace)) as registry:
         registry.trial_ended(run.record.trial_id, TrialState.COMPLETED, message)
-    search = SearchReport.from_runner(run)
+    search = search_from_runner(run)
     if search is not None:
         try:
             search.failed(exc)

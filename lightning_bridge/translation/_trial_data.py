@@ -59,9 +59,11 @@ class FullDatasetPass:
 @dataclasses.dataclass
 class TrialData:
     """The built loaders: the endless training iterator (already past the batches a continued
-    run trained), the validation loader and the data position."""
+    run trained), its batches per epoch (agreed by every process), the validation loader and
+    the data position."""
 
     iterator: Iterator
+    epoch_len: int
     val_loader: Any
     tracker: PassTracker | None
 
@@ -93,8 +95,10 @@ def build_trial_data(
     evaluate_batch: bool,
     start_batch: int,
     saved: dict[str, Any],
+    chief: bool,
 ) -> TrialData:
-    """Build the loaders (see the module docstring); sets the context's epoch length.
+    """Build the loaders (see the module docstring); `chief`: this process builds the
+    validation loader of `evaluate_full_dataset`.
 
     `saved` is the bridge's entry of the checkpoint being continued (the data position), or
     an empty dict for a fresh start.
@@ -117,7 +121,6 @@ def build_trial_data(
             "batch_size (with drop_last=True a dataset smaller than one batch is empty)."
         )
     epoch_len = ctx.distributed.broadcast(epoch_len)
-    ctx._epoch_len = epoch_len
     if tracker is not None and start_batch:
         done, in_epoch = divmod(start_batch, epoch_len)
         tracker._resume_passes = done
@@ -137,8 +140,8 @@ def build_trial_data(
                 "The validation data loader yields no batches: give "
                 "build_validation_data_loader() a non-empty dataset."
             )
-    elif ctx.distributed.rank == 0:
+    elif chief:
         val_loader, _ = _loader(
             ctx, validation, "build_validation_data_loader", repeat=False, shard=False, skip=0
         )
-    return TrialData(iter(train), val_loader, tracker)
+    return TrialData(iter(train), epoch_len, val_loader, tracker)

@@ -3,23 +3,35 @@
 Drawing a bar costs more than a small model's training step, so the loop touches the bar only
 every `stride` batches, with the stride re-estimated from the measured batch rate so that the
 bar moves about every `interval` seconds (Lightning's progress bar offers the same through its
-`refresh_rate`). The bar shows batches trained out of the fit's length and the latest
-reported window averages and validation metrics.
+`refresh_rate`). The bar shows batches trained out of the fit's length and, as an observer
+of the fit, the latest reported window averages and validation metrics (while the trial's
+TensorBoard logging is on, as for the loggers).
 """
 
 from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 from tqdm.auto import tqdm
 
+from lightning_bridge.translation._logger_reports import training_values, validation_values
+from lightning_bridge.translation._observer import FitObserver, Progress
 
-class ProgressBar:
+
+class ProgressBar(FitObserver):
     """Batches trained, refreshed about every `interval` seconds (see the module docstring)."""
 
-    def __init__(self, total: int | None, initial: int, interval: float = 0.5) -> None:
+    def __init__(
+        self,
+        total: int | None,
+        initial: int,
+        interval: float = 0.5,
+        enabled: Callable[[], bool] = lambda: True,
+    ) -> None:
+        self._enabled = enabled
         self._bar: Any = tqdm(
             total=total,
             initial=initial,
@@ -50,6 +62,16 @@ class ProgressBar:
         if metrics:
             self._metrics.update({k: f"{v:.4g}" for k, v in metrics.items()})
             self._bar.set_postfix(self._metrics, refresh=False)
+
+    def on_training_report(
+        self, progress: Progress, metrics: dict[str, Any], batch_metrics: list[dict[str, Any]]
+    ) -> None:
+        if self._enabled():
+            self.show(training_values(metrics))
+
+    def on_validation(self, progress: Progress, metrics: dict[str, Any]) -> None:
+        if self._enabled():
+            self.show(validation_values(metrics))
 
     def close(self, batches_trained: int) -> None:
         self.advance(batches_trained)

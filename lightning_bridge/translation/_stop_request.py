@@ -1,4 +1,9 @@
-"""Stopping a fit on SIGTERM / SIGINT: every process stops after the same batch.
+"""`StopRequest`: what asks a fit to stop, and the stop every process agrees on.
+
+The fit's loop owns one and polls it. Three things ask: a signal (SIGTERM / SIGINT: the loop
+checkpoints and exits, to continue later), the trial (`context.set_stop_requested(True)`) and
+a search's searcher (its decision after a validation, the chief's, shared with every process);
+the last two end the fit early, at the boundary where they are seen.
 
 A signal only sets a flag; the fit acts on it after a batch, once that batch's validation and
 checkpoint boundaries are handled. With several processes the flags must be agreed on, or one
@@ -25,10 +30,14 @@ import math
 import signal
 import threading
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
+
+if TYPE_CHECKING:
+    from lightning_bridge.contract._distributed import DistributedContext
 
 logger = logging.getLogger("lightning_bridge")
 
@@ -38,9 +47,20 @@ MAX_SPACING = 1000  # batches between two agreements, at most
 
 
 class StopRequest:
-    """The signals asking a fit to stop, and the stop every process agrees on."""
+    """The requests to stop a fit, and the stop every process agrees on."""
 
-    def __init__(self) -> None:
+    def __init__(
+        self,
+        distributed: DistributedContext | None = None,
+        *,
+        trial_asks: Callable[[], bool] | None = None,
+        searcher_asks: Callable[[], bool] | None = None,
+    ) -> None:
+        self._distributed = distributed
+        self._trial_asks = trial_asks
+        # The chief's searcher: whether it stopped the trial (None: no search).
+        self._searcher_asks = searcher_asks
+        self.by_searcher = False  # the searcher stopped the fit (every process agrees)
         self.received = 0  # the first signal this process got (its number), 0 for none
         self._previous: dict[int, Any] = {}
         self._group: Any = None
@@ -68,7 +88,22 @@ class StopRequest:
         if not self.received:
             self.received = signum
 
-    # ----- agreement across processes -----
+    # ----- the trial and the searcher -----
+
+    def early(self) -> bool:
+        """Whether the trial or the searcher asks the fit to end at this boundary."""
+        return self.by_searcher or (self._trial_asks is not None and self._trial_asks())
+
+    def after_validation(self) -> None:
+        """Every process learns the searcher's decision on the validation just reported."""
+        if self._searcher_asks is None:
+            return
+        asks = self._searcher_asks()
+        if self._distributed is not None:
+            asks = self._distributed.broadcast(asks)
+        self.by_searcher = bool(asks)
+
+    # ----- agreement on signals across processes -----
 
     def begin(self) -> None:
         """Set up the agreement; every process calls this once, before the first batch."""

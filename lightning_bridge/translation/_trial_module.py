@@ -4,14 +4,17 @@ For training a trial with your own `lightning.Trainer`: the module runs the tria
 `TrialCore` (the contract shared with `lightning_bridge.Trainer`) inside Lightning's loops.
 `context.backward` and `step_optimizer` go through Lightning's strategy and precision plugin
 (`manual_backward`, `LightningOptimizer.step`), validation runs as Lightning's validation loop,
-training metrics are reported at Lightning's logging interval and every epoch's end, and
-Lightning's own checkpoints carry the trial's state. The schedule is Lightning's (epochs,
-`val_check_interval`); `lightning_bridge.Trainer` follows Determined's instead.
+training metrics are reported at Lightning's logging interval (a `Schedule` whose reporting
+period it is) and every epoch's end, to the Trainer's loggers and progress bar (the core's
+observer `LightningReports`), and Lightning's own checkpoints carry the trial's state. The
+length, validations and checkpoints are Lightning's (epochs, `val_check_interval`);
+`lightning_bridge.Trainer` follows Determined's instead.
 """
 
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -22,10 +25,47 @@ from lightning_bridge._errors import InvalidTrialError
 from lightning_bridge.checkpoint._state import TrialState
 from lightning_bridge.contract._context import PyTorchTrialContext
 from lightning_bridge.contract._step import prepare_step
+from lightning_bridge.contract._units import Batch
 from lightning_bridge.translation._core import TrialCore
-from lightning_bridge.translation._feed import EpochFeed, FullDatasetPass
+from lightning_bridge.translation._logger_reports import (
+    log_training,
+    log_validation,
+    training_values,
+    validation_values,
+)
+from lightning_bridge.translation._observer import FitObserver, Progress
 from lightning_bridge.translation._payload import trial_payload
-from lightning_bridge.translation._reporting import report_training, report_validation
+from lightning_bridge.translation._schedule import Boundary, Schedule
+from lightning_bridge.translation._trial_data import EpochFeed, FullDatasetPass
+
+
+class LightningReports(FitObserver):
+    """A `TrialModule`'s reports, to its `lightning.Trainer`'s loggers and progress bar."""
+
+    def __init__(self, module: TrialModule) -> None:
+        self._module = module
+
+    def on_training_report(
+        self, progress: Progress, metrics: dict[str, Any], batch_metrics: list[dict[str, Any]]
+    ) -> None:
+        module = self._module
+        if module._trainer is None or not module.context.get_enable_tensorboard_logging():
+            return
+        log_training(module.trainer.loggers, metrics, batch_metrics, progress.batches)
+        bar = training_values(metrics)
+        if bar:
+            module.log_dict(
+                bar, prog_bar=True, logger=False, on_step=True, on_epoch=False, batch_size=1
+            )
+
+    def on_validation(self, progress: Progress, metrics: dict[str, Any]) -> None:
+        module = self._module
+        if module._trainer is None or not module.context.get_enable_tensorboard_logging():
+            return
+        log_validation(module.trainer.loggers, metrics, progress.batches)
+        bar = validation_values(metrics)
+        if bar:
+            module.log_dict(bar, prog_bar=True, logger=False, batch_size=1)
 
 
 class TrialModule(pl.LightningModule):
@@ -54,7 +94,9 @@ class TrialModule(pl.LightningModule):
         # Held in a plain list, not a module attribute: assigning attributes on an nn.Module
         # every optimizer step is measurably slow.
         self._pending_step: list[tuple[Any, Callable | None, int]] = []
+        self._schedule: Schedule | None = None  # built when Lightning's Trainer starts
         self.core.attach(self)
+        self.core.observers.add(LightningReports(self))
 
     # ----- the trial's state, as the payload functions and users read it -----
 
@@ -107,22 +149,6 @@ class TrialModule(pl.LightningModule):
     def gradient_scaler(self) -> Any:
         plugin = getattr(self._trainer, "precision_plugin", None)
         return getattr(plugin, "scaler", None)
-
-    def report_training(
-        self, avg: dict[str, Any], batch_metrics: list[dict[str, Any]], batches_trained: int
-    ) -> None:
-        if self._trainer is not None:
-            bar = report_training(self.trainer.loggers, avg, batch_metrics, batches_trained)
-            if bar:
-                self.log_dict(
-                    bar, prog_bar=True, logger=False, on_step=True, on_epoch=False, batch_size=1
-                )
-
-    def report_validation(self, metrics: dict[str, Any], batches_trained: int) -> None:
-        if self._trainer is not None:
-            bar = report_validation(self.trainer.loggers, metrics, batches_trained)
-            if bar:
-                self.log_dict(bar, prog_bar=True, logger=False, batch_size=1)
 
     def gradient_sync(self, enabled: bool) -> Any:
         """Skip the strategy's gradient all-reduce on batches that only accumulate."""
@@ -185,6 +211,13 @@ class TrialModule(pl.LightningModule):
         return self.core.val_loader
 
     def on_train_start(self) -> None:
+        every = max(int(getattr(self.trainer, "log_every_n_steps", 50) or 50), 1)
+        self._schedule = Schedule.for_fit(
+            max_length=Batch(sys.maxsize),
+            validation_period=None,
+            checkpoint_period=None,
+            reporting_period=Batch(every),
+        )
         self.core.begin_training()
 
     def on_fit_end(self) -> None:
@@ -199,12 +232,12 @@ class TrialModule(pl.LightningModule):
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         # Report at Lightning's logging interval and at every trial epoch's end.
-        if self._trainer is None:
+        if self._trainer is None or self._schedule is None:
             return
-        done = self.core.state.batches_trained
-        every = max(int(getattr(self.trainer, "log_every_n_steps", 50) or 50), 1)
-        if done % every == 0 or done % self.core.epoch_len == 0:
-            self.core.close_training_window()
+        core = self.core
+        done, epoch_len = core.state.batches_trained, core.epoch_len
+        if done % epoch_len == 0 or Boundary.REPORT in self._schedule.reached(done, epoch_len):
+            core.close_training_window()
 
     # ----- validation -----
 

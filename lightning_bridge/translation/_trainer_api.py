@@ -1,38 +1,39 @@
 """`Trainer`: the Trainer API's fit, running the trial's loop on `lightning.Fabric`.
 
-`Trainer(trial, context).fit(...)` (the context from `init()`) checks the arguments, builds
-the trial's `TrialCore`, `TrialBoundaries` for Determined's schedule and a `lightning.Fabric`
-(launching the processes of a multi-device run), and runs `FitLoop`. A trial that should run
-under a `lightning.Trainer` instead is handed to one as a `TrialModule`.
+`Trainer(trial, context).fit(...)` (the context from `init()`) checks the arguments and builds
+the fit's parts: the trial's `TrialCore`, the `Schedule` of its arguments, the `Checkpointer`
+of its checkpoint directory, the observers beside it (loggers; under `lightning-bridge run`
+the run record and a search's report) and a `lightning.Fabric`, and runs `FitLoop` (which
+launches the processes of a multi-device run). A trial that should run under a
+`lightning.Trainer` instead is handed to one as a `TrialModule`.
 """
 
 from __future__ import annotations
 
 import logging
 import pathlib
-import sys
-import warnings
 from typing import TYPE_CHECKING, Any
 
 import lightning as L
 
 from lightning_bridge import _logging
 from lightning_bridge._errors import BridgeError, InvalidArgumentError, TrialTypeError
-from lightning_bridge.checkpoint._async import CheckpointWriter
 from lightning_bridge.checkpoint._layout import resolve_checkpoint
 from lightning_bridge.checkpoint._retention import CheckpointRetention
 from lightning_bridge.checkpoint._safe_load import read_checkpoint
 from lightning_bridge.checkpoint._writable import check_writable
 from lightning_bridge.contract._context import PyTorchTrialContext
-from lightning_bridge.contract._units import Batch, TrainUnit, check_length, check_period
-from lightning_bridge.translation._boundaries import TrialBoundaries
+from lightning_bridge.contract._units import Batch, TrainUnit
+from lightning_bridge.translation._checkpointer import CHECKPOINT_POLICIES, Checkpointer
 from lightning_bridge.translation._core import TrialCore
 from lightning_bridge.translation._fabric_engine import FabricEngine
 from lightning_bridge.translation._fit_loop import FitLoop, model_summary
-from lightning_bridge.translation._fit_settings import checkpoint_dir, fit_settings
+from lightning_bridge.translation._fit_settings import FitSettings, checkpoint_dir, fit_settings
 from lightning_bridge.translation._init import setup_of
-from lightning_bridge.translation._launch import ENGINE_WARNINGS, check_launcher
+from lightning_bridge.translation._launch import check_launcher
+from lightning_bridge.translation._logger_reports import LoggerReports
 from lightning_bridge.translation._resume import starts_new_run
+from lightning_bridge.translation._schedule import Schedule
 
 if TYPE_CHECKING:  # loaded only under `lightning-bridge run` (see _runner_reports)
     from lightning_bridge.translation._run_description import RunDescription
@@ -41,7 +42,6 @@ if TYPE_CHECKING:  # loaded only under `lightning-bridge run` (see _runner_repor
 
 logger = logging.getLogger("lightning_bridge")
 
-CHECKPOINT_POLICIES = ("best", "all", "none")
 TRUST_HINT = "fit(..., trust_checkpoint=True) (lightning-bridge run --trust-checkpoint)"
 
 
@@ -127,16 +127,21 @@ class Trainer:
         warm_start: bool | None,
     ) -> None:
         ctx = self._context
-        length = check_length(max_length)
-        validation = check_period("validation_period", validation_period or Batch(sys.maxsize))
-        checkpoint = check_period("checkpoint_period", checkpoint_period or Batch(sys.maxsize))
-        reporting = check_period("reporting_period", reporting_period)
+        schedule = Schedule.for_fit(
+            max_length=max_length,
+            validation_period=validation_period,
+            checkpoint_period=checkpoint_period,
+            reporting_period=reporting_period,
+            test_mode=test_mode,
+            step_zero_validation=step_zero_validation,
+        )
         if checkpoint_policy not in CHECKPOINT_POLICIES:
             raise InvalidArgumentError(
                 f"checkpoint_policy must be one of {', '.join(CHECKPOINT_POLICIES)}; got "
                 f"{checkpoint_policy!r}."
             )
-        searcher = (ctx._exp_conf or {}).get("searcher") or {}
+        exp_conf = ctx._exp_conf
+        searcher = (exp_conf or {}).get("searcher") or {}
         metric = searcher.get("metric")
         if checkpoint_policy == "best" and not metric:
             logger.warning(
@@ -171,102 +176,81 @@ class Trainer:
             )
             warm = starts_new_run(state, ctx.get_trial_id(), warm_start, latest_checkpoint)
             core.resume_from(payload, state, warm_start=warm)
-        record, search = _runner_reports(setup.run, ctx, ckpt_dir, test_mode)
-        retention = (
-            record.retention()
-            if record is not None and core.is_chief
-            else CheckpointRetention.from_config(ctx._exp_conf)
+        record, search = _runner_reports(setup.run, exp_conf, ckpt_dir, test_mode)
+        chief_record = record if record is not None and core.is_chief else None
+        retention = CheckpointRetention.from_config(
+            exp_conf, remove=chief_record.remove if chief_record is not None else None
         )
-        writer = CheckpointWriter()
-        boundaries = TrialBoundaries(
-            max_length=length,
-            validation_period=validation,
-            checkpoint_period=checkpoint,
-            reporting_period=reporting,
-            checkpoint_policy=checkpoint_policy,
-            checkpoint_dir=ckpt_dir,
-            step_zero_validation=step_zero_validation,
-            test_mode=test_mode,
-            searcher_metric=metric,
-            smaller_is_better=bool(searcher.get("smaller_is_better", True)),
-            retention=retention,
-            record=record,
-            search=search,
-            writer=writer,
-        )
-        if latest_checkpoint is not None and record is None and not warm:
-            # A run continued outside the command: retention covers the checkpoints the run
-            # it continues kept (the command's record knows them itself).
-            boundaries.continue_retention(pathlib.Path(latest_checkpoint), payload)
+        if retention is not None and chief_record is not None:
+            chief_record.track_kept(retention)
+        if search is not None:
+            schedule = schedule.with_rungs(*search.rungs())
         _logging.adopt_lightning()
         settings = fit_settings(
             ctx, setup.engine, test_mode=test_mode, profiling_enabled=profiling_enabled
         )
+        observers = core.observers
+        observers.add(LoggerReports(settings.loggers, ctx.get_enable_tensorboard_logging))
+        for observer in (record, search):
+            if observer is not None:
+                observers.add(observer)
+        checkpointer = Checkpointer(
+            ckpt_dir,
+            policy=checkpoint_policy,
+            searcher_metric=metric,
+            smaller_is_better=bool(searcher.get("smaller_is_better", True)),
+            retention=retention,
+            observer=observers,
+        )
+        if latest_checkpoint is not None and record is None and not warm:
+            # A run continued outside the command: retention covers the checkpoints the run
+            # it continues kept (the command's record knows them itself).
+            checkpointer.continue_retention(pathlib.Path(latest_checkpoint), payload)
         fabric = L.Fabric(**settings.fabric)
         check_launcher(fabric)
         self.fabric = fabric
-        status = "failed"
-        boundaries.stop.install()
+        loop = FitLoop(
+            core,
+            schedule,
+            checkpointer,
+            searcher_asks=(lambda: search.stopped) if search is not None else None,
+            progress_bar=settings.progress_bar,
+            profiler=settings.profiler,
+        )
         try:
-            with warnings.catch_warnings():
-                for pattern in ENGINE_WARNINGS:
-                    warnings.filterwarnings("ignore", message=pattern)
-                fabric.launch()
-                if core.is_chief:
-                    _log_engine(fabric)
-                fit_engine = FabricEngine(fabric, ctx, settings.loggers)
-                core.attach(fit_engine)
-                if settings.model_summary and core.is_chief:
-                    print(model_summary(ctx.models), flush=True)
-                loop = FitLoop(
-                    core,
-                    fit_engine,
-                    boundaries,
-                    writer=writer,
-                    progress_bar=settings.progress_bar,
-                    profiler=settings.profiler,
-                    length=Batch(1) if test_mode else length,
-                )
-                loop.run()
-            status = "success"
-            if boundaries.search_stopped:
-                # The searcher stopped it at the rung its signal came at: it is done.
-                boundaries.preempted_by = None
-            if record is not None and core.is_chief:
-                record.ended(boundaries.preempted_by)
-            if search is not None and core.is_chief:
-                search.ended(boundaries.preempted_by is not None, boundaries.stopped_early)
-        except BaseException as exc:
-            if search is not None and core.is_chief:
-                search.failed(exc)
-            raise
+            outcome = loop.run(lambda: _start_engine(fabric, core, settings))
         finally:
-            boundaries.stop.restore()
-            core.shutdown()
-            _close(settings, status)
-            self.checkpoints = list(boundaries.checkpoints)
+            self.checkpoints = list(checkpointer.saved)
             self.last_validation_metrics = core.last_validation_metrics
-            if record is not None:
-                record.close()
-            if search is not None:
-                search.close()
-        if record is None and boundaries.checkpoints:
+        saved = checkpointer.saved
+        if record is None and saved:
             logger.info("Checkpoints are in %s", ckpt_dir)
-        if boundaries.preempted_by is not None:
-            where: Any = boundaries.checkpoints[-1] if boundaries.checkpoints else ckpt_dir
+        if outcome.preempted_by is not None:
+            where: Any = saved[-1] if saved else ckpt_dir
             how = f"Continue with fit(latest_checkpoint={str(where)!r})."
             if record is not None and record.continue_command:
                 # Under the command: its own continue command, the checkpoint where it is kept.
-                if boundaries.checkpoints:
-                    where = record.storage.url(boundaries.checkpoints[-1].name)
+                if saved:
+                    where = record.storage.url(saved[-1].name)
                 how = f"Continue with: {record.continue_command}"
             if core.is_chief:
                 print(
-                    f"Stopped by {boundaries.preempted_by} after batch "
+                    f"Stopped by {outcome.preempted_by} after batch "
                     f"{core.state.batches_trained}; checkpoint {where}. {how}",
                     flush=True,
                 )
             raise SystemExit(0)
+
+
+def _start_engine(fabric: L.Fabric, core: TrialCore, settings: FitSettings) -> FabricEngine:
+    """Launch the fit's processes and set the trial's models and optimizers up on Fabric."""
+    fabric.launch()
+    if core.is_chief:
+        _log_engine(fabric)
+    engine = FabricEngine(fabric, core.context)
+    if settings.model_summary and core.is_chief:
+        print(model_summary(core.context.models), flush=True)
+    return engine
 
 
 def _log_engine(fabric: L.Fabric) -> None:
@@ -286,22 +270,17 @@ def _log_engine(fabric: L.Fabric) -> None:
 
 
 def _runner_reports(
-    run: RunDescription | None, ctx: PyTorchTrialContext, ckpt_dir: pathlib.Path, test_mode: bool
+    run: RunDescription | None,
+    exp_conf: dict[str, Any] | None,
+    ckpt_dir: pathlib.Path,
+    test_mode: bool,
 ) -> tuple[RunRecord | None, SearchReport | None]:
     """The run's record and its search report when `lightning-bridge run` started the fit
     (None, None otherwise: their modules, with SQLAlchemy and pydantic, are not even loaded)."""
     if run is None:
         return None, None
-    from lightning_bridge.translation._run_record import RunRecord
-    from lightning_bridge.translation._search_report import SearchReport
+    from lightning_bridge.translation._run_record import record_from_runner
+    from lightning_bridge.translation._search_report import search_from_runner
 
-    record = RunRecord.from_runner(run, ctx._exp_conf, ckpt_dir)
-    return record, None if test_mode else SearchReport.from_runner(run)
-
-
-def _close(settings: Any, status: str) -> None:
-    """Flush and close the fit's loggers, and write the profiler's report."""
-    for fit_logger in settings.loggers:
-        fit_logger.finalize(status)
-    if settings.profiler is not None:
-        settings.profiler.describe()
+    record = record_from_runner(run, exp_conf, ckpt_dir)
+    return record, None if test_mode else search_from_runner(run)
