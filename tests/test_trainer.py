@@ -72,7 +72,9 @@ def test_checkpoint_layout() -> None:
     )
     (ckpt,) = trainer.checkpoints
     assert ckpt.parent == pathlib.Path.cwd() / "checkpoints"
+    # As Determined's local mode: the working directory's code rides along in `code/`.
     assert sorted(p.name for p in ckpt.iterdir()) == [
+        "code",
         "load_data.json",
         "metadata.json",
         "state_dict.pth",

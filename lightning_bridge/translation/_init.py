@@ -170,8 +170,10 @@ def init(
     )
     owned_group = not (torch.distributed.is_available() and torch.distributed.is_initialized())
     # Every process running and the process group created before the trial is built, as in
-    # Determined: the trial's __init__ reads the true rank and size.
-    launch_processes(engine)
+    # Determined: the trial's __init__ reads the true rank and size. A `distributed` context
+    # given by the caller means its processes are the caller's to start.
+    if distributed is None:
+        launch_processes(engine)
     if code_dir is None and run is None:
         code_dir = os.getcwd()  # as Determined's local mode: the working directory is the code
     # The code is what the folder holds now: nothing the run writes later rides along.
