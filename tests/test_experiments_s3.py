@@ -195,10 +195,14 @@ def test_a_killed_upload_is_never_listed_or_resumed(runs: S3Runs) -> None:
         assert runs.cli("experiment", "continue", str(experiment["id"])) == 0
     trial_id = described["trials"][0]["id"]
     logs = "\n".join(runs.json("trial", "logs", str(trial_id))["lines"])
-    assert f"Removed the incomplete checkpoint {partial}" in logs
-    assert f"Continuing from checkpoint {runs.workspace}" in logs and resumed_from in logs
-    assert not fs.exists(f"{BUCKET}/killed/{partial}")
+    # The killed upload's whole local copy is still in the trial's folder: `continue` finishes
+    # its move (uploaded again, `metadata.json` last) and continues from it, the newest.
+    assert f"Checkpoint {partial} (batch" in logs and "was written but not stored" in logs
+    assert f"Continuing from checkpoint {runs.workspace}" in logs
+    continued = [line for line in logs.splitlines() if "Continuing from checkpoint" in line]
+    assert partial in continued[-1] and resumed_from not in continued[-1]
     final = runs.json("experiment", "describe", str(experiment["id"]))
     assert final["trials"][0]["state"] == "COMPLETED"
     assert final["trials"][0]["batches_trained"] == 16
-    assert partial not in {c["uuid"] for c in final["checkpoints"]}
+    kept = {c["uuid"] for c in final["checkpoints"]}
+    assert kept == set(_complete(fs, "killed"))  # every stored checkpoint complete and listed
