@@ -70,10 +70,11 @@ class LinearTrial(pytorch.PyTorchTrial):
         except Exception:  # Determined's local mode has no trial seed
             seed = None
         d = context.distributed
-        seen = [d.get_rank(), d.get_size(), d.get_local_rank(), d.get_local_size()]
-        seen += [d.get_cross_rank(), d.get_cross_size()]
-        with open(f"init.{d.get_rank()}.json", "w") as f:
-            json.dump(seen, f)  # what __init__ sees, per rank
+        if hasattr(d, "get_local_size"):  # not the stand-in Determined loads checkpoints with
+            seen = [d.get_rank(), d.get_size(), d.get_local_rank(), d.get_local_size()]
+            seen += [d.get_cross_rank(), d.get_cross_size()]
+            with open(f"init.{d.get_rank()}.json", "w") as f:
+                json.dump(seen, f)  # what __init__ sees, per rank
         with open("seen.json", "w") as f:
             json.dump(
                 {
