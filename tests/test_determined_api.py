@@ -272,6 +272,17 @@ def test_a_run_without_a_seed_gets_one_recorded_and_repeatable(
     assert json.loads((config.parent / "seen.json").read_text())["seed"] != first["seed"]
 
 
+def test_a_refused_run_prints_no_drawn_seed(
+    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str], fresh_imports: None
+) -> None:
+    # The seed is announced once the run's checks pass: a refusal is its only output.
+    config = _folder(tmp_path / "exp")
+    assert main(["run", str(config), "--set", "searcher.max_length=null"]) == 2
+    captured = capsys.readouterr()
+    assert "searcher.max_length: required" in captured.err
+    assert "Experiment seed" not in captured.out + captured.err
+
+
 # ----- the startup hook --------------------------------------------------------------------
 
 

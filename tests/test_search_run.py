@@ -257,3 +257,24 @@ def test_random_search_invalid_hp_and_a_crash(tmp_path: pathlib.Path) -> None:
             assert trial.state == "ERROR"
             output = (pathlib.Path(trial.run_dir) / "output.log").read_text()
             assert "deliberate crash in __init__" in output
+
+
+def test_a_grid_without_hyperparameters_completes_without_a_trial(tmp_path: pathlib.Path) -> None:
+    # Determined accepts the config, starts no trial and completes the experiment.
+    config = {**sf.BASE, "searcher": {"name": "grid", "metric": "validation_loss"}}
+    config["searcher"]["max_length"] = {"batches": 4}
+    del config["hyperparameters"]
+    path = sf.write_folder(tmp_path / "folder", config)
+    workspace = tmp_path / "workspace"
+    out = _run(["run", str(path), "--workspace", str(workspace)], tmp_path, tmp_path / "run.log")
+    assert "0 trials in all" in out
+    assert "the grid searcher has no hyperparameter to search over" in out
+    listed = subprocess.run(
+        sf.command("experiment", "list", "--json", "--workspace", str(workspace)),
+        capture_output=True,
+        text=True,
+        check=True,
+        env=sf.environment(),
+    )
+    [experiment] = json.loads(listed.stdout)
+    assert (experiment["state"], experiment["trials"]) == ("COMPLETED", 0)

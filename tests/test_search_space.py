@@ -230,7 +230,17 @@ def test_grid_needs_a_count_on_every_range() -> None:
     assert "hyperparameters.lr: the grid searcher needs count" in message
     assert "--set hyperparameters.lr.count=4" in message
     assert "opt.m" not in message and "hyperparameters.b" not in message
-    assert "has no hyperparameter" in _error({"searcher": {"name": "grid", "metric": "loss"}})
+
+
+def test_a_grid_without_hyperparameters_is_accepted_and_starts_no_trial() -> None:
+    # Determined accepts it: the grid of no axis has no point, and the experiment completes.
+    empty = parse_config({"searcher": {"name": "grid", "metric": "loss"}})
+    assert empty.starts_no_trial
+    assert empty.first_configuration().hparams == {}
+    consts = parse_config(
+        {"searcher": {"name": "grid", "metric": "loss"}, "hyperparameters": {"a": 1}}
+    )
+    assert not consts.starts_no_trial and consts.first_configuration().hparams == {"a": 1}
 
 
 def test_search_configs_are_accepted_with_determined_defaults() -> None:

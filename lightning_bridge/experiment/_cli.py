@@ -54,32 +54,32 @@ def _is_chief() -> bool:
     )
 
 
-def _seeded(config_path: str, overrides: list[str]) -> list[str]:
+def _seeded(config_path: str, overrides: list[str]) -> tuple[list[str], str | None]:
     """The overrides, with a random `reproducibility.experiment_seed` added when the config
     names none, as Determined draws one for every experiment: the experiment's record keeps it
-    and each trial's seed derives from it. Printed, so the run can be repeated."""
+    and each trial's seed derives from it. With it, the line that says so (printed once the
+    run's checks pass, so the run can be repeated)."""
     from lightning_bridge.experiment._config import load_config
 
     try:
         if load_config(config_path, overrides).model.reproducibility.experiment_seed is not None:
-            return overrides
+            return overrides, None
     except BridgeError:
-        return overrides  # the run reports the config's error
+        return overrides, None  # the run reports the config's error
     seed = secrets.randbelow(1 << 31)
-    if _is_chief():
-        print(
-            f"Experiment seed {seed} (drawn at random; repeat the run with "
-            f"--set reproducibility.experiment_seed={seed})",
-            flush=True,
-        )
-    return [*overrides, f"reproducibility.experiment_seed={seed}"]
+    line = (
+        f"Experiment seed {seed} (drawn at random; repeat the run with "
+        f"--set reproducibility.experiment_seed={seed})"
+    )
+    return [*overrides, f"reproducibility.experiment_seed={seed}"], line
 
 
 def _run(args: argparse.Namespace, from_command_line: bool) -> int:
     from lightning_bridge.experiment import _runner
 
+    overrides, seed_line = _seeded(args.config, list(args.overrides))
     options = _runner.Options(
-        overrides=_seeded(args.config, list(args.overrides)),
+        overrides=overrides,
         test_mode=bool(args.test),
         resume=args.resume,
         trust_checkpoint=bool(args.trust_checkpoint),
@@ -91,7 +91,7 @@ def _run(args: argparse.Namespace, from_command_line: bool) -> int:
     if not options.test_mode:  # a search runs its trials (test mode trains its first one)
         from lightning_bridge.experiment._search import run_search
 
-        searched = run_search(args, options)
+        searched = run_search(args, options, seed_line if _is_chief() else None)
         if searched is not None:
             return searched
     try:
@@ -110,6 +110,8 @@ def _run(args: argparse.Namespace, from_command_line: bool) -> int:
     except BridgeError as exc:
         print(f"lightning-bridge: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    if seed_line and _is_chief():
+        print(seed_line, flush=True)
     if warning and _is_chief():
         logger.warning(warning)
     if not oversubscription_allowed(plan, bool(args.force)):

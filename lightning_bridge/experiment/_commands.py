@@ -14,6 +14,8 @@ import pathlib
 import sys
 from typing import Any
 
+from lightning_bridge._errors import InvalidArgumentError
+from lightning_bridge.experiment._config import parse_config
 from lightning_bridge.experiment._summary import (
     checkpoint_line,
     format_time,
@@ -22,7 +24,7 @@ from lightning_bridge.experiment._summary import (
     table,
 )
 from lightning_bridge.record._registry import Registry, experiment_state
-from lightning_bridge.record._views import Checkpoint, Experiment, as_dict
+from lightning_bridge.record._views import Checkpoint, Experiment, Trial, as_dict
 
 _SECRET_KEYS = ("secret_key", "access_key", "credential", "connection_string")
 
@@ -40,6 +42,17 @@ def _redacted(config: dict[str, Any]) -> dict[str, Any]:
             k: ("***" if k in _SECRET_KEYS and v else v) for k, v in storage.items()
         }
     return shown
+
+
+def _state(experiment: Experiment, trials: list[Trial]) -> str:
+    """The experiment's state; with no trial, COMPLETED where its config starts none."""
+    if trials:
+        return experiment_state(trials)
+    try:
+        empty = parse_config(experiment.config).starts_no_trial
+    except InvalidArgumentError:
+        empty = False
+    return experiment_state(trials, starts_no_trial=empty)
 
 
 def _best_value(registry: Registry, experiment: Experiment) -> Any:
@@ -71,7 +84,7 @@ def experiment_list(args: argparse.Namespace) -> int:
                 {
                     "id": exp.id,
                     "name": exp.name,
-                    "state": experiment_state(trials),
+                    "state": _state(exp, trials),
                     "trials": len(trials),
                     "searcher_metric": exp.searcher_metric,
                     "best_validation": _best_value(registry, exp),
@@ -117,7 +130,7 @@ def experiment_describe(args: argparse.Namespace) -> int:
         data = {
             **as_dict(exp),
             "config": _redacted(exp.config),
-            "state": experiment_state(trials),
+            "state": _state(exp, trials),
             "trials": [
                 {
                     **as_dict(t),

@@ -77,6 +77,12 @@ class ResolvedConfig:
         return self.model.searcher.name != "single"
 
     @property
+    def starts_no_trial(self) -> bool:
+        """A grid searcher over no hyperparameter range or value: its grid has no point, so
+        the experiment completes without a trial (Determined accepts such a config)."""
+        return self.model.searcher.name == "grid" and not grid_points(self.space)
+
+    @property
     def search(self) -> SearchSpec:
         """The searcher, hyperparameters and seed a `SearchDriver` runs."""
         return SearchSpec(
@@ -104,7 +110,9 @@ class ResolvedConfig:
         if not self.is_search:
             return self
         if self.model.searcher.name == "grid":
-            hparams = grid_points(self.space)[-1]  # Determined takes the grid from its end
+            # Determined takes the grid from its end; an empty grid's search starts no trial,
+            # and test mode trains the trial with no hyperparameters.
+            hparams = next(iter(grid_points(self.space)[-1:]), {})
         else:
             hparams = trial_draw(self.space, self.model.reproducibility.experiment_seed or 0, 0)[1]
         return ResolvedConfig(self.raw, self.model, self.space, hparams)
@@ -292,11 +300,6 @@ def _check_space(raw: Any, model: ExperimentConfig | None, errors: list[str]) ->
             errors.append(
                 f"{key}: the grid searcher needs count, the number of points of this range "
                 f"to try (e.g. --set {key}.count=4)"
-            )
-        if not space:
-            errors.append(
-                "hyperparameters: the grid searcher has no hyperparameter to search over; add "
-                "some or use the single searcher"
             )
     return space
 

@@ -187,6 +187,12 @@ def unused_warning(plan: Plan) -> str | None:
     ]
     if unused:
         lines.insert(0, "experiment config keys not used by lightning-bridge: " + ", ".join(unused))
+    if plan.config.starts_no_trial:
+        lines.append(
+            "hyperparameters: the grid searcher has no hyperparameter to search over, so its "
+            "grid has no point and the experiment completes without a trial (as on "
+            "Determined); add hyperparameters (a count on each range) or use the single searcher"
+        )
     return "\n".join(lines) or None
 
 

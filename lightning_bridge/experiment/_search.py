@@ -89,9 +89,12 @@ def _source(registry: Registry, config: ResolvedConfig) -> Any:
 # ----- run -----
 
 
-def run_search(args: argparse.Namespace, options: _runner.Options) -> int | None:
+def run_search(
+    args: argparse.Namespace, options: _runner.Options, seed_line: str | None = None
+) -> int | None:
     """`lightning-bridge run CONFIG` when the config's searcher runs several trials (None
-    for a config of one trial, which the ordinary run trains)."""
+    for a config of one trial, which the ordinary run trains); `seed_line`, printed once the
+    checks pass, says which experiment seed was drawn."""
     try:
         config = load_config(args.config, options.overrides)
         if not config.is_search:
@@ -119,6 +122,8 @@ def run_search(args: argparse.Namespace, options: _runner.Options) -> int | None
         check_code(first, Workspace(args.workspace), *written)
     except BridgeError as exc:
         return _error(exc)
+    if seed_line:
+        print(seed_line, flush=True)
     if warning:
         logger.warning(warning)
     storage = _absolute(args.storage) if args.storage else None
@@ -225,6 +230,8 @@ def _serve(
         )
         return EXIT_OK
     trials = registry.trials(experiment_id)
+    if not trials and config.starts_no_trial:
+        return EXIT_OK  # an empty grid: completed without a trial, as on Determined
     return EXIT_OK if any(t.state == TrialState.COMPLETED.value for t in trials) else EXIT_FAILED
 
 

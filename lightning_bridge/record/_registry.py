@@ -394,10 +394,12 @@ def _finite(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def experiment_state(trials: list[Trial]) -> str:
-    """An experiment's state from its trials' (Determined's precedence)."""
+def experiment_state(trials: list[Trial], starts_no_trial: bool = False) -> str:
+    """An experiment's state from its trials' (Determined's precedence); one that has none
+    yet is ACTIVE, unless its search starts none (an empty grid), which is COMPLETED at once."""
     states = {t.state for t in trials}
     for state in (TrialState.ACTIVE, TrialState.ERROR, TrialState.STOPPED):
         if state.value in states:
             return state.value
-    return TrialState.COMPLETED.value if states else TrialState.ACTIVE.value
+    done = states or starts_no_trial
+    return TrialState.COMPLETED.value if done else TrialState.ACTIVE.value
