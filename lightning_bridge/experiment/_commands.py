@@ -222,6 +222,11 @@ def experiment_continue(args: argparse.Namespace) -> int:
             return 0
         if code == 0:
             print(run_summary(registry, args.id, trials), flush=True)
+        from lightning_bridge.tracking._sync import sync_after_run
+
+        mirrored = sync_after_run(registry, args.id)
+        if mirrored:
+            print(mirrored, flush=True)
     return code
 
 
@@ -282,6 +287,11 @@ def checkpoint_list(args: argparse.Namespace) -> int:
 
 def checkpoint_download(args: argparse.Namespace) -> int:
     from lightning_bridge._errors import InvalidArgumentError
+
+    if str(args.uuid).startswith("models:/"):
+        from lightning_bridge.experiment._model_commands import model_download
+
+        return model_download(args)
     from lightning_bridge.experiment._checkpoints import storage_of
 
     with open_registry(args) as registry:
