@@ -23,6 +23,7 @@ from lightning_bridge.experiment._summary import (
 )
 from lightning_bridge.record._registry import Registry, experiment_state
 from lightning_bridge.record._views import Checkpoint, Experiment, as_dict
+from lightning_bridge.tracking._mirror import read_link
 
 _SECRET_KEYS = ("secret_key", "access_key", "credential", "connection_string")
 
@@ -129,6 +130,7 @@ def experiment_describe(args: argparse.Namespace) -> int:
             "checkpoints": [as_dict(c) for c in checkpoints],
             "best_checkpoint": as_dict(best[0]) if best else None,
             "log_directory": str(registry.workspace.experiment_dir(exp.id)),
+            "mlflow": read_link(registry.workspace.experiment_dir(exp.id)) or None,
         }
     if args.json:
         _print_json(data)
@@ -141,6 +143,12 @@ def experiment_describe(args: argparse.Namespace) -> int:
     print(f"  searcher metric: {metric or '-'} ({order})")
     print(f"  created: {format_time(exp.created_at)}")
     print(f"  logs:    {data['log_directory']}")
+    if data["mlflow"]:
+        link = data["mlflow"]
+        print(
+            f"  MLflow:  experiment {link.get('mlflow_experiment_id')} "
+            f"({link.get('experiment_name')}) at {link.get('tracking_uri')}"
+        )
     print("Trials")
     rows = []
     for t in data["trials"]:

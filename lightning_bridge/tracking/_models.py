@@ -142,9 +142,14 @@ class ModelRegistry:
         return [model_json(m, []) for m in self.client.search_registered_models()]
 
     def versions(self, name: str) -> list[dict[str, Any]]:
-        self._model(name)
+        aliases = dict(getattr(self._model(name), "aliases", None) or {})
         found = self.client.search_model_versions(f"name = '{_escaped(name)}'")
-        return sorted((version_json(v) for v in found), key=lambda v: int(v["version"]))
+        versions = []
+        for version in found:  # a search's answer leaves the aliases out: the model has them
+            shown = version_json(version)
+            shown["aliases"] = sorted(a for a, v in aliases.items() if str(v) == shown["version"])
+            versions.append(shown)
+        return sorted(versions, key=lambda v: int(v["version"]))
 
     def describe(self, name: str) -> dict[str, Any]:
         return model_json(self._model(name), self.versions(name))
