@@ -58,7 +58,7 @@ def bridge(
     env.update(LIGHTNING_BRIDGE_WORKSPACE=str(workspace), MLFLOW_TRACKING_URI=uri)
     done = subprocess.run(
         [sys.executable, "-m", "lightning_bridge", *args],
-        cwd=cwd, env=env, capture_output=True, text=True, timeout=300,
+        cwd=cwd, env=env, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     if check:
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -350,8 +350,8 @@ def test_the_web_ui_shows_the_runs_and_the_registered_model(registered: Register
     experiment = experiment_of(registered.uri, registered.workspace, 1)
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     pages = {
-        "experiment": (f"#/experiments/{experiment.experiment_id}", ["trial 1", "linear [1]"]),
-        "models": ("#/models", ["linear", "Version 1"]),
+        "experiment": (f"#/experiments/{experiment.experiment_id}/runs", ["trial 1", "linear [1]"]),
+        "models": ("#/models", ['href="#/models/linear"', "Version 1", "champion"]),
     }
     for name, (route, expected) in pages.items():
         url = f"{registered.uri}/{route}"

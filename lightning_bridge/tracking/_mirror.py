@@ -63,6 +63,7 @@ def bounded_requests(retries: int = 2, timeout_s: int = 5) -> None:
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", str(retries))
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1")
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", str(timeout_s))
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 
 
 def flat(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -181,12 +181,13 @@ class ModelRegistry:
         else:
             from mlflow.artifacts import download_artifacts
 
+            # The version's own location (a `models:/` URI would be resolved against the
+            # default registry, not this one).
+            where = self.client.get_model_version_download_uri(name, version.version)
             with tempfile.TemporaryDirectory(prefix=".download-", dir=out) as tmp:
                 got = pathlib.Path(
                     download_artifacts(
-                        artifact_uri=f"models:/{name}/{version.version}",
-                        dst_path=tmp,
-                        tracking_uri=self.mirror.uri,
+                        artifact_uri=where, dst_path=tmp, tracking_uri=self.mirror.uri
                     )
                 )
                 for item in got.iterdir():

@@ -7,6 +7,12 @@ that does not answer is tried a bounded number of times (each request fails with
 then the mirror stops trying and warns once; nothing is lost, since the record keeps
 everything and `lightning-bridge experiment sync ID` sends it later. At the end of the fit it
 waits a bounded time for the last send.
+
+Why not Lightning's `MLFlowLogger` for the metrics: it logs from the training loop itself, so an
+unreachable server stalls the step (MLflow's client retries for minutes) or raises in it, and it
+keeps no account of what the server has, so what it missed cannot be sent later without
+duplicates. Sending from the record gives both with one path: the same `Mirror` runs here, at
+the end of the run and in `experiment sync`.
 """
 
 from __future__ import annotations
