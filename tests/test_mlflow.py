@@ -392,6 +392,11 @@ def _recorded_experiment(ws: pathlib.Path) -> int:
             "ckpt-1", trial, batches=8, epochs=0, location=str(checkpoint), metrics={}
         )
         registry.checkpoint_completed("ckpt-1")
+        # One in remote storage: referenced where it is, not copied.
+        registry.add_checkpoint(
+            "ckpt-2", trial, batches=4, epochs=0, location="s3://bucket/exp/ckpt-2", metrics={}
+        )
+        registry.checkpoint_completed("ckpt-2")
         registry.trial_ended(trial, TrialState.STOPPED, "stopped by SIGTERM")
     return experiment
 
@@ -420,6 +425,9 @@ def test_the_embedded_store_gets_the_record_once(
     assert history(uri, run, "validation_loss") == [(4, 0.5), (8, 0.25)]
     stored = ws / "mlartifacts" / str(experiment_id)
     assert list(stored.rglob("checkpoints/ckpt-1/metadata.json"))
+    assert run.data.tags["lightning_bridge.checkpoint.ckpt-1"].endswith("/checkpoints/ckpt-1")
+    assert run.data.tags["lightning_bridge.checkpoint.ckpt-2"] == "s3://bucket/exp/ckpt-2"
+    assert not list(stored.rglob("ckpt-2"))
 
 
 @needs_client
