@@ -460,3 +460,40 @@ def postgres(session: nox.Session) -> None:
             stop = [str(binaries / "pg_ctl"), "-D", str(folder / "data"), "-m", "fast", "stop"]
             subprocess.run(_as_server_user(stop), capture_output=True, check=False)
         shutil.rmtree(folder, ignore_errors=True)
+
+
+# ----- the mlflow session (self-contained: its helpers and its registration live here) -----
+
+
+def _install_chromium(session: nox.Session) -> None:
+    """Debian's chromium for the MLflow UI test (the test skips, saying so, without it)."""
+    if shutil.which("chromium") or shutil.which("apt-get") is None or os.geteuid() != 0:
+        return
+    env = {"DEBIAN_FRONTEND": "noninteractive"}
+    for command in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", "chromium"]):
+        try:
+            session.run(*command, env=env, external=True)
+        except nox.command.CommandFailed:
+            session.log(f"{' '.join(command)} failed: the UI test will be skipped")
+            return
+
+
+@nox.session(python=PYTHON)
+def mlflow(session: nox.Session) -> None:
+    """The tests marked ``mlflow``: the record mirrored into a real ``mlflow server`` (SQLite,
+    artifacts in a temporary folder, 127.0.0.1) that the tests start, the model registry
+    commands, a server stopped mid-run, and MLflow's UI in headless Chromium (its screenshot is
+    kept in ``.nox/mlflow-artifacts``). The client is the ``[mlflow]`` extra (mlflow-skinny);
+    the full ``mlflow`` package is installed for its server and UI."""
+    _install_chromium(session)
+    constraints = _install_shared(session, LATEST_LIGHTNING)
+    session.install(
+        "-c", constraints, f"lightning=={LATEST_LIGHTNING}.*", "torchmetrics", *_extra("test"),
+        *_extra("mlflow"), "mlflow",
+    )  # fmt: skip
+    session.install("-c", constraints, "-e", ".")
+    _check_versions(session, LATEST_LIGHTNING)
+    artifacts = ROOT / ".nox" / "mlflow-artifacts"
+    artifacts.mkdir(parents=True, exist_ok=True)
+    env = {**_data_home(session), "LIGHTNING_BRIDGE_TEST_ARTIFACTS": str(artifacts)}
+    _pytest(session, ["-m", "mlflow", "-q", "-rs", "-n", "0"], env, None)

@@ -98,7 +98,11 @@ def write_folder(folder: pathlib.Path, config: dict[str, Any], name: str = "sear
 def environment() -> dict[str, str]:
     """The command's environment: this interpreter's package, no Determined mapping left
     over from the test process."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LIGHTNING_BRIDGE_")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("LIGHTNING_BRIDGE_") or k == "LIGHTNING_BRIDGE_MLFLOW"
+    }
     env["PYTHONUNBUFFERED"] = "1"
     return env
 

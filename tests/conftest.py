@@ -16,4 +16,7 @@ def _workdir(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> Iterato
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
         monkeypatch.delenv(name, raising=False)
     os.environ.setdefault("PYTHONHASHSEED", "0")
+    # No MLflow mirror unless a test asks for one (the mlflow tests name their server).
+    monkeypatch.setenv("LIGHTNING_BRIDGE_MLFLOW", "off")
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     yield tmp_path

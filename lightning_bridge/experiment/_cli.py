@@ -87,6 +87,7 @@ def _run(args: argparse.Namespace, from_command_line: bool) -> int:
         precision=args.precision,
         strategy=args.strategy,
         accelerator=args.accelerator,
+        tracking_uri=args.tracking_uri,
     )
     if not options.test_mode:  # a search runs its trials (test mode trains its first one)
         from lightning_bridge.experiment._search import run_search
@@ -132,7 +133,19 @@ def _run(args: argparse.Namespace, from_command_line: bool) -> int:
         )
         if code == 0:
             print(run_summary(registry, experiment_id, [trial.trial_id]), flush=True)
+        _print_mirror(registry, experiment_id)
     return code
+
+
+def _print_mirror(registry: Any, experiment_id: int) -> None:
+    """Complete the experiment's MLflow mirror; print where to look at it."""
+    if not _is_chief():
+        return
+    from lightning_bridge.tracking._sync import sync_after_run
+
+    line = sync_after_run(registry, experiment_id)
+    if line:
+        print(line, flush=True)
 
 
 def _guarded(run: Any) -> int:
@@ -182,14 +195,13 @@ def _continue(args: argparse.Namespace, from_command_line: bool) -> int:
     return _guarded(lambda: experiment_continue(args))
 
 
-def _record_command(name: str) -> Any:
-    """A handler of `_commands` (imported when the command runs)."""
+def _record_command(name: str, module: str = "_commands") -> Any:
+    """A handler of `_commands` (or `module`; imported when the command runs)."""
 
     def handler(args: argparse.Namespace, from_command_line: bool) -> int:
-        from lightning_bridge.experiment import _commands
-
+        commands = importlib.import_module(f"lightning_bridge.experiment.{module}")
         try:
-            return int(getattr(_commands, name)(args))
+            return int(getattr(commands, name)(args))
         except BridgeError as exc:
             print(f"lightning-bridge: error: {exc}", file=sys.stderr)
             return EXIT_USAGE
@@ -218,6 +230,8 @@ def _handler(name: str) -> Any:
     """The function of the subcommand the parser named."""
     if name.startswith("record:"):
         return _record_command(name.removeprefix("record:"))
+    if name.startswith("model:"):
+        return _record_command(name.removeprefix("model:"), "_model_commands")
     handlers = {
         "run": _run,
         "search-worker": _search_worker,

@@ -25,6 +25,7 @@ from lightning_bridge.experiment._summary import (
 )
 from lightning_bridge.record._registry import Registry, experiment_state
 from lightning_bridge.record._views import Checkpoint, Experiment, Trial, as_dict
+from lightning_bridge.tracking._mirror import read_link
 
 _SECRET_KEYS = ("secret_key", "access_key", "credential", "connection_string")
 
@@ -142,6 +143,7 @@ def experiment_describe(args: argparse.Namespace) -> int:
             "checkpoints": [as_dict(c) for c in checkpoints],
             "best_checkpoint": as_dict(best[0]) if best else None,
             "log_directory": str(registry.workspace.experiment_dir(exp.id)),
+            "mlflow": read_link(registry.workspace.experiment_dir(exp.id)) or None,
         }
     if args.json:
         _print_json(data)
@@ -154,6 +156,12 @@ def experiment_describe(args: argparse.Namespace) -> int:
     print(f"  searcher metric: {metric or '-'} ({order})")
     print(f"  created: {format_time(exp.created_at)}")
     print(f"  logs:    {data['log_directory']}")
+    if data["mlflow"]:
+        link = data["mlflow"]
+        print(
+            f"  MLflow:  experiment {link.get('mlflow_experiment_id')} "
+            f"({link.get('experiment_name')}) at {link.get('tracking_uri')}"
+        )
     print("Trials")
     rows = []
     for t in data["trials"]:
@@ -235,6 +243,11 @@ def experiment_continue(args: argparse.Namespace) -> int:
             return 0
         if code == 0:
             print(run_summary(registry, args.id, trials), flush=True)
+        from lightning_bridge.tracking._sync import sync_after_run
+
+        mirrored = sync_after_run(registry, args.id)
+        if mirrored:
+            print(mirrored, flush=True)
     return code
 
 
@@ -295,6 +308,11 @@ def checkpoint_list(args: argparse.Namespace) -> int:
 
 def checkpoint_download(args: argparse.Namespace) -> int:
     from lightning_bridge._errors import InvalidArgumentError
+
+    if str(args.uuid).startswith("models:/"):
+        from lightning_bridge.experiment._model_commands import model_download
+
+        return model_download(args)
     from lightning_bridge.experiment._checkpoints import storage_of
 
     with open_registry(args) as registry:

@@ -96,7 +96,19 @@ def _add_run(commands: Any, common: argparse.ArgumentParser) -> None:
         help="run more processes than CPU cores (oversubscribed) without asking",
     )
     _search_options(run)
+    _tracking_option(run)
     run.set_defaults(handler="run")
+
+
+def _tracking_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--tracking-uri",
+        default=None,
+        metavar="URI",
+        help="the MLflow tracking server the record is mirrored to (default: "
+        "$MLFLOW_TRACKING_URI, else the workspace's mlflow.json setting, else MLflow's SQLite "
+        "store in the workspace when MLflow is installed; 'off': no mirror)",
+    )
 
 
 def _search_options(parser: argparse.ArgumentParser, required: bool = False) -> None:
@@ -178,6 +190,14 @@ def _add_record_commands(commands: Any, common: argparse.ArgumentParser) -> None
         help="the PNG to write (default: experiment-ID.png)",
     )  # fmt: skip
     plot.set_defaults(handler="record:experiment_plot")
+    sync = verbs.add_parser(
+        "sync",
+        parents=parents,
+        help="send what MLflow lacks of an experiment's record (idempotent)",
+    )
+    sync.add_argument("id", type=int, metavar="ID")
+    _tracking_option(sync)
+    sync.set_defaults(handler="model:experiment_sync")
 
     trial = commands.add_parser("trial", aliases=["t"], help="the recorded trials")
     trial_verbs = trial.add_subparsers(dest="verb", required=True, metavar="VERB")
@@ -199,9 +219,54 @@ def _add_record_commands(commands: Any, common: argparse.ArgumentParser) -> None
     download = ckpt_verbs.add_parser(
         "download", parents=parents, help="copy a checkpoint from its storage to a folder"
     )
-    download.add_argument("uuid", metavar="UUID")
+    download.add_argument(
+        "uuid", metavar="UUID", help="a checkpoint's uuid, or models:/NAME/VERSION or "
+        "models:/NAME@ALIAS (a registered model version)",
+    )  # fmt: skip
+    _tracking_option(download)
     download.add_argument("--out", required=True, type=pathlib.Path, metavar="DIR")
     download.set_defaults(handler="record:checkpoint_download")
+
+
+def _add_model_commands(commands: Any, common: argparse.ArgumentParser) -> None:
+    output = argparse.ArgumentParser(add_help=False)
+    output.add_argument("--json", action="store_true", help="print JSON (for scripts)")
+    _tracking_option(output)
+    parents = [common, output]
+    model = commands.add_parser(
+        "model", aliases=["m"], help="the model registry (MLflow's), as `det model`"
+    )
+    verbs = model.add_subparsers(dest="verb", required=True, metavar="VERB")
+    create = verbs.add_parser("create", parents=parents, help="create a registered model")
+    create.add_argument("name", metavar="NAME")
+    create.add_argument("--description", default="", metavar="TEXT")
+    create.set_defaults(handler="model:model_create")
+    register = verbs.add_parser(
+        "register-version",
+        parents=parents,
+        help="register a checkpoint (uuid, folder or storage URI) as the model's next version",
+    )
+    register.add_argument("name", metavar="NAME")
+    register.add_argument("checkpoint", metavar="CHECKPOINT_UUID|DIR|URI")
+    register.add_argument(
+        "--alias", action="append", default=[], metavar="ALIAS",
+        help="give the new version this alias (e.g. champion); repeatable",
+    )  # fmt: skip
+    register.add_argument("--description", default="", metavar="TEXT")
+    register.set_defaults(handler="model:model_register_version")
+    listing = verbs.add_parser("list", parents=parents, help="list the registered models")
+    listing.set_defaults(handler="model:model_list")
+    versions = verbs.add_parser("list-versions", parents=parents, help="a model's versions")
+    versions.add_argument("name", metavar="NAME")
+    versions.set_defaults(handler="model:model_list_versions")
+    describe = verbs.add_parser("describe", parents=parents, help="a model and its versions")
+    describe.add_argument("name", metavar="NAME")
+    describe.set_defaults(handler="model:model_describe")
+    alias = verbs.add_parser("alias", parents=parents, help="point ALIAS at a model's VERSION")
+    alias.add_argument("name", metavar="NAME")
+    alias.add_argument("alias", metavar="ALIAS")
+    alias.add_argument("version", metavar="VERSION")
+    alias.set_defaults(handler="model:model_alias")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -216,6 +281,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run(commands, common)
     _add_search_worker(commands, common)
     _add_record_commands(commands, common)
+    _add_model_commands(commands, common)
 
     port = commands.add_parser(
         "port",

@@ -60,6 +60,8 @@ class Options:
     precision: str | None = None
     strategy: str | None = None
     accelerator: str | None = None
+    # Where the record is mirrored in MLflow (None: MLFLOW_TRACKING_URI, the workspace's).
+    tracking_uri: str | None = None
 
     @classmethod
     def from_record(cls, recorded: dict[str, Any]) -> Options:

@@ -222,6 +222,11 @@ def _serve(
         print(f"lightning-bridge: error: {exc}", file=sys.stderr, flush=True)
         return EXIT_FAILED
     print(search_summary(registry, worker.driver, experiment_id), flush=True)
+    from lightning_bridge.tracking._sync import sync_after_run
+
+    mirrored = sync_after_run(registry, experiment_id)
+    if mirrored:
+        print(mirrored, flush=True)
     if not finished:
         print(
             "The search stopped; its trials are checkpointed. Continue with: "

@@ -36,6 +36,7 @@ from lightning_bridge.translation._resume import starts_new_run
 from lightning_bridge.translation._schedule import Schedule
 
 if TYPE_CHECKING:  # loaded only under `lightning-bridge run` (see _runner_reports)
+    from lightning_bridge.translation._mlflow_mirror import MlflowMirror
     from lightning_bridge.translation._run_description import RunDescription
     from lightning_bridge.translation._run_record import RunRecord
     from lightning_bridge.translation._search_report import SearchReport
@@ -191,7 +192,7 @@ class Trainer:
         )
         observers = core.observers
         observers.add(LoggerReports(settings.loggers, ctx.get_enable_tensorboard_logging))
-        for observer in (record, search):
+        for observer in (record, search, _mlflow_mirror(setup.run)):
             if observer is not None:
                 observers.add(observer)
         checkpointer = Checkpointer(
@@ -284,3 +285,13 @@ def _runner_reports(
 
     record = record_from_runner(run, exp_conf, ckpt_dir)
     return record, None if test_mode else search_from_runner(run)
+
+
+def _mlflow_mirror(run: RunDescription | None) -> MlflowMirror | None:
+    """The run's MLflow mirror when `lightning-bridge run` started the fit and a tracking URI
+    (or MLflow's embedded store) is configured."""
+    if run is None:
+        return None
+    from lightning_bridge.translation._mlflow_mirror import mirror_from_runner
+
+    return mirror_from_runner(run)

@@ -1,0 +1,97 @@
+"""A real `mlflow server` for the mlflow tests: SQLite backend, artifacts in a temporary
+folder, on 127.0.0.1 at a free port; it can be stopped and started again on the same port and
+store (the outage test). Tests using it are skipped, with the reason, where MLflow (the full
+package, with its server) is not installed."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import pathlib
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+
+import pytest
+
+HAVE_MLFLOW_SERVER = (
+    importlib.util.find_spec("mlflow") is not None
+    and importlib.util.find_spec("mlflow.server") is not None
+    and importlib.util.find_spec("flask") is not None
+)
+SKIP_REASON = "needs MLflow with its server: pip install mlflow (the mlflow nox session does)"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class MlflowServer:
+    """`mlflow server` on 127.0.0.1 (see the module docstring)."""
+
+    def __init__(self, root: pathlib.Path) -> None:
+        self.root = root
+        self.port = free_port()
+        self.uri = f"http://127.0.0.1:{self.port}"
+        self.log = root / "server.log"
+        self._process: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = 120.0) -> None:
+        (self.root / "artifacts").mkdir(parents=True, exist_ok=True)
+        mlflow = shutil.which("mlflow", path=str(pathlib.Path(sys.executable).parent))
+        args = [mlflow] if mlflow else [sys.executable, "-m", "mlflow"]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
+        # No background job runner (its worker processes): the tests track and register only.
+        env["MLFLOW_SERVER_ENABLE_JOB_EXECUTION"] = "false"
+        with open(self.log, "ab") as out:
+            self._process = subprocess.Popen(
+                [
+                    *args, "server",
+                    "--backend-store-uri", f"sqlite:///{self.root / 'mlflow.db'}",
+                    "--artifacts-destination", str(self.root / "artifacts"),
+                    "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1",
+                ],
+                stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+            )  # fmt: skip
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self._process.poll() is not None:
+                raise RuntimeError(f"mlflow server exited:\n{self.log.read_text()[-3000:]}")
+            try:
+                with urllib.request.urlopen(f"{self.uri}/health", timeout=2) as answer:
+                    if answer.status == 200:
+                        return
+            except OSError:
+                time.sleep(0.5)
+        self.stop()
+        raise RuntimeError(f"mlflow server did not answer:\n{self.log.read_text()[-3000:]}")
+
+    def stop(self) -> None:
+        process, self._process = self._process, None
+        if process is None or process.poll() is not None:
+            return
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(30)
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowServer]:
+    if not HAVE_MLFLOW_SERVER:
+        pytest.skip(SKIP_REASON)
+    server = MlflowServer(tmp_path_factory.mktemp("mlflow-server"))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()

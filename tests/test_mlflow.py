@@ -1,0 +1,464 @@
+"""The record mirrored into a real MLflow tracking server, and `lightning-bridge model` on its
+registry: runs, params, metrics, states, checkpoints and registered versions as MLflow's own
+client reads them; a server stopped mid-run (the trial finishes, `experiment sync` completes
+the record); MLflow's web UI in a headless Chromium. `mlflow_server` (tests/_mlflow_server.py)
+starts `mlflow server` once for the module, on SQLite and a temporary artifact folder."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import importlib.util
+import io
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+import pytest
+import torch
+
+import lightning_bridge as pytorch
+from lightning_bridge.record._registry import Registry
+from lightning_bridge.record._schema import TrialState
+from tests import _search_folder
+from tests._cli_folders import BASE_CONFIG, checkpoint_weights, write_folder
+from tests._mlflow_server import MlflowServer, mlflow_server
+
+__all__ = ["mlflow_server"]  # the fixture, used by name
+
+# The server's tests skip (through the fixture) without MLflow's server, the embedded store's
+# without its client; the missing extra's message is checked everywhere.
+pytestmark = pytest.mark.mlflow
+needs_client = pytest.mark.skipif(
+    importlib.util.find_spec("mlflow") is None, reason="needs MLflow's client: pip install mlflow"
+)
+
+FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "determined_checkpoints"
+# Where the UI test keeps its screenshots (the mlflow nox session sets it).
+ARTIFACTS = pathlib.Path(
+    os.environ.get("LIGHTNING_BRIDGE_TEST_ARTIFACTS")
+    or pathlib.Path(tempfile.gettempdir()) / "lightning-bridge-test-artifacts"
+)
+
+
+class Unsafe:
+    """A custom object: outside the weights-only safe set."""
+
+
+def bridge(
+    *args: str, workspace: pathlib.Path, uri: str, cwd: pathlib.Path, check: bool = True
+) -> subprocess.CompletedProcess[str]:
+    env = _search_folder.environment()
+    env.update(LIGHTNING_BRIDGE_WORKSPACE=str(workspace), MLFLOW_TRACKING_URI=uri)
+    done = subprocess.run(
+        [sys.executable, "-m", "lightning_bridge", *args],
+        cwd=cwd, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    if check:
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done
+
+
+@dataclasses.dataclass
+class Answer:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def cli(*args: str, workspace: pathlib.Path, uri: str, check: bool = True) -> Answer:
+    """A record or model command, in this process (MLflow's client is imported once)."""
+    from lightning_bridge.experiment._cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main([*args, "--workspace", str(workspace), "--tracking-uri", uri])
+    answer = Answer(code, out.getvalue(), err.getvalue())
+    if check:
+        assert code == 0, answer
+    return answer
+
+
+def client(uri: str) -> Any:
+    from mlflow import MlflowClient
+
+    return MlflowClient(tracking_uri=uri, registry_uri=uri)
+
+
+def experiment_of(uri: str, workspace: pathlib.Path, experiment_id: int) -> Any:
+    key = f"{workspace.resolve()}#{experiment_id}"
+    found = client(uri).search_experiments(filter_string=f"tags.`lightning_bridge.key` = '{key}'")
+    assert len(found) == 1, found
+    return found[0]
+
+
+def runs_of(uri: str, mlflow_experiment: Any) -> dict[str, Any]:
+    """The experiment's runs by their trial id ("search" for a search's parent run)."""
+    runs = client(uri).search_runs([mlflow_experiment.experiment_id])
+    return {
+        r.data.tags.get("lightning_bridge.trial_id") or r.data.tags["lightning_bridge.role"]: r
+        for r in runs
+    }
+
+
+def history(uri: str, run: Any, key: str) -> list[tuple[int, float]]:
+    return [(m.step, m.value) for m in client(uri).get_metric_history(run.info.run_id, key)]
+
+
+def same(got: list[tuple[int, float]], want: list[tuple[int, float]]) -> bool:
+    """The same reports: the same batches, the same values."""
+    return [b for b, _ in got] == [b for b, _ in want] and [v for _, v in got] == pytest.approx(
+        [v for _, v in want]
+    )
+
+
+def recorded(
+    workspace: pathlib.Path, trial_id: int, kind: str, key: str
+) -> list[tuple[int, float]]:
+    with Registry(workspace) as registry:
+        return [(m.batches, float(m.values[key])) for m in registry.metrics(trial_id, kind)]
+
+
+@dataclasses.dataclass
+class Registered:
+    """A run mirrored into the server, its best checkpoint registered as `linear` version 1
+    (alias champion)."""
+
+    uri: str
+    workspace: pathlib.Path
+    folder: pathlib.Path
+    run: subprocess.CompletedProcess[str]
+    version: dict[str, Any]
+
+
+@pytest.fixture(scope="module")
+def registered(mlflow_server: MlflowServer, tmp_path_factory: pytest.TempPathFactory) -> Registered:
+    tmp_path = tmp_path_factory.mktemp("registered")
+    uri, ws = mlflow_server.uri, tmp_path / "ws"
+    config = write_folder(tmp_path, BASE_CONFIG)
+    run = bridge("run", str(config), workspace=ws, uri=uri, cwd=config.parent)
+    with Registry(ws) as registry:
+        best = registry.best_checkpoints(1)[0]
+    cli("model", "create", "linear", workspace=ws, uri=uri)
+    out = cli(
+        "model", "register-version", "linear", best.uuid, "--alias", "champion", "--json",
+        workspace=ws, uri=uri,
+    ).stdout  # fmt: skip
+    return Registered(uri, ws, tmp_path, run, json.loads(out))
+
+
+def test_a_run_is_mirrored_and_its_checkpoint_registered(
+    registered: Registered, tmp_path: pathlib.Path
+) -> None:
+    uri, ws, run = registered.uri, registered.workspace, registered.run
+    assert f"MLflow: {uri}" in run.stdout
+
+    experiment = experiment_of(uri, ws, 1)
+    assert experiment.name == "linear [1]"
+    link = json.loads((ws / "experiments" / "1" / "mlflow.json").read_text())
+    assert link["mlflow_experiment_id"] == experiment.experiment_id
+    (trial_run,) = runs_of(uri, experiment).values()
+    assert trial_run.info.status == "FINISHED"
+    assert trial_run.data.params == {"global_batch_size": "8", "lr": "0.05"}
+    tags = trial_run.data.tags
+    assert (
+        tags["lightning_bridge.trial_id"] == "1" and tags["lightning_bridge.state"] == "COMPLETED"
+    )
+    assert tags["lightning_bridge.searcher"] == "single"
+    with Registry(ws) as registry:
+        assert tags["lightning_bridge.seed"] == str(registry.trial(1).seed)
+        best = registry.best_checkpoints(1)[0]
+    # Every report at its batch, under the record's names.
+    validation = recorded(ws, 1, "validation", "validation_loss")
+    assert [b for b, _ in validation] == [4, 8, 12, 16]
+    assert same(history(uri, trial_run, "validation_loss"), validation)
+    assert same(history(uri, trial_run, "loss"), recorded(ws, 1, "training", "loss"))
+    artifacts = {a.path for a in client(uri).list_artifacts(trial_run.info.run_id)}
+    assert {"config.json", "trial.log", "checkpoints"} <= artifacts
+
+    # sync is idempotent: nothing is sent twice.
+    cli("experiment", "sync", "1", workspace=ws, uri=uri)
+    assert same(history(uri, trial_run, "validation_loss"), validation)
+
+    # The registry, in Determined's habits.
+    version = registered.version
+    assert version["version"] == "1" and version["aliases"] == ["champion"]
+    assert version["run_id"] == trial_run.info.run_id
+    assert version["tags"]["lightning_bridge.checkpoint_uuid"] == best.uuid
+    listed = json.loads(cli("model", "list", "--json", workspace=ws, uri=uri).stdout)
+    assert [(m["name"], m["aliases"]) for m in listed] == [("linear", {"champion": "1"})]
+    shown = cli("model", "list-versions", "linear", workspace=ws, uri=uri).stdout
+    assert best.uuid in shown and "champion" in shown
+    described = json.loads(
+        cli("model", "describe", "linear", "--json", workspace=ws, uri=uri).stdout
+    )
+    assert [v["version"] for v in described["versions"]] == ["1"]
+
+    # The way back: the version's checkpoint, byte for byte the trial's.
+    out_dir = tmp_path / "champion"
+    cli(
+        "checkpoint", "download", "models:/linear@champion", "--out", str(out_dir),
+        workspace=ws, uri=uri,
+    )  # fmt: skip
+    kept = pathlib.Path(best.location)
+    for key, value in checkpoint_weights(kept).items():
+        assert torch.equal(checkpoint_weights(out_dir)[key], value)
+
+    # A Determined checkpoint copied from a cluster: checked, registered, loaded back.
+    foreign = tmp_path / "from-cluster"
+    shutil.copytree(FIXTURES / "0.38.1", foreign)
+    cli("model", "create", "tiny", workspace=ws, uri=uri)
+    cli("model", "register-version", "tiny", str(foreign), workspace=ws, uri=uri)
+    back = tmp_path / "tiny-1"
+    cli(
+        "checkpoint", "download", "models:/tiny/1", "--out", str(back),
+        workspace=ws, uri=uri,
+    )  # fmt: skip
+    trial = pytorch.load_trial_from_checkpoint_path(back)
+    saved = torch.load(FIXTURES / "0.38.1" / "state_dict.pth", weights_only=False)
+    for key, value in saved["models_state_dict"][0].items():
+        assert torch.equal(trial.model.state_dict()[key], value)
+    sys.modules.pop("model_def", None)
+
+    # One the safe loader refuses is not registered.
+    unsafe = tmp_path / "unsafe"
+    shutil.copytree(FIXTURES / "0.38.1", unsafe)
+    payload = torch.load(unsafe / "state_dict.pth", weights_only=False)
+    payload["callbacks"] = {"note": Unsafe()}
+    torch.save(payload, unsafe / "state_dict.pth")
+    refused = cli(
+        "model", "register-version", "tiny", str(unsafe), workspace=ws, uri=uri,
+        check=False,
+    )  # fmt: skip
+    assert refused.returncode == 2 and "Unsafe" in refused.stderr, refused.stderr
+    versions = json.loads(
+        cli("model", "list-versions", "tiny", "--json", workspace=ws, uri=uri).stdout
+    )
+    assert [v["version"] for v in versions] == ["1"]
+
+
+# adaptive_asha, aggressive: one bracket, rungs at 4 and 8 batches, one trial at a time: a
+# trial that reaches the first rung outside the top half of it is stopped there.
+ASHA: dict[str, Any] = {
+    **_search_folder.BASE,
+    "searcher": {
+        "name": "adaptive_asha", "metric": "validation_loss", "smaller_is_better": True,
+        "max_trials": 3, "max_time": 8, "time_metric": "batches", "divisor": 2,
+        "mode": "aggressive", "max_rungs": 2, "max_concurrent_trials": 1,
+    },
+    "min_validation_period": {"batches": 4},
+}  # fmt: skip
+
+
+@pytest.mark.search
+def test_a_search_is_a_parent_run_with_its_trials_and_asha_stops(
+    mlflow_server: MlflowServer, tmp_path: pathlib.Path
+) -> None:
+    uri, ws = mlflow_server.uri, tmp_path / "ws"
+    config = _search_folder.write_folder(tmp_path / "exp", ASHA)
+    bridge("run", str(config), workspace=ws, uri=uri, cwd=tmp_path)
+    runs = runs_of(uri, experiment_of(uri, ws, 1))
+    parent = runs.pop("search")
+    assert parent.data.tags["lightning_bridge.searcher"] == "adaptive_asha"
+    assert parent.info.status == "FINISHED"
+    with Registry(ws) as registry:
+        trials = registry.trials(1)
+    assert sorted(runs) == sorted(str(t.id) for t in trials) and len(trials) >= 2
+    for trial in trials:
+        run = runs[str(trial.id)]
+        assert run.data.tags["mlflow.parentRunId"] == parent.info.run_id
+        assert run.info.status == "FINISHED"
+        assert float(run.data.params["lr"]) == pytest.approx(trial.hparams["lr"])
+        stopped = run.data.tags.get("lightning_bridge.searcher_stopped")
+        assert (stopped is not None) == (trial.batches_trained < 8), (trial, stopped)
+        want = recorded(ws, trial.id, "validation", "validation_loss")
+        assert same(history(uri, run, "validation_loss"), want)
+    assert any(t.batches_trained < 8 for t in trials)  # ASHA stopped one
+
+
+@pytest.mark.processes
+def test_a_server_stopped_mid_run_loses_nothing(
+    mlflow_server: MlflowServer, tmp_path: pathlib.Path
+) -> None:
+    uri, ws = mlflow_server.uri, tmp_path / "ws"
+    config = _search_folder.write_folder(
+        tmp_path / "exp",
+        {
+            **_search_folder.BASE,
+            "hyperparameters": {"global_batch_size": 8, "lr": 0.01, "delay": 0.25},
+            "searcher": {"name": "single", "metric": "validation_loss",
+                         "max_length": {"batches": 40}},
+            "min_validation_period": {"batches": 4},
+        },
+    )  # fmt: skip
+    env = _search_folder.environment()
+    env.update(LIGHTNING_BRIDGE_WORKSPACE=str(ws), MLFLOW_TRACKING_URI=uri)
+    log = tmp_path / "run.log"
+    with open(log, "wb") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "lightning_bridge", "run", str(config)],
+            cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and process.poll() is None:
+            link = ws / "experiments" / "1" / "mlflow.json"
+            if link.is_file() and json.loads(link.read_text()).get("runs"):
+                run_id = json.loads(link.read_text())["runs"]["1"]
+                if client(uri).get_run(run_id).data.metrics.get("validation_loss") is not None:
+                    break
+            time.sleep(0.5)
+        assert process.poll() is None, "the trial ended before the server was stopped"
+        mlflow_server.stop()
+        started = time.monotonic()
+        assert process.wait(300) == 0, log.read_text()[-3000:]
+    finally:
+        if process.poll() is None:
+            process.kill()
+        if mlflow_server._process is None:
+            mlflow_server.start()
+    output = log.read_text()
+    assert "experiment sync 1" in output, output[-3000:]
+    with Registry(ws) as registry:
+        trial = registry.trial(1)
+    assert trial.state == "COMPLETED" and trial.batches_trained == 40
+    # The trial went on at its pace: 30 batches of 0.25 s at most after the stop, plus its end.
+    assert time.monotonic() - started < 120
+    validation = recorded(ws, 1, "validation", "validation_loss")
+    assert len(validation) == 10
+    run = runs_of(uri, experiment_of(uri, ws, 1))["1"]
+    assert len(history(uri, run, "validation_loss")) < 10  # the server missed some
+    for _ in range(2):  # idempotent
+        cli("experiment", "sync", "1", workspace=ws, uri=uri)
+        run = runs_of(uri, experiment_of(uri, ws, 1))["1"]
+        assert run.info.status == "FINISHED"
+        assert same(history(uri, run, "validation_loss"), validation)
+
+
+def test_the_web_ui_shows_the_runs_and_the_registered_model(registered: Registered) -> None:
+    """MLflow's UI in a real headless browser (Debian's chromium): the experiment's page lists
+    the trial's run, the models page the registered model; screenshots kept as artifacts."""
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    if browser is None:
+        pytest.skip("needs a headless browser: apt-get install chromium")
+    experiment = experiment_of(registered.uri, registered.workspace, 1)
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    pages = {
+        "experiment": (f"#/experiments/{experiment.experiment_id}/runs", ["trial 1", "linear [1]"]),
+        "models": ("#/models", ['href="#/models/linear"', "Version 1", "champion"]),
+    }
+    for name, (route, expected) in pages.items():
+        url = f"{registered.uri}/{route}"
+        flags = [
+            browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+            "--window-size=1600,1000", "--virtual-time-budget=30000",
+        ]  # fmt: skip
+        dom = subprocess.run(
+            [*flags, "--dump-dom", url], capture_output=True, text=True, timeout=180
+        ).stdout
+        missing = [text for text in expected if text not in dom]
+        assert not missing, f"{url} rendered without {missing}:\n{dom[-2000:]}"
+        shot = ARTIFACTS / f"mlflow-ui-{name}.png"
+        subprocess.run(
+            [*flags, f"--screenshot={shot}", url], capture_output=True, timeout=180, check=True
+        )
+        assert shot.stat().st_size > 10_000, shot
+
+
+# ----- without a server: the embedded store, the URI's resolution, the missing extra -----
+
+
+def _recorded_experiment(ws: pathlib.Path) -> int:
+    """An experiment recorded as a run records it: one trial, reports, a local checkpoint."""
+    checkpoint = ws / "experiments" / "1" / "trials" / "1" / "checkpoints" / "ckpt-1"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "metadata.json").write_text('{"steps_completed": 8}')
+    with Registry(ws) as registry:
+        experiment = registry.create_experiment(
+            {"searcher": {"name": "single", "metric": "validation_loss"}}, name="embedded"
+        )
+        trial = registry.create_trial(experiment, hparams={"lr": 0.1, "opt": {"m": 0.9}}, seed=3)
+        registry.trial_started(trial)
+        for batches in (4, 8):
+            registry.add_metrics(trial, "training", batches, 0, {"loss": 1.0 / batches})
+            registry.add_metrics(trial, "validation", batches, 0, {"loss": 2.0 / batches})
+        registry.add_checkpoint(
+            "ckpt-1", trial, batches=8, epochs=0, location=str(checkpoint), metrics={}
+        )
+        registry.checkpoint_completed("ckpt-1")
+        # One in remote storage: referenced where it is, not copied.
+        registry.add_checkpoint(
+            "ckpt-2", trial, batches=4, epochs=0, location="s3://bucket/exp/ckpt-2", metrics={}
+        )
+        registry.checkpoint_completed("ckpt-2")
+        registry.trial_ended(trial, TrialState.STOPPED, "stopped by SIGTERM")
+    return experiment
+
+
+@needs_client
+def test_the_embedded_store_gets_the_record_once(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from lightning_bridge.tracking._sync import sync_after_run
+
+    ws = tmp_path / "ws"
+    experiment_id = _recorded_experiment(ws)
+    monkeypatch.delenv("LIGHTNING_BRIDGE_MLFLOW")
+    with Registry(ws) as registry:
+        line = sync_after_run(registry, experiment_id)
+        assert line is not None and line.startswith(
+            f"MLflow: mlflow ui --backend-store-uri sqlite:///{ws / 'mlflow.db'}"
+        )
+        sync_after_run(registry, experiment_id)  # twice: nothing sent twice
+    uri = f"sqlite:///{ws / 'mlflow.db'}"
+    (run,) = runs_of(uri, experiment_of(uri, ws, experiment_id)).values()
+    assert run.info.status == "KILLED"  # STOPPED
+    assert run.data.params == {"lr": "0.1", "opt.m": "0.9"}
+    assert run.data.tags["lightning_bridge.message"] == "stopped by SIGTERM"
+    assert history(uri, run, "loss") == [(4, 0.25), (8, 0.125)]
+    assert history(uri, run, "validation_loss") == [(4, 0.5), (8, 0.25)]
+    stored = ws / "mlartifacts" / str(experiment_id)
+    assert list(stored.rglob("checkpoints/ckpt-1/metadata.json"))
+    assert run.data.tags["lightning_bridge.checkpoint.ckpt-1"].endswith("/checkpoints/ckpt-1")
+    assert run.data.tags["lightning_bridge.checkpoint.ckpt-2"] == "s3://bucket/exp/ckpt-2"
+    assert not list(stored.rglob("ckpt-2"))
+
+
+@needs_client
+def test_the_tracking_uri_is_the_option_then_the_environment_then_the_workspace(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from lightning_bridge.tracking._settings import tracking_uri
+
+    ws = tmp_path
+    assert tracking_uri(ws) is None  # the tests turn the embedded default off
+    monkeypatch.delenv("LIGHTNING_BRIDGE_MLFLOW")
+    assert tracking_uri(ws) == f"sqlite:///{ws / 'mlflow.db'}"
+    (ws / "mlflow.json").write_text('{"tracking_uri": "http://team:5000"}')
+    assert tracking_uri(ws) == "http://team:5000"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://env:5000")
+    assert tracking_uri(ws) == "http://env:5000"
+    assert tracking_uri(ws, "http://given:5000") == "http://given:5000"
+    assert tracking_uri(ws, "off") is None
+
+
+def test_without_mlflow_the_commands_name_the_extra(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "mlflow" else real(name, *a)
+    )
+    monkeypatch.setitem(sys.modules, "mlflow", None)  # `import mlflow` raises ImportError
+    for command in (("model", "list"), ("experiment", "sync", "1")):
+        answer = cli(*command, workspace=tmp_path / "ws", uri="http://x:1", check=False)
+        assert answer.returncode == 2
+        assert "pip install 'lightning-bridge[mlflow]'" in answer.stderr, answer
