@@ -43,6 +43,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import IO, Any, Protocol
 
+from lightning_bridge._process import exit_now
+
 logger = logging.getLogger("lightning_bridge")
 
 COLD_ENV = "LIGHTNING_BRIDGE_COLD_TRIALS"
@@ -375,14 +377,7 @@ def _child(request: dict[str, Any], wakeup: tuple[int, int]) -> None:
         traceback.print_exc()
         code = 1
     finally:
-        import atexit
-
-        with contextlib.suppress(BaseException):
-            atexit._run_exitfuncs()
-        with contextlib.suppress(BaseException):
-            sys.stdout.flush()
-            sys.stderr.flush()
-        os._exit(code & 0xFF if code >= 0 else 1)
+        exit_now(code)
 
 
 def _fresh_seeds() -> None:
