@@ -236,3 +236,15 @@ def test_a_failed_preload_starts_trials_cold(
         assert _seen(tmp_path / "out.log")["ppid"] == os.getpid()  # started by this process
     finally:
         starter.close()
+
+
+def test_an_optional_preload_missing_still_forks(
+    folder: pathlib.Path, tmp_path: pathlib.Path
+) -> None:
+    starter = _warm.WarmStarter(preload=("stateful", "?no_such_optional_module"))
+    try:
+        process = _start(starter, folder, tmp_path / "out.log", "exit", "0")
+        assert process.wait() == 0
+        assert _seen(tmp_path / "out.log")["ppid"] == starter._proc.pid  # type: ignore[union-attr]
+    finally:
+        starter.close()
