@@ -65,6 +65,8 @@ PRELOAD = (
     "lightning_bridge.translation._search_report",
     "lightning_bridge.search._driver",
     "optuna",
+    "lightning_bridge.record._registry",
+    "sqlalchemy.dialects.sqlite",
     # Optional: Lightning's TensorBoard logger imports every installed object-storage file
     # system when it saves, at the end of each trial (0.7 s quiet, 6 s loaded for s3fs).
     "?s3fs",
@@ -431,6 +433,9 @@ def serve(parent: int, preload: Sequence[str]) -> None:
             if not optional:
                 failed = f"importing {name} failed ({type(exc).__name__}: {exc})"
                 break
+    orm = sys.modules.get("sqlalchemy.orm")
+    if failed is None and orm is not None:
+        orm.configure_mappers()  # the record's mappers, set up once rather than per trial
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
@@ -461,6 +466,8 @@ def serve(parent: int, preload: Sequence[str]) -> None:
             if refused:
                 answer({"id": request["id"], "refused": refused})
                 continue
+            sys.stdout.flush()  # nothing of the warm process's own is left for the child to write
+            sys.stderr.flush()
             pid = os.fork()
             if pid == 0:
                 answers.close()
