@@ -248,3 +248,27 @@ def test_an_optional_preload_missing_still_forks(
         assert _seen(tmp_path / "out.log")["ppid"] == starter._proc.pid  # type: ignore[union-attr]
     finally:
         starter.close()
+
+
+def test_a_thread_in_the_warm_process_starts_trials_cold(
+    folder: pathlib.Path, tmp_path: pathlib.Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Forking a process with a thread running is unsafe (a lock it holds stays held in the
+    child): the warm process refuses, and the trial runs cold, as do the next."""
+    (folder / "threaded.py").write_text(
+        "import threading, time\n"
+        "threading.Thread(target=time.sleep, args=(60,), name='busy', daemon=True).start()\n"
+    )
+    starter = _warm.WarmStarter(preload=("stateful", "threaded"))
+    try:
+        with caplog.at_level(logging.INFO, logger="lightning_bridge"):
+            first = _start(starter, folder, tmp_path / "first.log", "exit", "7")
+            assert first.wait() == 7
+            second = _start(starter, folder, tmp_path / "second.log", "exit", "0")
+            assert second.wait() == 0
+        assert "cannot fork (a Python thread is running (busy))" in caplog.text
+        for name in ("first.log", "second.log"):
+            assert _seen(tmp_path / name)["ppid"] == os.getpid()  # started cold, by this process
+        assert isinstance(second, subprocess.Popen)
+    finally:
+        starter.close()
