@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from lightning_bridge.experiment import _warm
+from lightning_bridge.record._registry import Registry
 
 # The trial's stand-in: reports what its process looks like, then does what argv[1] says.
 PROBE = """
@@ -272,3 +273,53 @@ def test_a_thread_in_the_warm_process_starts_trials_cold(
         assert isinstance(second, subprocess.Popen)
     finally:
         starter.close()
+
+
+# Appended to the search tests' trial: what its process is, and a draw from numpy's global
+# generator at import (a module the warm process imported, with state of its own).
+PROCESS_PROBE = """
+import numpy as _np
+
+_run_dir = pathlib.Path(os.environ["LIGHTNING_BRIDGE_EXPERIMENT"]).parent
+(_run_dir / "process.json").write_text(json.dumps({
+    "cmdline": pathlib.Path("/proc/self/cmdline").read_bytes().decode(errors="replace"),
+    "draw": int(_np.random.randint(1 << 30)),
+}))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.search
+def test_a_search_s_trials_are_forked_and_draw_as_cold_ones(tmp_path: pathlib.Path) -> None:
+    from tests import _search_folder as sf
+
+    config = {
+        **sf.BASE,
+        "searcher": {
+            "name": "random",
+            "metric": "validation_loss",
+            "max_trials": 3,
+            "max_length": {"batches": 2},
+            "max_concurrent_trials": 1,
+        },
+    }
+    folder = sf.write_folder(tmp_path / "folder", config).parent
+    model_def = folder / "model_def.py"
+    model_def.write_text(model_def.read_text() + PROCESS_PROBE)
+    workspace, log = tmp_path / "workspace", tmp_path / "run.log"
+    process = sf.start(["run", "search.yaml", "--workspace", str(workspace)], folder, log)
+    out = sf.finish(process, log)
+    assert process.returncode == 0, out
+    assert "start cold" not in out
+    seen = [
+        json.loads(path.read_text())
+        for path in sorted((workspace / "experiments" / "1" / "trials").glob("*/process.json"))
+    ]
+    assert len(seen) == 3
+    # Forked from the warm process (whose command line a forked process keeps).
+    assert all("lightning_bridge.experiment._warm" in s["cmdline"] for s in seen), seen
+    # numpy's global generator was seeded anew in each, as in a new interpreter.
+    assert len({s["draw"] for s in seen}) == 3
+    with Registry(workspace) as registry:
+        trials = registry.trials(1)
+    assert [(t.state, t.batches_trained) for t in trials] == [("COMPLETED", 2)] * 3
