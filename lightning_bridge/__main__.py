@@ -1,8 +1,6 @@
 """`python -m lightning_bridge ...`: the `lightning-bridge` command."""
 
-import sys
-
-from lightning_bridge.experiment._cli import main
+from lightning_bridge.experiment._cli import command
 
 if __name__ == "__main__":
-    sys.exit(main())
+    command()

@@ -37,6 +37,7 @@ from lightning_bridge._errors import (
     InvalidArgumentError,
     WorkspaceError,
 )
+from lightning_bridge._process import exit_now
 from lightning_bridge.experiment._child import EntrypointFailed
 from lightning_bridge.experiment._machine_capacity import oversubscription_allowed
 from lightning_bridge.experiment._parser import build_parser
@@ -240,6 +241,12 @@ def _handler(name: str) -> Any:
         "_trial": _trial,
     }
     return handlers[name]
+
+
+def command() -> None:
+    """The `lightning-bridge` console script: `main()`, then exit without tearing down every
+    module (see `_process.exit_now`)."""
+    exit_now(main())
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -34,7 +34,7 @@ from collections.abc import Callable
 from typing import Any
 
 from lightning_bridge._errors import BridgeError
-from lightning_bridge.experiment import _runner
+from lightning_bridge.experiment import _runner, _warm
 from lightning_bridge.experiment._checkpoints import Source, fetch, settle_checkpoints
 from lightning_bridge.experiment._config import ResolvedConfig
 from lightning_bridge.experiment._experiments import continue_command
@@ -62,7 +62,7 @@ class Launched:
 
     spec: TrialSpec
     run: _runner.TrialRun
-    process: subprocess.Popen[bytes]
+    process: _warm.TrialProcess
     gpus: list[str]
 
 
@@ -130,6 +130,7 @@ class SearchRun:
         self._next_beat = 0.0
         self._away_since: float | None = None
         self._reopen = False
+        self.starter = _warm.WarmStarter()  # forks the trials' processes (see _warm)
 
     def _machine_capacity(self) -> int:
         """How many trials fit at once: whole sets of `processes` GPUs (each trial gets its
@@ -152,6 +153,7 @@ class SearchRun:
             self.say(f"Search trial {number}: its worker on this machine is gone; pending again")
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         self._next_beat = time.monotonic() + self.heartbeat_s
+        self.starter.warm_up()
         try:
             while True:
                 try:
@@ -164,6 +166,7 @@ class SearchRun:
                     continue
                 self._storage_back()
         finally:
+            self.starter.close()
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
         return not self._signals
@@ -328,15 +331,8 @@ class SearchRun:
             gpus = [g for g in self._gpus if g not in taken][: self.processes]
             env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
         command = [sys.executable, "-m", "lightning_bridge", "_trial", str(trial.run_file)]
-        with open(trial.trial_dir / "output.log", "ab") as output:
-            process = subprocess.Popen(
-                command,
-                cwd=self.context_dir,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=output,
-                stderr=subprocess.STDOUT,
-            )
+        output = str(trial.trial_dir / "output.log")
+        process = self.starter.start(command, cwd=self.context_dir, env=env, output=output)
         launched = Launched(spec, trial, process, gpus)
         self.running[trial.trial_id] = launched
         self.ran.append(trial.trial_id)

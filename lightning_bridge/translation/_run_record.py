@@ -17,6 +17,7 @@ import pathlib
 from collections.abc import Callable
 from typing import Any
 
+from lightning_bridge._process import seconds_running
 from lightning_bridge.checkpoint._retention import CheckpointRetention
 from lightning_bridge.checkpoint._storage import CheckpointStorage
 from lightning_bridge.checkpoint._storage_config import storage_from_config
@@ -85,6 +86,9 @@ class RunRecord(FitObserver):
     # ----- the fit's events -----
 
     def on_fit_start(self) -> None:
+        running = seconds_running()
+        if running is not None:
+            logger.info("Start-up: %.2f s from the trial process's start to training", running)
         self.started()
 
     def on_training_report(
