@@ -24,6 +24,9 @@ import pytest
 from lightning_bridge.experiment import _warm
 from lightning_bridge.record._registry import Registry
 
+# The trial processes themselves: run once, in the latest Lightning's session.
+pytestmark = pytest.mark.processes
+
 # The trial's stand-in: reports what its process looks like, then does what argv[1] says.
 PROBE = """
 import json, os, random, signal, sys, time
