@@ -1,4 +1,5 @@
-"""Shared fixtures: every test runs in its own working directory (logs, checkpoints)."""
+"""Shared fixtures: every test runs in its own working directory (logs, checkpoints); the
+servers' fixtures (`postgres`) come from tests/_servers.py."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import pathlib
 from collections.abc import Iterator
 
 import pytest
+
+from tests._servers import _postgres_server, postgres  # noqa: F401  (fixtures)
 
 
 @pytest.fixture(autouse=True)

@@ -2,7 +2,7 @@
 their own: `lightning-bridge run --storage URL` on one, `lightning-bridge search-worker NAME
 --storage URL` on the other. Through a journal file, with the second worker killed outright
 (its trials are given back and the first finishes them); through a real PostgreSQL server
-(the `postgres` session starts one and names it in LIGHTNING_BRIDGE_TEST_POSTGRES).
+(the `postgres` fixture starts one).
 """
 
 from __future__ import annotations
@@ -18,10 +18,9 @@ import pytest
 from lightning_bridge.record._registry import Registry
 from lightning_bridge.search import SearchDriver
 from tests import _search_folder as sf
+from tests._servers import PostgresServer
 
 pytest.importorskip("optuna")
-
-POSTGRES = os.environ.get("LIGHTNING_BRIDGE_TEST_POSTGRES")
 
 # Three trials at once: each worker has room for two on this machine, so both take some.
 SEARCH = {
@@ -108,7 +107,7 @@ def test_a_killed_worker_s_trials_are_finished_by_the_other(tmp_path: pathlib.Pa
 
 @pytest.mark.search
 @pytest.mark.postgres
-def test_a_second_machine_serves_a_postgresql_search(tmp_path: pathlib.Path) -> None:
-    if not POSTGRES:
-        pytest.skip("no PostgreSQL server: set LIGHTNING_BRIDGE_TEST_POSTGRES to its URL")
-    _two_workers(tmp_path, POSTGRES, kill=False)
+def test_a_second_machine_serves_a_postgresql_search(
+    tmp_path: pathlib.Path, postgres: PostgresServer
+) -> None:
+    _two_workers(tmp_path, postgres.url, kill=False)
