@@ -95,7 +95,8 @@ class PostgresServer:
         command = [str(self._install() / binary), *args]
         if os.geteuid() == 0:
             command = ["runuser", "-u", self.USER, "--", *command]
-        done = subprocess.run(command, capture_output=True, text=True)
+        # From "/": the server's user may not enter the tests' working directory.
+        done = subprocess.run(command, capture_output=True, text=True, cwd="/")
         if done.returncode != 0:
             raise Unavailable(f"{binary} failed: {(done.stderr or done.stdout).strip()}")
 

@@ -9,18 +9,12 @@ message, and that nothing already written changed (every file's hash before and 
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import hashlib
 import os
 import pathlib
-import pwd
-import shutil
-import socket
 import sqlite3
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -32,6 +26,7 @@ import lightning_bridge as pytorch
 from lightning_bridge.experiment._cli import main
 from tests import _fault_folders as ff
 from tests._cli_folders import isolated_imports  # noqa: F401 - autouse fixture
+from tests._servers import PostgresServer
 from tests._trials import LinearTrial, Recorder, RegressionData, fit
 
 SHORT = {"name": "single", "metric": "validation_loss", "max_length": {"batches": 4}}
@@ -379,75 +374,10 @@ def test_a_run_whose_record_is_locked_for_a_while_trains_on_and_records_everythi
     assert "Traceback" not in err
 
 
-POSTGRES_USER = "lightning-bridge-pg"
-
-
-@dataclasses.dataclass
-class PostgresServer:
-    """A PostgreSQL server of this test's own (Debian's binaries, run as a dedicated user
-    when the tests run as root), which a test may stop and start again."""
-
-    binaries: pathlib.Path
-    folder: pathlib.Path
-    port: int
-
-    @property
-    def url(self) -> str:
-        return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
-
-    def _run(self, *command: str) -> None:
-        line = [str(self.binaries / command[0]), *command[1:]]
-        if os.geteuid() == 0:
-            line = ["runuser", "-u", POSTGRES_USER, "--", *line]
-        done = subprocess.run(line, capture_output=True, text=True, cwd="/")
-        assert done.returncode == 0, done.stderr or done.stdout
-
-    def start(self) -> None:
-        options = f"-h 127.0.0.1 -p {self.port} -k {self.folder}"
-        data, log = str(self.folder / "data"), str(self.folder / "server.log")
-        self._run("pg_ctl", "-D", data, "-l", log, "-w", "-o", options, "start")
-
-    def stop(self) -> None:
-        self._run("pg_ctl", "-D", str(self.folder / "data"), "-m", "fast", "-w", "stop")
-
-
-@pytest.fixture
-def postgres_server() -> Iterator[PostgresServer]:
-    found = sorted(pathlib.Path("/usr/lib/postgresql").glob("*/bin/initdb"))
-    if not found:
-        pytest.skip("no PostgreSQL server installed (apt-get install postgresql)")
-    pytest.importorskip("psycopg")
-    # Outside pytest's temporary folders, which the server's user may not enter.
-    folder = pathlib.Path(tempfile.mkdtemp(prefix="lightning-bridge-pg-"))
-    folder.chmod(0o755)
-    if os.geteuid() == 0:
-        try:
-            pwd.getpwnam(POSTGRES_USER)
-        except KeyError:
-            subprocess.run(
-                ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin",
-                 POSTGRES_USER],
-                check=True,
-            )  # fmt: skip
-        shutil.chown(folder, user=POSTGRES_USER)
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    server = PostgresServer(found[-1].parent, folder, port)
-    server._run("initdb", "-D", str(folder / "data"), "-U", "postgres", "--auth=trust")
-    server.start()
-    try:
-        yield server
-    finally:
-        with contextlib.suppress(AssertionError):
-            server.stop()
-        shutil.rmtree(folder, ignore_errors=True)
-
-
 @pytest.mark.postgres
 @pytest.mark.search
 def test_a_search_whose_postgresql_server_restarts_mid_trial_finishes_with_every_report_once(
-    tmp_path: pathlib.Path, postgres_server: PostgresServer
+    tmp_path: pathlib.Path, postgres: PostgresServer
 ) -> None:
     """The search's PostgreSQL server is stopped while the trial validates three times, then
     started again. Before, the worker and the trial ended in tracebacks (connection refused)."""
@@ -458,14 +388,14 @@ def test_a_search_whose_postgresql_server_restarts_mid_trial_finishes_with_every
         hyperparameters={"sleep": 0.1, "mark_at": 6, "lr": {"type": "categorical", "vals": [0.05]}},
         searcher={**SEARCH, "max_trials": 1, "max_length": {"batches": 80}},
     )
-    proc = ff.start_run(folder, "--storage", postgres_server.url)
+    proc = ff.start_run(folder, "--storage", postgres.url)
     ff.wait_for(folder / "training.0", proc, timeout=300)
-    postgres_server.stop()
+    postgres.stop()
     before = _validations(ff.workspace(folder))
     try:
         trained_meanwhile = _validations_while_away(folder, proc)
     finally:
-        postgres_server.start()
+        postgres.start()
     code, out, err, _ = ff.finish(proc, timeout=300)
     assert code == 0, out + err
     assert trained_meanwhile, "training waited for the search storage"
@@ -476,11 +406,9 @@ def test_a_search_whose_postgresql_server_restarts_mid_trial_finishes_with_every
     trial_log = ff.workspace(folder) / "experiments" / "1" / "trials" / "1" / "trial.log"
     log = trial_log.read_text()
     assert "is unavailable (" in log and "reports held back" in log, log
-    (name,) = optuna.get_all_study_names(
-        postgres_server.url.replace("postgresql", "postgresql+psycopg")
-    )
+    (name,) = optuna.get_all_study_names(postgres.url.replace("postgresql", "postgresql+psycopg"))
     study = optuna.load_study(
-        study_name=name, storage=postgres_server.url.replace("postgresql", "postgresql+psycopg")
+        study_name=name, storage=postgres.url.replace("postgresql", "postgresql+psycopg")
     )
     (trial,) = study.get_trials()
     assert trial.state == optuna.trial.TrialState.COMPLETE
