@@ -24,13 +24,6 @@ from lightning_bridge._errors import (
     InvalidTrialError,
 )
 from lightning_bridge._version import __version__
-from lightning_bridge.contract._code_import import on_missing_determined
-from lightning_bridge.experiment import _import_map
-
-# Trial code in a checkpoint's code/ folder imports `determined`; where Determined is not
-# installed, load_trial_from_checkpoint_path maps it onto the bridge, as `lightning-bridge run`
-# does.
-on_missing_determined(_import_map.install)
 
 if TYPE_CHECKING:
     from lightning_bridge import samplers

@@ -13,7 +13,7 @@ import pytest
 import torch
 import yaml
 
-from lightning_bridge.experiment import _import_map
+from lightning_bridge.contract import _import_map
 
 # A trial written for Determined: it imports `determined.pytorch`, nothing of the bridge. It
 # appends one line per validation to events.jsonl in the working directory. For the stop and

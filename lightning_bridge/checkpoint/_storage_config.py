@@ -28,7 +28,6 @@ from lightning_bridge.checkpoint._storage import CheckpointStorage
 STORAGE_TYPES = ("shared_fs", "directory", "s3", "gcs", "azure")
 # type -> (the fsspec back end's module, the lightning-bridge extra that installs it)
 _BACKENDS = {"s3": ("s3fs", "s3"), "gcs": ("gcsfs", "gcs"), "azure": ("adlfs", "azure")}
-RETENTION_KEYS = ("save_experiment_best", "save_trial_best", "save_trial_latest")
 
 
 def check_backend(kind: str) -> None:
