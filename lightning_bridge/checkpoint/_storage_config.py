@@ -23,7 +23,7 @@ import urllib.parse
 from typing import Any
 
 from lightning_bridge._errors import InvalidArgumentError
-from lightning_bridge.checkpoint._storage import CheckpointStorage
+from lightning_bridge.checkpoint._storage_backend import CheckpointStorage
 
 STORAGE_TYPES = ("shared_fs", "directory", "s3", "gcs", "azure")
 # type -> (the fsspec back end's module, the lightning-bridge extra that installs it)

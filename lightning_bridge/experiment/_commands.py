@@ -21,8 +21,8 @@ from lightning_bridge.experiment._summary import (
     run_summary,
     table,
 )
+from lightning_bridge.record._records import Checkpoint, Experiment, as_dict
 from lightning_bridge.record._registry import Registry, experiment_state
-from lightning_bridge.record._views import Checkpoint, Experiment, as_dict
 
 _SECRET_KEYS = ("secret_key", "access_key", "credential", "connection_string")
 
