@@ -27,7 +27,7 @@ from lightning_bridge._version import __version__
 
 if TYPE_CHECKING:
     from lightning_bridge import samplers
-    from lightning_bridge.adapter._trial import LightningAdapter, lightning_trial
+    from lightning_bridge.adapter._lightning_trial import LightningAdapter, lightning_trial
     from lightning_bridge.contract._callback import PyTorchCallback
     from lightning_bridge.contract._context import PyTorchTrialContext
     from lightning_bridge.contract._data import (
@@ -59,7 +59,7 @@ _LAZY = {
     "DataLoader": "lightning_bridge.contract._data",
     "DistributedContext": "lightning_bridge.contract._distributed",
     "Epoch": "lightning_bridge.contract._units",
-    "LightningAdapter": "lightning_bridge.adapter._trial",
+    "LightningAdapter": "lightning_bridge.adapter._lightning_trial",
     "LRScheduler": "lightning_bridge.contract._lr_scheduler",
     "MetricReducer": "lightning_bridge.contract._reducer",
     "PyTorchCallback": "lightning_bridge.contract._callback",
@@ -74,7 +74,7 @@ _LAZY = {
     "adapt_batch_sampler": "lightning_bridge.contract._data",
     "data_length": "lightning_bridge.contract._data",
     "init": "lightning_bridge.translation._init",
-    "lightning_trial": "lightning_bridge.adapter._trial",
+    "lightning_trial": "lightning_bridge.adapter._lightning_trial",
     "load_trial_from_checkpoint_path": "lightning_bridge.contract._load",
     "to_device": "lightning_bridge.contract._data",
 }
