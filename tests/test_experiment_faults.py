@@ -24,8 +24,8 @@ import torch
 
 import lightning_bridge as pytorch
 from lightning_bridge.experiment._cli import main
-from tests import _fault_folders as ff
-from tests._cli_folders import isolated_imports  # noqa: F401 - autouse fixture
+from tests import _folders as ff
+from tests._folders import isolated_imports  # noqa: F401 - autouse fixture
 from tests._servers import PostgresServer
 from tests._trials import LinearTrial, Recorder, RegressionData, fit
 
@@ -101,7 +101,7 @@ def read_only_folder(tmp_path: pathlib.Path) -> Iterator[pathlib.Path]:
 def test_run_with_a_read_only_workspace_names_it(
     tmp_path: pathlib.Path, read_only_folder: pathlib.Path
 ) -> None:
-    folder = ff.write_folder(tmp_path, searcher=SHORT)
+    folder = ff.fault_folder(tmp_path, searcher=SHORT)
     before = hashes(folder)
     for workspace in (read_only_folder, read_only_folder / "ws"):
         code, _, err = command(folder, "run", "const.yaml", "--workspace", str(workspace))
@@ -115,7 +115,7 @@ def test_run_with_a_read_only_workspace_names_it(
 def test_run_and_list_on_a_damaged_record_say_how_to_recover(tmp_path: pathlib.Path) -> None:
     """Garbage bytes in the workspace's registry file: one message naming the file, what is
     wrong and how to go on; the file and the checkpoints beside it stay as they are."""
-    folder = ff.write_folder(tmp_path, searcher=SHORT)
+    folder = ff.fault_folder(tmp_path, searcher=SHORT)
     assert main(ff.run_args(folder)) == 0
     workspace = ff.workspace(folder)
     registry = workspace / "registry.sqlite"
@@ -156,7 +156,7 @@ def _experiments(folder: pathlib.Path) -> int:
 def test_run_with_a_storage_that_is_not_a_storage_records_nothing(
     tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    folder = ff.write_folder(tmp_path, searcher=SEARCH, hyperparameters={"lr": 0.05})
+    folder = ff.fault_folder(tmp_path, searcher=SEARCH, hyperparameters={"lr": 0.05})
     (folder / "garbage.db").write_bytes(b"\x00not sqlite" * 100)
     before = hashes(folder)
     code, _, err = command(folder, "run", "const.yaml", "--storage", "model_def.py")
@@ -183,7 +183,7 @@ def test_run_with_a_storage_that_is_not_a_storage_records_nothing(
 def test_search_worker_for_a_search_that_does_not_exist_creates_nothing(
     tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    folder = ff.write_folder(tmp_path, searcher=SEARCH, hyperparameters={"lr": 0.05})
+    folder = ff.fault_folder(tmp_path, searcher=SEARCH, hyperparameters={"lr": 0.05})
     journal = tmp_path / "search.journal"
     code, _, err = command(
         folder, "search-worker", "some-search", "--storage", str(journal), "--workspace",
@@ -213,7 +213,7 @@ def test_checkpoints_of_a_run_whose_storage_and_workspace_sit_in_its_folder_copy
     """`host_path: ckpts` (relative: inside the experiment folder) and `--workspace ws` in the
     folder too; a checkpoint every batch, three kept. Before, each checkpoint's code/ took in
     the earlier checkpoints and the workspace (95 MB for a 400 KB model)."""
-    folder = ff.write_folder(
+    folder = ff.fault_folder(
         tmp_path,
         searcher={**SHORT, "max_length": {"batches": 6}},
         min_checkpoint_period={"batches": 1},
@@ -222,8 +222,8 @@ def test_checkpoints_of_a_run_whose_storage_and_workspace_sit_in_its_folder_copy
     (folder / "helpers.py").write_text("VALUE = 1\n")
     code, out, err = command(folder, "run", "const.yaml", "--workspace", "ws")
     assert code == 0, err
-    kept = sorted((folder / "ckpts").iterdir(), key=lambda p: ff.steps(p))
-    assert [ff.steps(c) for c in kept] == [4, 5, 6]
+    kept = sorted((folder / "ckpts").iterdir(), key=lambda p: ff.steps_completed(p))
+    assert [ff.steps_completed(c) for c in kept] == [4, 5, 6]
     for checkpoint in kept:
         copied = sorted(str(p.relative_to(checkpoint / "code")) for p in checkpoint.rglob("code/*"))
         assert copied == ["const.yaml", "helpers.py", "model_def.py", "train.py"], copied
@@ -232,7 +232,7 @@ def test_checkpoints_of_a_run_whose_storage_and_workspace_sit_in_its_folder_copy
 def test_a_folder_over_the_code_bound_is_refused_before_training(
     tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    folder = ff.write_folder(tmp_path, searcher=SHORT)
+    folder = ff.fault_folder(tmp_path, searcher=SHORT)
     (folder / "data").mkdir()
     with open(folder / "data" / "images.bin", "wb") as f:  # sparse: 96 MiB without writing it
         f.truncate(96 * 2**20)
@@ -281,7 +281,7 @@ def test_experiment_continue_after_a_kill_between_write_and_store_keeps_that_che
     tmp_path: pathlib.Path,
 ) -> None:
     store = tmp_path / "store"
-    folder = ff.write_folder(
+    folder = ff.fault_folder(
         tmp_path,
         entrypoint="killed:KilledTrial",
         hyperparameters={"kill_after_write_at": 4},
@@ -294,9 +294,9 @@ def test_experiment_continue_after_a_kill_between_write_and_store_keeps_that_che
     assert code == -9, err
     staging = ff.workspace(folder) / "experiments" / "1" / "trials" / "1" / "checkpoints"
     (orphan,) = [p for p in staging.iterdir() if p.is_dir() and not p.name.startswith(".")]
-    assert ff.steps(orphan) == 4
+    assert ff.steps_completed(orphan) == 4
     written = hashes(orphan)
-    assert [ff.steps(c) for c in store.iterdir()] == [2]
+    assert [ff.steps_completed(c) for c in store.iterdir()] == [2]
 
     code, out, err = command(folder, "experiment", "continue", "1")
     assert code == 0, err
@@ -308,8 +308,8 @@ def test_experiment_continue_after_a_kill_between_write_and_store_keeps_that_che
     assert f"Continuing from checkpoint {store / orphan.name}" in log
     assert hashes(store / orphan.name) == written  # moved as it was written
     # Retention (the latest 3) counted it: batches 2 went, 4, 6 and 8 are kept.
-    assert sorted(ff.steps(c) for c in store.iterdir()) == [4, 6, 8]
-    assert [ff.steps(c) for c in ff.checkpoints(folder)] == [4, 6, 8]
+    assert sorted(ff.steps_completed(c) for c in store.iterdir()) == [4, 6, 8]
+    assert [ff.steps_completed(c) for c in ff.checkpoints(folder)] == [4, 6, 8]
     assert not [p for p in staging.iterdir() if p.is_dir() and not p.name.startswith(".")]
     assert [e["batches"] for e in ff.events(folder)] == [4, 8]
 
@@ -345,7 +345,7 @@ def test_a_run_whose_record_is_locked_for_a_while_trains_on_and_records_everythi
     """Another process holds the registry's write lock mid-run (far longer than a writer
     waits) while the trial validates three times. Before, the trial waited 120 s and failed
     with `database is locked`."""
-    folder = ff.write_folder(
+    folder = ff.fault_folder(
         tmp_path,
         hyperparameters={"sleep": 0.1, "mark_at": 6},
         searcher={**SHORT, "max_length": {"batches": 80}},
@@ -383,7 +383,7 @@ def test_a_search_whose_postgresql_server_restarts_mid_trial_finishes_with_every
     started again. Before, the worker and the trial ended in tracebacks (connection refused)."""
     import optuna
 
-    folder = ff.write_folder(
+    folder = ff.fault_folder(
         tmp_path,
         hyperparameters={"sleep": 0.1, "mark_at": 6, "lr": {"type": "categorical", "vals": [0.05]}},
         searcher={**SEARCH, "max_trials": 1, "max_length": {"batches": 80}},

@@ -11,7 +11,6 @@ import os
 import pathlib
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -20,15 +19,17 @@ import pytest
 import torch
 
 from lightning_bridge.experiment._cli import main
-from tests._cli_folders import (  # isolated_imports: an autouse fixture
+from tests._folders import (  # isolated_imports: an autouse fixture
     BASE_CONFIG,
     checkpoint_weights,
+    cli_env,
+    command,
     isolated_imports,  # noqa: F401
+    run_in_process,
     write_folder,
 )
 from tests._servers import moto_server, s3_filesystem, s3_storage_section
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
 BUCKET = "checkpoints"
 
 
@@ -90,19 +91,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory, endpoint: str) -> Iterator[S3
             ("stopped", ["run", str(runs.config)], "10"),
             ("continued", ["experiment", "continue", "2"], None),
         ):
-            out = io.StringIO()
-            if stop is not None:
-                os.environ["STOP_AT_BATCH"] = stop
-            try:
-                with contextlib.redirect_stdout(out):
-                    try:
-                        code = runs.cli(*argv)
-                    except SystemExit as exc:
-                        code = exc.code
-            finally:
-                os.environ.pop("STOP_AT_BATCH", None)
-            assert code == 0, out.getvalue()
-            runs.outputs[name] = out.getvalue()
+            runs.outputs[name] = run_in_process(runs.cli, argv, stop)
         yield runs
     finally:
         os.chdir(previous)
@@ -152,11 +141,9 @@ def test_a_killed_upload_is_never_listed_or_resumed(runs: S3Runs) -> None:
     config["checkpoint_policy"] = "all"
     config["checkpoint_storage"] = s3_storage_section(runs.endpoint, BUCKET, "killed")
     folder = write_folder(runs.root, config, name="killed")
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    command = [sys.executable, "-m", "lightning_bridge", "run", str(folder)]
     process = subprocess.Popen(
-        [*command, "--workspace", str(runs.workspace)],
-        env=env,
+        command("run", str(folder), "--workspace", str(runs.workspace)),
+        env=cli_env(),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
