@@ -24,17 +24,10 @@ from lightning_bridge._errors import (
     InvalidTrialError,
 )
 from lightning_bridge._version import __version__
-from lightning_bridge.contract._code_import import on_missing_determined
-from lightning_bridge.experiment import _import_map
-
-# Trial code in a checkpoint's code/ folder imports `determined`; where Determined is not
-# installed, load_trial_from_checkpoint_path maps it onto the bridge, as `lightning-bridge run`
-# does.
-on_missing_determined(_import_map.install)
 
 if TYPE_CHECKING:
     from lightning_bridge import samplers
-    from lightning_bridge.adapter._trial import LightningAdapter, lightning_trial
+    from lightning_bridge.adapter._lightning_trial import LightningAdapter, lightning_trial
     from lightning_bridge.contract._callback import PyTorchCallback
     from lightning_bridge.contract._context import PyTorchTrialContext
     from lightning_bridge.contract._data import (
@@ -66,7 +59,7 @@ _LAZY = {
     "DataLoader": "lightning_bridge.contract._data",
     "DistributedContext": "lightning_bridge.contract._distributed",
     "Epoch": "lightning_bridge.contract._units",
-    "LightningAdapter": "lightning_bridge.adapter._trial",
+    "LightningAdapter": "lightning_bridge.adapter._lightning_trial",
     "LRScheduler": "lightning_bridge.contract._lr_scheduler",
     "MetricReducer": "lightning_bridge.contract._reducer",
     "PyTorchCallback": "lightning_bridge.contract._callback",
@@ -81,7 +74,7 @@ _LAZY = {
     "adapt_batch_sampler": "lightning_bridge.contract._data",
     "data_length": "lightning_bridge.contract._data",
     "init": "lightning_bridge.translation._init",
-    "lightning_trial": "lightning_bridge.adapter._trial",
+    "lightning_trial": "lightning_bridge.adapter._lightning_trial",
     "load_trial_from_checkpoint_path": "lightning_bridge.contract._load",
     "to_device": "lightning_bridge.contract._data",
 }

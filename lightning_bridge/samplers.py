@@ -4,24 +4,5 @@ The implementation lives in the trial contract (`lightning_bridge.contract._samp
 its public path.
 """
 
-from lightning_bridge.contract._samplers import (
-    DistributedBatchSampler,
-    DistributedSampler,
-    RepeatBatchSampler,
-    RepeatSampler,
-    ReproducibleShuffleBatchSampler,
-    ReproducibleShuffleSampler,
-    SkipBatchSampler,
-    SkipSampler,
-)
-
-__all__ = [
-    "DistributedBatchSampler",
-    "DistributedSampler",
-    "RepeatBatchSampler",
-    "RepeatSampler",
-    "ReproducibleShuffleBatchSampler",
-    "ReproducibleShuffleSampler",
-    "SkipBatchSampler",
-    "SkipSampler",
-]
+from lightning_bridge.contract._samplers import *  # noqa: F403
+from lightning_bridge.contract._samplers import __all__  # noqa: F401

@@ -1,4 +1,6 @@
-"""Shared fixtures: every test runs in its own working directory (logs, checkpoints)."""
+"""Shared fixtures: every test runs in its own working directory (logs, checkpoints); the
+servers' fixtures (`postgres`) come from tests/_servers.py. The `lightning_api` marker is set
+here, by module."""
 
 from __future__ import annotations
 
@@ -7,6 +9,33 @@ import pathlib
 from collections.abc import Iterator
 
 import pytest
+
+from tests._servers import _postgres_server, postgres  # noqa: F401  (fixtures)
+
+# The modules whose tests exercise what a Lightning release can change: the fit on Fabric
+# (schedule, callbacks, checkpoints, resuming, DDP, AMP, reducers, a search's rungs in the
+# fit), the adapter and the port on lightning.Trainer's API, Lightning's private names. The
+# sessions of older Lightning versions run these only.
+LIGHTNING_API = {
+    "test_adapter",
+    "test_adapter_distributed",
+    "test_adapter_hooks",
+    "test_adapter_real_world",
+    "test_amp",
+    "test_distributed",
+    "test_lightning_private",
+    "test_port",
+    "test_reduction",
+    "test_resume",
+    "test_search_trial",
+    "test_trainer",
+}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.path.stem in LIGHTNING_API:
+            item.add_marker(pytest.mark.lightning_api)
 
 
 @pytest.fixture(autouse=True)

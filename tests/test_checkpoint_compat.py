@@ -22,7 +22,7 @@ import torch
 
 import lightning_bridge as pytorch
 from lightning_bridge.checkpoint._safe_load import read_checkpoint
-from tests._cli_folders import isolated_imports  # noqa: F401  (autouse)
+from tests._folders import isolated_imports  # noqa: F401  (autouse)
 from tests._trials import LinearTrial, fit
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "determined_checkpoints"

@@ -15,22 +15,22 @@ import torch
 import yaml
 
 import lightning_bridge as pytorch
-from lightning_bridge.experiment import _import_map
+from lightning_bridge.contract import _import_map
 from lightning_bridge.experiment._cli import main
 from lightning_bridge.experiment._config import parse_config
 from lightning_bridge.translation._run_description import RecordConnection, RunDescription
-from tests._cli_folders import (  # isolated_imports: an autouse fixture
+from tests._folders import (  # isolated_imports: an autouse fixture
     BASE_CONFIG,
     SEED_7,
     checkpoint_weights,
+    cli_env,
+    command,
     isolated_imports,  # noqa: F401
     kept_checkpoints,
     steps_completed,
     validations,
     write_folder,
 )
-
-REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 def _config(**changes: Any) -> dict[str, Any]:
@@ -300,13 +300,10 @@ def test_two_processes_from_slots_per_trial(tmp_path: pathlib.Path) -> None:
     """slots_per_trial: 2 runs two DDP processes through Lightning's launcher, which re-runs
     the command for rank 1 (so this runs the real command line, `python -m lightning_bridge`)."""
     config = write_folder(tmp_path, _config(resources={"slots_per_trial": 2}))
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_PORT"):
-        env.pop(var, None)
     result = subprocess.run(
-        [sys.executable, "-m", "lightning_bridge", "run", "exp/const.yaml"],
+        command("run", "exp/const.yaml"),
         cwd=tmp_path,
-        env=env,
+        env=cli_env(),
         capture_output=True,
         text=True,
         timeout=240,

@@ -4,34 +4,29 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import pathlib
 import subprocess
-import sys
 from typing import Any
 
 import pytest
 
-from tests._cli_folders import (
+from tests._folders import (
     BASE_CONFIG,
     SEED_7,
+    cli_env,
+    command,
     kept_checkpoints,
     steps_completed,
     validations,
     write_folder,
 )
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
-
 
 def _cli(cwd: pathlib.Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_PORT"):
-        env.pop(var, None)
     return subprocess.run(
-        [sys.executable, "-m", "lightning_bridge", "run", *args],
+        command("run", *args),
         cwd=cwd,
-        env=env,
+        env=cli_env(),
         capture_output=True,
         text=True,
         timeout=240,

@@ -21,7 +21,7 @@ import torch
 import yaml
 
 import lightning_bridge
-from lightning_bridge.experiment import _import_map
+from lightning_bridge.contract import _import_map
 from lightning_bridge.experiment._cli import main
 
 # What the examples (tutorials/mnist_pytorch, deepspeed/dcgan, features/*), the e2e fixtures

@@ -77,14 +77,19 @@ def test_readme_layout_table_names_every_subpackage() -> None:
 
 
 def test_readme_session_table_names_the_nox_sessions() -> None:
-    """The sessions the README lists are the ones noxfile.py defines (`./test -s NAME`)."""
+    """The sessions the README lists are the ones noxfile.py defines (`./test -s NAME`): one
+    per function under `@nox.session`, `tests` once per Lightning minor (`tests(2.6)`)."""
     noxfile = (REPO / "noxfile.py").read_text()
     minors = re.search(r"^LIGHTNING_MINORS = \[(.*?)\]", noxfile, re.M)
     assert minors is not None
-    defined = {f"tests-{m}" for m in re.findall(r'"([\d.]+)"', minors.group(1))}
-    defined |= set(re.findall(r"@nox\.session\([^)]*\)\ndef (\w+)\(", noxfile))
+    defined = set(
+        re.findall(r"^@nox\.session\([^)]*\)\n(?:@nox\.parametrize.*\n)?def (\w+)\(", noxfile, re.M)
+    )
+    assert "tests" in defined
+    defined.remove("tests")
+    defined |= {f"tests({m})" for m in re.findall(r'"([\d.]+)"', minors.group(1))}
     table = _sections(REPO / "README.md")["Run the tests"]
     cells = [tok.content for tok in table if tok.type == "inline"]
-    listed = {name for cell in cells for name in re.findall(r"^`([\w.-]+)`(?:, |$)", cell)}
-    listed |= {n for cell in cells for n in re.findall(r"`(tests-[\d.]+)`", cell)}
+    listed = {name for cell in cells for name in re.findall(r"^`([\w.()-]+)`(?:, |$)", cell)}
+    listed |= {n for cell in cells for n in re.findall(r"`(tests\([\d.]+\))`", cell)}
     assert listed == defined

@@ -9,18 +9,12 @@ message, and that nothing already written changed (every file's hash before and 
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import hashlib
 import os
 import pathlib
-import pwd
-import shutil
-import socket
 import sqlite3
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -30,8 +24,9 @@ import torch
 
 import lightning_bridge as pytorch
 from lightning_bridge.experiment._cli import main
-from tests import _fault_folders as ff
-from tests._cli_folders import isolated_imports  # noqa: F401 - autouse fixture
+from tests import _folders as ff
+from tests._folders import isolated_imports  # noqa: F401 - autouse fixture
+from tests._servers import PostgresServer
 from tests._trials import LinearTrial, Recorder, RegressionData, fit
 
 SHORT = {"name": "single", "metric": "validation_loss", "max_length": {"batches": 4}}
@@ -106,7 +101,7 @@ def read_only_folder(tmp_path: pathlib.Path) -> Iterator[pathlib.Path]:
 def test_run_with_a_read_only_workspace_names_it(
     tmp_path: pathlib.Path, read_only_folder: pathlib.Path
 ) -> None:
-    folder = ff.write_folder(tmp_path, searcher=SHORT)
+    folder = ff.fault_folder(tmp_path, searcher=SHORT)
     before = hashes(folder)
     for workspace in (read_only_folder, read_only_folder / "ws"):
         code, _, err = command(folder, "run", "const.yaml", "--workspace", str(workspace))
@@ -120,7 +115,7 @@ def test_run_with_a_read_only_workspace_names_it(
 def test_run_and_list_on_a_damaged_record_say_how_to_recover(tmp_path: pathlib.Path) -> None:
     """Garbage bytes in the workspace's registry file: one message naming the file, what is
     wrong and how to go on; the file and the checkpoints beside it stay as they are."""
-    folder = ff.write_folder(tmp_path, searcher=SHORT)
+    folder = ff.fault_folder(tmp_path, searcher=SHORT)
     assert main(ff.run_args(folder)) == 0
     workspace = ff.workspace(folder)
     registry = workspace / "registry.sqlite"
@@ -161,7 +156,7 @@ def _experiments(folder: pathlib.Path) -> int:
 def test_run_with_a_storage_that_is_not_a_storage_records_nothing(
     tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    folder = ff.write_folder(tmp_path, searcher=SEARCH, hyperparameters={"lr": 0.05})
+    folder = ff.fault_folder(tmp_path, searcher=SEARCH, hyperparameters={"lr": 0.05})
     (folder / "garbage.db").write_bytes(b"\x00not sqlite" * 100)
     before = hashes(folder)
     code, _, err = command(folder, "run", "const.yaml", "--storage", "model_def.py")
@@ -188,7 +183,7 @@ def test_run_with_a_storage_that_is_not_a_storage_records_nothing(
 def test_search_worker_for_a_search_that_does_not_exist_creates_nothing(
     tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    folder = ff.write_folder(tmp_path, searcher=SEARCH, hyperparameters={"lr": 0.05})
+    folder = ff.fault_folder(tmp_path, searcher=SEARCH, hyperparameters={"lr": 0.05})
     journal = tmp_path / "search.journal"
     code, _, err = command(
         folder, "search-worker", "some-search", "--storage", str(journal), "--workspace",
@@ -218,7 +213,7 @@ def test_checkpoints_of_a_run_whose_storage_and_workspace_sit_in_its_folder_copy
     """`host_path: ckpts` (relative: inside the experiment folder) and `--workspace ws` in the
     folder too; a checkpoint every batch, three kept. Before, each checkpoint's code/ took in
     the earlier checkpoints and the workspace (95 MB for a 400 KB model)."""
-    folder = ff.write_folder(
+    folder = ff.fault_folder(
         tmp_path,
         searcher={**SHORT, "max_length": {"batches": 6}},
         min_checkpoint_period={"batches": 1},
@@ -227,8 +222,8 @@ def test_checkpoints_of_a_run_whose_storage_and_workspace_sit_in_its_folder_copy
     (folder / "helpers.py").write_text("VALUE = 1\n")
     code, out, err = command(folder, "run", "const.yaml", "--workspace", "ws")
     assert code == 0, err
-    kept = sorted((folder / "ckpts").iterdir(), key=lambda p: ff.steps(p))
-    assert [ff.steps(c) for c in kept] == [4, 5, 6]
+    kept = sorted((folder / "ckpts").iterdir(), key=lambda p: ff.steps_completed(p))
+    assert [ff.steps_completed(c) for c in kept] == [4, 5, 6]
     for checkpoint in kept:
         copied = sorted(str(p.relative_to(checkpoint / "code")) for p in checkpoint.rglob("code/*"))
         assert copied == ["const.yaml", "helpers.py", "model_def.py", "train.py"], copied
@@ -237,7 +232,7 @@ def test_checkpoints_of_a_run_whose_storage_and_workspace_sit_in_its_folder_copy
 def test_a_folder_over_the_code_bound_is_refused_before_training(
     tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    folder = ff.write_folder(tmp_path, searcher=SHORT)
+    folder = ff.fault_folder(tmp_path, searcher=SHORT)
     (folder / "data").mkdir()
     with open(folder / "data" / "images.bin", "wb") as f:  # sparse: 96 MiB without writing it
         f.truncate(96 * 2**20)
@@ -286,7 +281,7 @@ def test_experiment_continue_after_a_kill_between_write_and_store_keeps_that_che
     tmp_path: pathlib.Path,
 ) -> None:
     store = tmp_path / "store"
-    folder = ff.write_folder(
+    folder = ff.fault_folder(
         tmp_path,
         entrypoint="killed:KilledTrial",
         hyperparameters={"kill_after_write_at": 4},
@@ -299,9 +294,9 @@ def test_experiment_continue_after_a_kill_between_write_and_store_keeps_that_che
     assert code == -9, err
     staging = ff.workspace(folder) / "experiments" / "1" / "trials" / "1" / "checkpoints"
     (orphan,) = [p for p in staging.iterdir() if p.is_dir() and not p.name.startswith(".")]
-    assert ff.steps(orphan) == 4
+    assert ff.steps_completed(orphan) == 4
     written = hashes(orphan)
-    assert [ff.steps(c) for c in store.iterdir()] == [2]
+    assert [ff.steps_completed(c) for c in store.iterdir()] == [2]
 
     code, out, err = command(folder, "experiment", "continue", "1")
     assert code == 0, err
@@ -313,8 +308,8 @@ def test_experiment_continue_after_a_kill_between_write_and_store_keeps_that_che
     assert f"Continuing from checkpoint {store / orphan.name}" in log
     assert hashes(store / orphan.name) == written  # moved as it was written
     # Retention (the latest 3) counted it: batches 2 went, 4, 6 and 8 are kept.
-    assert sorted(ff.steps(c) for c in store.iterdir()) == [4, 6, 8]
-    assert [ff.steps(c) for c in ff.checkpoints(folder)] == [4, 6, 8]
+    assert sorted(ff.steps_completed(c) for c in store.iterdir()) == [4, 6, 8]
+    assert [ff.steps_completed(c) for c in ff.checkpoints(folder)] == [4, 6, 8]
     assert not [p for p in staging.iterdir() if p.is_dir() and not p.name.startswith(".")]
     assert [e["batches"] for e in ff.events(folder)] == [4, 8]
 
@@ -350,7 +345,7 @@ def test_a_run_whose_record_is_locked_for_a_while_trains_on_and_records_everythi
     """Another process holds the registry's write lock mid-run (far longer than a writer
     waits) while the trial validates three times. Before, the trial waited 120 s and failed
     with `database is locked`."""
-    folder = ff.write_folder(
+    folder = ff.fault_folder(
         tmp_path,
         hyperparameters={"sleep": 0.1, "mark_at": 6},
         searcher={**SHORT, "max_length": {"batches": 80}},
@@ -379,93 +374,28 @@ def test_a_run_whose_record_is_locked_for_a_while_trains_on_and_records_everythi
     assert "Traceback" not in err
 
 
-POSTGRES_USER = "lightning-bridge-pg"
-
-
-@dataclasses.dataclass
-class PostgresServer:
-    """A PostgreSQL server of this test's own (Debian's binaries, run as a dedicated user
-    when the tests run as root), which a test may stop and start again."""
-
-    binaries: pathlib.Path
-    folder: pathlib.Path
-    port: int
-
-    @property
-    def url(self) -> str:
-        return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
-
-    def _run(self, *command: str) -> None:
-        line = [str(self.binaries / command[0]), *command[1:]]
-        if os.geteuid() == 0:
-            line = ["runuser", "-u", POSTGRES_USER, "--", *line]
-        done = subprocess.run(line, capture_output=True, text=True, cwd="/")
-        assert done.returncode == 0, done.stderr or done.stdout
-
-    def start(self) -> None:
-        options = f"-h 127.0.0.1 -p {self.port} -k {self.folder}"
-        data, log = str(self.folder / "data"), str(self.folder / "server.log")
-        self._run("pg_ctl", "-D", data, "-l", log, "-w", "-o", options, "start")
-
-    def stop(self) -> None:
-        self._run("pg_ctl", "-D", str(self.folder / "data"), "-m", "fast", "-w", "stop")
-
-
-@pytest.fixture
-def postgres_server() -> Iterator[PostgresServer]:
-    found = sorted(pathlib.Path("/usr/lib/postgresql").glob("*/bin/initdb"))
-    if not found:
-        pytest.skip("no PostgreSQL server installed (apt-get install postgresql)")
-    pytest.importorskip("psycopg")
-    # Outside pytest's temporary folders, which the server's user may not enter.
-    folder = pathlib.Path(tempfile.mkdtemp(prefix="lightning-bridge-pg-"))
-    folder.chmod(0o755)
-    if os.geteuid() == 0:
-        try:
-            pwd.getpwnam(POSTGRES_USER)
-        except KeyError:
-            subprocess.run(
-                ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin",
-                 POSTGRES_USER],
-                check=True,
-            )  # fmt: skip
-        shutil.chown(folder, user=POSTGRES_USER)
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    server = PostgresServer(found[-1].parent, folder, port)
-    server._run("initdb", "-D", str(folder / "data"), "-U", "postgres", "--auth=trust")
-    server.start()
-    try:
-        yield server
-    finally:
-        with contextlib.suppress(AssertionError):
-            server.stop()
-        shutil.rmtree(folder, ignore_errors=True)
-
-
 @pytest.mark.postgres
 @pytest.mark.search
 def test_a_search_whose_postgresql_server_restarts_mid_trial_finishes_with_every_report_once(
-    tmp_path: pathlib.Path, postgres_server: PostgresServer
+    tmp_path: pathlib.Path, postgres: PostgresServer
 ) -> None:
     """The search's PostgreSQL server is stopped while the trial validates three times, then
     started again. Before, the worker and the trial ended in tracebacks (connection refused)."""
     import optuna
 
-    folder = ff.write_folder(
+    folder = ff.fault_folder(
         tmp_path,
         hyperparameters={"sleep": 0.1, "mark_at": 6, "lr": {"type": "categorical", "vals": [0.05]}},
         searcher={**SEARCH, "max_trials": 1, "max_length": {"batches": 80}},
     )
-    proc = ff.start_run(folder, "--storage", postgres_server.url)
+    proc = ff.start_run(folder, "--storage", postgres.url)
     ff.wait_for(folder / "training.0", proc, timeout=300)
-    postgres_server.stop()
+    postgres.stop()
     before = _validations(ff.workspace(folder))
     try:
         trained_meanwhile = _validations_while_away(folder, proc)
     finally:
-        postgres_server.start()
+        postgres.start()
     code, out, err, _ = ff.finish(proc, timeout=300)
     assert code == 0, out + err
     assert trained_meanwhile, "training waited for the search storage"
@@ -476,11 +406,9 @@ def test_a_search_whose_postgresql_server_restarts_mid_trial_finishes_with_every
     trial_log = ff.workspace(folder) / "experiments" / "1" / "trials" / "1" / "trial.log"
     log = trial_log.read_text()
     assert "is unavailable (" in log and "reports held back" in log, log
-    (name,) = optuna.get_all_study_names(
-        postgres_server.url.replace("postgresql", "postgresql+psycopg")
-    )
+    (name,) = optuna.get_all_study_names(postgres.url.replace("postgresql", "postgresql+psycopg"))
     study = optuna.load_study(
-        study_name=name, storage=postgres_server.url.replace("postgresql", "postgresql+psycopg")
+        study_name=name, storage=postgres.url.replace("postgresql", "postgresql+psycopg")
     )
     (trial,) = study.get_trials()
     assert trial.state == optuna.trial.TrialState.COMPLETE

@@ -3,8 +3,6 @@ SIGTERM and continued), then every record command on them, as a user would type 
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import os
 import pathlib
@@ -15,11 +13,12 @@ import pytest
 import torch
 
 from lightning_bridge.experiment._cli import main
-from tests._cli_folders import (  # isolated_imports: an autouse fixture
+from tests._folders import (  # isolated_imports: an autouse fixture
     SEED_7,
     checkpoint_weights,
     isolated_imports,  # noqa: F401
     kept_checkpoints,
+    run_in_process,
     steps_completed,
     write_folder,
 )
@@ -53,24 +52,12 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runs]:
     os.chdir(root)
     runs = Runs(root)
     try:
-        for name, argv, env in (
+        for name, argv, stop in (
             ("first", ["run", str(runs.config)], None),
             ("stopped", ["run", str(runs.config)], "10"),
             ("continued", ["experiment", "continue", "2"], None),
         ):
-            out = io.StringIO()
-            if env is not None:
-                os.environ["STOP_AT_BATCH"] = env
-            try:
-                with contextlib.redirect_stdout(out):
-                    try:
-                        code = runs.cli(*argv)
-                    except SystemExit as exc:
-                        code = exc.code
-            finally:
-                os.environ.pop("STOP_AT_BATCH", None)
-            assert code == 0, out.getvalue()
-            runs.outputs[name] = out.getvalue()
+            runs.outputs[name] = run_in_process(runs.cli, argv, stop)
         yield runs
     finally:
         os.chdir(previous)

@@ -11,7 +11,6 @@ import os
 import pathlib
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -20,22 +19,24 @@ import pytest
 import torch
 
 from lightning_bridge.experiment._cli import main
-from tests._cli_folders import (  # isolated_imports: an autouse fixture
+from tests._folders import (  # isolated_imports: an autouse fixture
     BASE_CONFIG,
     checkpoint_weights,
+    cli_env,
+    command,
     isolated_imports,  # noqa: F401
+    run_in_process,
     write_folder,
 )
-from tests._s3 import filesystem, moto_server, storage_section
+from tests._servers import moto_server, s3_filesystem, s3_storage_section
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
 BUCKET = "checkpoints"
 
 
 @pytest.fixture(scope="module")
 def endpoint() -> Iterator[str]:
     with moto_server() as url:
-        filesystem(url).mkdir(BUCKET)
+        s3_filesystem(url).mkdir(BUCKET)
         yield url
 
 
@@ -60,7 +61,7 @@ class S3Runs:
         self.workspace = root / "ws"
         config = dict(BASE_CONFIG)
         config["checkpoint_policy"] = "all"
-        config["checkpoint_storage"] = storage_section(
+        config["checkpoint_storage"] = s3_storage_section(
             endpoint, BUCKET, "runs", save_trial_latest=1, save_trial_best=1
         )
         self.config = write_folder(root, config)
@@ -90,19 +91,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory, endpoint: str) -> Iterator[S3
             ("stopped", ["run", str(runs.config)], "10"),
             ("continued", ["experiment", "continue", "2"], None),
         ):
-            out = io.StringIO()
-            if stop is not None:
-                os.environ["STOP_AT_BATCH"] = stop
-            try:
-                with contextlib.redirect_stdout(out):
-                    try:
-                        code = runs.cli(*argv)
-                    except SystemExit as exc:
-                        code = exc.code
-            finally:
-                os.environ.pop("STOP_AT_BATCH", None)
-            assert code == 0, out.getvalue()
-            runs.outputs[name] = out.getvalue()
+            runs.outputs[name] = run_in_process(runs.cli, argv, stop)
         yield runs
     finally:
         os.chdir(previous)
@@ -114,7 +103,7 @@ def test_checkpoints_live_in_the_bucket_with_retention(runs: S3Runs) -> None:
     assert recorded and all(c["location"] == f"s3://{BUCKET}/runs/{c['uuid']}" for c in recorded)
     # Retention (latest 1, best 1; 'all' wrote one per validation) applied in the bucket: it
     # holds exactly the checkpoints the record lists, at most two a trial.
-    fs = filesystem(runs.endpoint)
+    fs = s3_filesystem(runs.endpoint)
     assert _complete(fs, "runs") == {c["uuid"] for c in recorded}
     for trial in (1, 2):
         assert 1 <= sum(c["trial_id"] == trial for c in recorded) <= 2
@@ -150,17 +139,15 @@ def test_a_killed_upload_is_never_listed_or_resumed(runs: S3Runs) -> None:
     # A 16 MB buffer makes each upload take long enough to be caught half done.
     config["hyperparameters"] = {"global_batch_size": 8, "lr": 0.05, "ballast": 4_000_000}
     config["checkpoint_policy"] = "all"
-    config["checkpoint_storage"] = storage_section(runs.endpoint, BUCKET, "killed")
+    config["checkpoint_storage"] = s3_storage_section(runs.endpoint, BUCKET, "killed")
     folder = write_folder(runs.root, config, name="killed")
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    command = [sys.executable, "-m", "lightning_bridge", "run", str(folder)]
     process = subprocess.Popen(
-        [*command, "--workspace", str(runs.workspace)],
-        env=env,
+        command("run", str(folder), "--workspace", str(runs.workspace)),
+        env=cli_env(),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    fs = filesystem(runs.endpoint)
+    fs = s3_filesystem(runs.endpoint)
     partial = None
     deadline = time.monotonic() + 240
     try:

@@ -3,7 +3,7 @@ checkpoint directory, unusable checkpoint directories, bad engine settings and s
 
 Runs that take signals are real `lightning-bridge run` processes (or training scripts)
 signalled for real, every wait bounded; input errors go through the same command in this
-process (`main`), which returns the exit code. The trial and its knobs are in `_fault_folders`;
+process (`main`), which returns the exit code. The trial and its knobs are in `_folders`;
 each folder's runs keep their record in its own workspace.
 """
 
@@ -32,8 +32,8 @@ from lightning_bridge._errors import InvalidArgumentError, InvalidCheckpointErro
 from lightning_bridge.checkpoint._layout import latest_checkpoint_in
 from lightning_bridge.checkpoint._safe_load import read_checkpoint
 from lightning_bridge.experiment._cli import main
-from tests import _fault_folders as ff
-from tests._cli_folders import isolated_imports  # noqa: F401 - autouse fixture
+from tests import _folders as ff
+from tests._folders import isolated_imports  # noqa: F401 - autouse fixture
 from tests._trials import LinearTrial, quiet_init
 
 SHORT = {"name": "single", "metric": "validation_loss", "max_length": {"batches": 12}}
@@ -56,7 +56,7 @@ def _stopped_at(out: str) -> int:
 @pytest.fixture(scope="module")
 def two_process_reference(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
     """An uninterrupted two-process run (Lightning's launcher) of 40 batches."""
-    folder = ff.write_folder(
+    folder = ff.fault_folder(
         tmp_path_factory.mktemp("reference"),
         resources={"slots_per_trial": 2},
         searcher={**SHORT, "max_length": {"batches": 40}},
@@ -73,7 +73,7 @@ def test_sigterm_to_the_runner_of_two_processes_stops_both_and_continues_exactly
 ) -> None:
     """slots_per_trial: 2 starts rank 1 through Lightning's launcher; SIGTERM reaches rank 0
     only. Before, rank 0 checkpointed (a collective) while rank 1 was in the next batch."""
-    folder = ff.write_folder(
+    folder = ff.fault_folder(
         tmp_path,
         resources={"slots_per_trial": 2},
         hyperparameters=SLOW,
@@ -89,14 +89,14 @@ def test_sigterm_to_the_runner_of_two_processes_stops_both_and_continues_exactly
     stopped = _stopped_at(out)
     assert 6 <= stopped < 40
     kept = ff.checkpoints(folder)
-    assert ff.steps(kept[-1]) == stopped
+    assert ff.steps_completed(kept[-1]) == stopped
     assert "Traceback" not in err
 
     resumed = ff.run_cli(folder, "--resume", "latest")
     assert resumed.returncode == 0, resumed.stderr
     final = ff.checkpoints(folder)[-1]
     reference = ff.checkpoints(two_process_reference)[-1]
-    assert ff.steps(final) == ff.steps(reference) == 40
+    assert ff.steps_completed(final) == ff.steps_completed(reference) == 40
     assert ff.same_weights(final, reference)
     assert ff.events(folder) == ff.events(two_process_reference)
 
@@ -108,7 +108,7 @@ def test_sigterm_to_torchruns_agent_stops_every_worker_after_one_checkpoint(
 ) -> None:
     """A script entrypoint on two processes runs under torchrun; its agent passes the signal
     to both workers at once. Before, the agent exited 1 with a SignalException traceback."""
-    folder = ff.write_folder(
+    folder = ff.fault_folder(
         tmp_path,
         entrypoint="python3 -m determined.launch.torch_distributed -- python3 train.py",
         resources={"slots_per_trial": 2},
@@ -124,7 +124,7 @@ def test_sigterm_to_torchruns_agent_stops_every_worker_after_one_checkpoint(
     assert len(_stop_lines(out)) == 1, out
     assert "Traceback" not in err and "SignalException" not in err
     stopped = _stopped_at(out)
-    assert ff.steps(ff.checkpoints(folder)[-1]) == stopped
+    assert ff.steps_completed(ff.checkpoints(folder)[-1]) == stopped
     workers = [int((folder / f"pid.{rank}").read_text()) for rank in (0, 1)]
     assert not any(ff.pid_alive(pid) for pid in workers)
 
@@ -134,7 +134,7 @@ def test_sigterm_to_torchruns_agent_stops_every_worker_after_one_checkpoint(
 
 @pytest.fixture
 def script_folder(tmp_path: pathlib.Path) -> pathlib.Path:
-    return ff.write_folder(
+    return ff.fault_folder(
         tmp_path, entrypoint="python3 train.py", hyperparameters=SLOW, searcher=LONG
     )
 
@@ -145,7 +145,7 @@ def test_sigterm_to_the_runner_stops_the_script_instead_of_orphaning_it(
 ) -> None:
     """The signal reaches the script's whole process group; its data loader's worker
     processes leave the stop to the training process."""
-    script_folder = ff.write_folder(
+    script_folder = ff.fault_folder(
         tmp_path,
         entrypoint="python3 train.py",
         hyperparameters={**SLOW, "workers": 1},
@@ -157,7 +157,7 @@ def test_sigterm_to_the_runner_stops_the_script_instead_of_orphaning_it(
     code, out, err, _ = ff.finish(proc, timeout=60)
     assert code == 0, err
     assert not ff.pid_alive(int((script_folder / "pid.0").read_text()))
-    assert ff.steps(ff.checkpoints(script_folder)[-1]) == _stopped_at(out)
+    assert ff.steps_completed(ff.checkpoints(script_folder)[-1]) == _stopped_at(out)
     assert "Last validation metrics" in out  # the runner read the script's results
 
 
@@ -192,7 +192,7 @@ def test_a_script_that_ignores_the_signal_is_killed_after_preemption_timeout(
     entrypoint = "python3 stubborn.py"
     if processes > 1:  # torchrun's agent enforces the timeout on its workers
         entrypoint = f"python3 -m determined.launch.torch_distributed -- {entrypoint}"
-    folder = ff.write_folder(
+    folder = ff.fault_folder(
         tmp_path,
         entrypoint=entrypoint,
         preemption_timeout=2,
@@ -221,7 +221,7 @@ def test_a_stop_in_the_batch_that_ends_at_a_boundary_keeps_that_boundary(
     both happen, the stop adds no second checkpoint, and the continued run equals one that
     never stopped (validations at 4, 8 and 12 and the weights)."""
     config = {"min_checkpoint_period": {"batches": 8}, "checkpoint_policy": "none"}
-    folder = ff.write_folder(
+    folder = ff.fault_folder(
         tmp_path / "a", hyperparameters={"signal_at": 7}, searcher=SHORT, **config
     )
     proc = ff.start_run(folder)
@@ -229,10 +229,10 @@ def test_a_stop_in_the_batch_that_ends_at_a_boundary_keeps_that_boundary(
     assert code == 0, err
     assert _stopped_at(out) == 8
     assert [e["batches"] for e in ff.events(folder)] == [4, 8]
-    assert [ff.steps(c) for c in ff.checkpoints(folder)] == [8]
+    assert [ff.steps_completed(c) for c in ff.checkpoints(folder)] == [8]
 
     assert main(ff.run_args(folder, "--resume", "latest")) == 0
-    reference = ff.write_folder(tmp_path / "b", searcher=SHORT, **config)
+    reference = ff.fault_folder(tmp_path / "b", searcher=SHORT, **config)
     assert main(ff.run_args(reference)) == 0
     capsys.readouterr()
     assert ff.events(folder) == ff.events(reference)
@@ -268,7 +268,7 @@ def test_a_second_run_leaves_the_first_runs_save_in_progress_alone(
     (shared / ".0000dead.partial").mkdir()
     (shared / ".latest.0000dead").write_text("0000dead\n")
     (shared / ".run.0000dead.lock").write_text("{}")
-    folder = ff.write_folder(tmp_path)
+    folder = ff.fault_folder(tmp_path)
     (folder / "shared_run.py").write_text(SHARED_RUN)
     first = subprocess.Popen(
         [sys.executable, "shared_run.py", str(shared)],
@@ -335,7 +335,7 @@ def _run_with_storage(folder: pathlib.Path, host_path: pathlib.Path) -> int:
 def test_unusable_checkpoint_directories_fail_before_training(
     tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    folder = ff.write_folder(tmp_path, searcher=SHORT)
+    folder = ff.fault_folder(tmp_path, searcher=SHORT)
     a_file = tmp_path / "a-file"
     a_file.write_text("not a directory")
     loop = tmp_path / "loop"
@@ -383,7 +383,7 @@ def test_a_full_disk_at_save_time_is_one_message_and_keeps_earlier_checkpoints(
     Otherwise a training script under a file-size limit (RLIMIT_FSIZE), whose first save fails
     the same way (EFBIG instead of ENOSPC)."""
     store = tmp_path / "store"
-    folder = ff.write_folder(
+    folder = ff.fault_folder(
         tmp_path,
         searcher={**SHORT, "max_length": {"batches": 40}},
         checkpoint_policy="all",
@@ -436,7 +436,7 @@ def test_a_full_disk_at_save_time_is_one_message_and_keeps_earlier_checkpoints(
 def test_engine_settings_are_checked_before_the_trial_is_built(
     tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str], args: list[str], expected: list
 ) -> None:
-    folder = ff.write_folder(tmp_path, searcher=SHORT)
+    folder = ff.fault_folder(tmp_path, searcher=SHORT)
     assert main(ff.run_args(folder, *args)) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and all(e in err for e in expected), err
@@ -447,7 +447,7 @@ def test_engine_settings_are_checked_before_the_trial_is_built(
 def test_a_gpu_setting_without_a_gpu_backend(
     tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    folder = ff.write_folder(tmp_path, searcher=SHORT, resources={"slots_per_trial": 2})
+    folder = ff.fault_folder(tmp_path, searcher=SHORT, resources={"slots_per_trial": 2})
     assert main(ff.run_args(folder, "--accelerator", "gpu")) == 2
     err = capsys.readouterr().err
     assert "'gpu' needs a GPU backend" in err and "accepted here: auto, cpu" in err
@@ -457,7 +457,7 @@ def test_more_processes_than_cores_needs_force(
     tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     cores = len(os.sched_getaffinity(0))
-    folder = ff.write_folder(tmp_path, searcher=SHORT, resources={"slots_per_trial": cores + 1})
+    folder = ff.fault_folder(tmp_path, searcher=SHORT, resources={"slots_per_trial": cores + 1})
     assert main(ff.run_args(folder)) == 2  # stdin is not a terminal here
     err = capsys.readouterr().err
     assert f"asks for {cores + 1} processes" in err and "--force" in err
@@ -494,7 +494,7 @@ def test_a_string_period_is_refused_before_training(unit: Any) -> None:
 def test_a_yaml_alias_bomb_is_refused_quickly(
     tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    folder = ff.write_folder(tmp_path, searcher=SHORT)
+    folder = ff.fault_folder(tmp_path, searcher=SHORT)
     levels = ["l0: &l0 [x, x, x, x, x, x, x, x, x]"] + [
         f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 9)}]" for i in range(1, 9)
     ]
@@ -513,7 +513,7 @@ def test_a_yaml_alias_bomb_is_refused_quickly(
 def test_resume_of_a_missing_checkpoint_is_bad_input(
     tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    folder = ff.write_folder(tmp_path, searcher=SHORT)
+    folder = ff.fault_folder(tmp_path, searcher=SHORT)
     assert main(ff.run_args(folder, "--resume", str(tmp_path / "nope"))) == 2
     assert "not a checkpoint directory" in capsys.readouterr().err
 
@@ -536,7 +536,7 @@ def continued_run(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
 
 def test_retention_covers_the_checkpoints_of_the_run_continued(continued_run: pathlib.Path):
     """Before, the continued fit kept its own latest 2 and forgot the first fit's."""
-    assert [ff.steps(c) for c in ff.in_directory(continued_run)] == [31, 32]
+    assert [ff.steps_completed(c) for c in ff.in_directory(continued_run)] == [31, 32]
 
 
 def test_a_damaged_latest_pointer_falls_back_to_the_newest_checkpoint(

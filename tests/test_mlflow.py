@@ -26,8 +26,8 @@ import torch
 import lightning_bridge as pytorch
 from lightning_bridge.record._registry import Registry
 from lightning_bridge.record._schema import TrialState
-from tests import _search_folder
-from tests._cli_folders import BASE_CONFIG, checkpoint_weights, write_folder
+from tests import _folders
+from tests._folders import BASE_CONFIG, checkpoint_weights, write_folder
 from tests._mlflow_server import MlflowServer, mlflow_server
 
 __all__ = ["mlflow_server"]  # the fixture, used by name
@@ -54,7 +54,7 @@ class Unsafe:
 def bridge(
     *args: str, workspace: pathlib.Path, uri: str, cwd: pathlib.Path, check: bool = True
 ) -> subprocess.CompletedProcess[str]:
-    env = _search_folder.environment()
+    env = _folders.cli_env()
     env.update(LIGHTNING_BRIDGE_WORKSPACE=str(workspace), MLFLOW_TRACKING_URI=uri)
     done = subprocess.run(
         [sys.executable, "-m", "lightning_bridge", *args],
@@ -246,7 +246,7 @@ def test_a_run_is_mirrored_and_its_checkpoint_registered(
 # adaptive_asha, aggressive: one bracket, rungs at 4 and 8 batches, one trial at a time: a
 # trial that reaches the first rung outside the top half of it is stopped there.
 ASHA: dict[str, Any] = {
-    **_search_folder.BASE,
+    **_folders.SEARCH_CONFIG,
     "searcher": {
         "name": "adaptive_asha", "metric": "validation_loss", "smaller_is_better": True,
         "max_trials": 3, "max_time": 8, "time_metric": "batches", "divisor": 2,
@@ -261,7 +261,7 @@ def test_a_search_is_a_parent_run_with_its_trials_and_asha_stops(
     mlflow_server: MlflowServer, tmp_path: pathlib.Path
 ) -> None:
     uri, ws = mlflow_server.uri, tmp_path / "ws"
-    config = _search_folder.write_folder(tmp_path / "exp", ASHA)
+    config = _folders.write_folder(tmp_path, ASHA, "exp", _folders.TINY)
     bridge("run", str(config), workspace=ws, uri=uri, cwd=tmp_path)
     runs = runs_of(uri, experiment_of(uri, ws, 1))
     parent = runs.pop("search")
@@ -287,17 +287,19 @@ def test_a_server_stopped_mid_run_loses_nothing(
     mlflow_server: MlflowServer, tmp_path: pathlib.Path
 ) -> None:
     uri, ws = mlflow_server.uri, tmp_path / "ws"
-    config = _search_folder.write_folder(
-        tmp_path / "exp",
+    config = _folders.write_folder(
+        tmp_path,
         {
-            **_search_folder.BASE,
+            **_folders.SEARCH_CONFIG,
             "hyperparameters": {"global_batch_size": 8, "lr": 0.01, "delay": 0.25},
             "searcher": {"name": "single", "metric": "validation_loss",
                          "max_length": {"batches": 40}},
             "min_validation_period": {"batches": 4},
         },
+        "exp",
+        _folders.TINY,
     )  # fmt: skip
-    env = _search_folder.environment()
+    env = _folders.cli_env()
     env.update(LIGHTNING_BRIDGE_WORKSPACE=str(ws), MLFLOW_TRACKING_URI=uri)
     log = tmp_path / "run.log"
     with open(log, "wb") as out:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import math
 import multiprocessing
-import os
 import pathlib
 import sys
 import time
@@ -54,21 +53,19 @@ def _other_worker(storage: str, name: str, out: str, ready: Any, go: Any) -> Non
     pathlib.Path(out).write_text(json.dumps(_work(driver)))
 
 
-# A PostgreSQL server to test against, when one is given (e.g. one started on 127.0.0.1).
-POSTGRES = os.environ.get("LIGHTNING_BRIDGE_TEST_POSTGRES")
-
-
 @pytest.mark.parametrize(
     "kind", ["journal", "sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)]
 )
-def test_two_workers_share_one_search(tmp_path: pathlib.Path, kind: str) -> None:
-    storage = {
-        "journal": str(tmp_path / "search.journal"),
-        "sqlite": f"sqlite:///{tmp_path}/s.db",
-        "postgresql": POSTGRES or "",
-    }[kind]
-    if not storage:
-        pytest.skip("no PostgreSQL server: set LIGHTNING_BRIDGE_TEST_POSTGRES to its URL")
+def test_two_workers_share_one_search(
+    tmp_path: pathlib.Path, kind: str, request: pytest.FixtureRequest
+) -> None:
+    if kind == "postgresql":
+        storage = request.getfixturevalue("postgres").url
+    else:
+        storage = {
+            "journal": str(tmp_path / "search.journal"),
+            "sqlite": f"sqlite:///{tmp_path}/s.db",
+        }[kind]
     name = f"shared-{uuid.uuid4().hex[:8]}"  # a server outlives the test
     searcher = {
         "name": "adaptive_asha",

@@ -21,7 +21,7 @@ import pytest
 
 from lightning_bridge.record._registry import Registry
 from lightning_bridge.search import SearchDriver, parse_space, trial_draw
-from tests import _search_folder as sf
+from tests import _folders as sf
 
 pytest.importorskip("optuna")
 pytestmark = [pytest.mark.slow, pytest.mark.search]
@@ -29,7 +29,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.search]
 # adaptive_asha, aggressive: one bracket of min(max_rungs 3, int(log 16 / log 2) + 1,
 # int(log 4 / log 2) + 1) = 3 rungs at 16 / 2**2, 16 / 2, 16 batches; 2 trials at once.
 ASHA = {
-    **sf.BASE,
+    **sf.SEARCH_CONFIG,
     "searcher": {
         "name": "adaptive_asha",
         "metric": "validation_loss",
@@ -72,7 +72,7 @@ class Search:
 
 def _run(args: list[str], cwd: pathlib.Path, log: pathlib.Path) -> str:
     process = sf.start(args, cwd, log)
-    out = sf.finish(process, log)
+    out = sf.finish_logged(process, log)
     assert process.returncode == 0, out
     return out
 
@@ -82,7 +82,7 @@ def asha(tmp_path_factory: pytest.TempPathFactory) -> Search:
     root = tmp_path_factory.mktemp("asha")
     config = copy.deepcopy(ASHA)
     config["hyperparameters"]["delay"] = 0.25
-    path = sf.write_folder(root / "folder", config)
+    path = sf.write_folder(root, config, "folder", sf.TINY)
     workspace = root / "workspace"
     log = root / "run.log"
     run = sf.start(["run", str(path), "--workspace", str(workspace)], root, log)
@@ -97,9 +97,9 @@ def asha(tmp_path_factory: pytest.TempPathFactory) -> Search:
                 for m in registry.metrics(t.id, "validation")
             )
 
-    sf.wait_for(trained_first_rung, 240, "a trial to reach its first rung", run, log)
+    sf.wait_for(trained_first_rung, run, 240, "a trial to reach its first rung", log)
     run.send_signal(signal.SIGINT)  # Ctrl-C on the command (its trials are signalled by it)
-    first = sf.finish(run, log)
+    first = sf.finish_logged(run, log)
     assert run.returncode == 0, first
     assert "The search stopped" in first and "experiment continue 1" in first, first
     resumed = _run(["experiment", "continue", "1", "--workspace", str(workspace)], root,
@@ -194,7 +194,7 @@ def test_asha_checkpoints_and_best(asha: Search) -> None:
     assert asha.best[0].uuid == best.uuid
     listed = subprocess.run(
         sf.command("checkpoint", "list", "--best", "--workspace", str(asha.workspace)),
-        capture_output=True, text=True, env=sf.environment(), timeout=120,
+        capture_output=True, text=True, env=sf.cli_env(), timeout=120,
     )  # fmt: skip
     assert listed.returncode == 0 and best.uuid in listed.stdout, listed.stdout
     assert f"Best checkpoint: trial {best.trial_id}" in asha.outputs[1]
@@ -202,9 +202,9 @@ def test_asha_checkpoints_and_best(asha: Search) -> None:
 
 # random: 2 trials that count; mode drawn from ok / invalid / crash.
 RANDOM = {
-    **sf.BASE,
+    **sf.SEARCH_CONFIG,
     "hyperparameters": {
-        **sf.BASE["hyperparameters"],
+        **sf.SEARCH_CONFIG["hyperparameters"],
         "mode": {"type": "categorical", "vals": ["ok", "ok", "invalid", "crash"]},
     },
     "searcher": {
@@ -236,7 +236,7 @@ def test_random_search_invalid_hp_and_a_crash(tmp_path: pathlib.Path) -> None:
     seed, modes = _random_seed()
     config = copy.deepcopy(RANDOM)
     config["reproducibility"] = {"experiment_seed": seed}
-    path = sf.write_folder(tmp_path / "folder", config)
+    path = sf.write_folder(tmp_path, config, "folder", sf.TINY)
     workspace = tmp_path / "workspace"
     out = _run(["run", str(path), "--workspace", str(workspace)], tmp_path, tmp_path / "run.log")
     search = Search(workspace, 1, [out])
@@ -261,10 +261,10 @@ def test_random_search_invalid_hp_and_a_crash(tmp_path: pathlib.Path) -> None:
 
 def test_a_grid_without_hyperparameters_completes_without_a_trial(tmp_path: pathlib.Path) -> None:
     # Determined accepts the config, starts no trial and completes the experiment.
-    config = {**sf.BASE, "searcher": {"name": "grid", "metric": "validation_loss"}}
+    config = {**sf.SEARCH_CONFIG, "searcher": {"name": "grid", "metric": "validation_loss"}}
     config["searcher"]["max_length"] = {"batches": 4}
     del config["hyperparameters"]
-    path = sf.write_folder(tmp_path / "folder", config)
+    path = sf.write_folder(tmp_path, config, "folder", sf.TINY)
     workspace = tmp_path / "workspace"
     out = _run(["run", str(path), "--workspace", str(workspace)], tmp_path, tmp_path / "run.log")
     assert "0 trials in all" in out
@@ -274,7 +274,7 @@ def test_a_grid_without_hyperparameters_completes_without_a_trial(tmp_path: path
         capture_output=True,
         text=True,
         check=True,
-        env=sf.environment(),
+        env=sf.cli_env(),
     )
     [experiment] = json.loads(listed.stdout)
     assert (experiment["state"], experiment["trials"]) == ("COMPLETED", 0)

@@ -2,7 +2,7 @@
 their own: `lightning-bridge run --storage URL` on one, `lightning-bridge search-worker NAME
 --storage URL` on the other. Through a journal file, with the second worker killed outright
 (its trials are given back and the first finishes them); through a real PostgreSQL server
-(the `postgres` session starts one and names it in LIGHTNING_BRIDGE_TEST_POSTGRES).
+(the `postgres` fixture starts one).
 """
 
 from __future__ import annotations
@@ -17,15 +17,14 @@ import pytest
 
 from lightning_bridge.record._registry import Registry
 from lightning_bridge.search import SearchDriver
-from tests import _search_folder as sf
+from tests import _folders as sf
+from tests._servers import PostgresServer
 
 pytest.importorskip("optuna")
 
-POSTGRES = os.environ.get("LIGHTNING_BRIDGE_TEST_POSTGRES")
-
 # Three trials at once: each worker has room for two on this machine, so both take some.
 SEARCH = {
-    **sf.BASE,
+    **sf.SEARCH_CONFIG,
     "searcher": {
         "name": "random",
         "metric": "validation_loss",
@@ -46,7 +45,7 @@ def _trials(workspace: pathlib.Path) -> list[object]:
 def _two_workers(tmp_path: pathlib.Path, storage: str, kill: bool) -> None:
     config = copy.deepcopy(SEARCH)
     config["hyperparameters"]["delay"] = 0.3
-    path = sf.write_folder(tmp_path / "folder", config)
+    path = sf.write_folder(tmp_path, config, "folder", sf.TINY)
     first, second = tmp_path / "machine-a", tmp_path / "machine-b"
     common = ["--storage", storage, "--lost-after", "5"]
     run = sf.start(["run", str(path), "--workspace", str(first), *common], tmp_path,
@@ -56,7 +55,7 @@ def _two_workers(tmp_path: pathlib.Path, storage: str, kill: bool) -> None:
         found = re.search(r"search-worker (\S+) --storage", (tmp_path / "a.log").read_text())
         return found.group(1) if found else None
 
-    name = sf.wait_for(announced, 300, "the run to name its search", run, tmp_path / "a.log")
+    name = sf.wait_for(announced, run, 300, "the run to name its search", tmp_path / "a.log")
     worker = sf.start(["search-worker", name, "--workspace", str(second), *common], tmp_path,
                       tmp_path / "b.log")  # fmt: skip
     try:
@@ -65,17 +64,17 @@ def _two_workers(tmp_path: pathlib.Path, storage: str, kill: bool) -> None:
             # at once, without giving anything back.
             sf.wait_for(
                 lambda: any(t.batches_trained >= 4 for t in _trials(second)),  # type: ignore[attr-defined]
+                worker,
                 240,
                 "the second worker's trial to train",
-                worker,
                 tmp_path / "b.log",
             )
             os.killpg(worker.pid, signal.SIGKILL)
             worker.wait(30)
-        out_a = sf.finish(run, tmp_path / "a.log")
+        out_a = sf.finish_logged(run, tmp_path / "a.log")
         assert run.returncode == 0, out_a
         if not kill:
-            out_b = sf.finish(worker, tmp_path / "b.log")
+            out_b = sf.finish_logged(worker, tmp_path / "b.log")
             assert worker.returncode == 0, out_b
     finally:
         for process in (run, worker):
@@ -108,7 +107,7 @@ def test_a_killed_worker_s_trials_are_finished_by_the_other(tmp_path: pathlib.Pa
 
 @pytest.mark.search
 @pytest.mark.postgres
-def test_a_second_machine_serves_a_postgresql_search(tmp_path: pathlib.Path) -> None:
-    if not POSTGRES:
-        pytest.skip("no PostgreSQL server: set LIGHTNING_BRIDGE_TEST_POSTGRES to its URL")
-    _two_workers(tmp_path, POSTGRES, kill=False)
+def test_a_second_machine_serves_a_postgresql_search(
+    tmp_path: pathlib.Path, postgres: PostgresServer
+) -> None:
+    _two_workers(tmp_path, postgres.url, kill=False)

@@ -294,10 +294,10 @@ _run_dir = pathlib.Path(os.environ["LIGHTNING_BRIDGE_EXPERIMENT"]).parent
 @pytest.mark.slow
 @pytest.mark.search
 def test_a_search_s_trials_are_forked_and_draw_as_cold_ones(tmp_path: pathlib.Path) -> None:
-    from tests import _search_folder as sf
+    from tests import _folders as sf
 
     config = {
-        **sf.BASE,
+        **sf.SEARCH_CONFIG,
         "searcher": {
             "name": "random",
             "metric": "validation_loss",
@@ -306,12 +306,12 @@ def test_a_search_s_trials_are_forked_and_draw_as_cold_ones(tmp_path: pathlib.Pa
             "max_concurrent_trials": 1,
         },
     }
-    folder = sf.write_folder(tmp_path / "folder", config).parent
+    folder = sf.write_folder(tmp_path, config, "folder", sf.TINY).parent
     model_def = folder / "model_def.py"
     model_def.write_text(model_def.read_text() + PROCESS_PROBE)
     workspace, log = tmp_path / "workspace", tmp_path / "run.log"
     process = sf.start(["run", "search.yaml", "--workspace", str(workspace)], folder, log)
-    out = sf.finish(process, log)
+    out = sf.finish_logged(process, log)
     assert process.returncode == 0, out
     assert "start cold" not in out
     seen = [

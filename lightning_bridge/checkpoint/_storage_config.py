@@ -23,12 +23,11 @@ import urllib.parse
 from typing import Any
 
 from lightning_bridge._errors import InvalidArgumentError
-from lightning_bridge.checkpoint._storage import CheckpointStorage
+from lightning_bridge.checkpoint._storage_backend import CheckpointStorage
 
 STORAGE_TYPES = ("shared_fs", "directory", "s3", "gcs", "azure")
 # type -> (the fsspec back end's module, the lightning-bridge extra that installs it)
 _BACKENDS = {"s3": ("s3fs", "s3"), "gcs": ("gcsfs", "gcs"), "azure": ("adlfs", "azure")}
-RETENTION_KEYS = ("save_experiment_best", "save_trial_best", "save_trial_latest")
 
 
 def check_backend(kind: str) -> None:

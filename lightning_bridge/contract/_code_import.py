@@ -7,8 +7,8 @@ bytecode into the checkpoint, and without a same-named module imported earlier (
 current `model_def`) shadowing the checkpoint's.
 
 Trial code written for Determined imports `determined`; where Determined is not installed, the
-hooks registered with `on_missing_determined` (the package maps `determined` onto the bridge)
-run once and the import is retried.
+caller's `map_determined` (the loader passes `_import_map.install`, as `lightning-bridge run`
+maps it) runs once and the import is retried.
 """
 
 from __future__ import annotations
@@ -22,14 +22,6 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from lightning_bridge._errors import InvalidCheckpointError
-
-_MISSING_DETERMINED_HOOKS: list[Callable[[], Any]] = []
-
-
-def on_missing_determined(hook: Callable[[], Any]) -> None:
-    """Register what makes `import determined` work when trial code needs it."""
-    if hook not in _MISSING_DETERMINED_HOOKS:
-        _MISSING_DETERMINED_HOOKS.append(hook)
 
 
 def _from_dir(module: Any, folder: pathlib.Path) -> bool:
@@ -102,8 +94,13 @@ def _needs_determined(exc: ImportError) -> bool:
     return name == "determined" or name.startswith("determined.")
 
 
-def import_trial_class(spec: str, code_dir: pathlib.Path | None) -> type:
-    """The class named by `spec` ("module:Class"), from `code_dir` when it exists."""
+def import_trial_class(
+    spec: str, code_dir: pathlib.Path | None, map_determined: Callable[[], bool] | None = None
+) -> type:
+    """The class named by `spec` ("module:Class"), from `code_dir` when it exists.
+
+    Where its module imports a `determined` that cannot be imported, `map_determined()` is
+    called and, when it says the mapping is in place, the import retried."""
     module_name, _, qualname = spec.partition(":")
     if not module_name or not qualname or "<locals>" in qualname or module_name == "__main__":
         raise InvalidCheckpointError(
@@ -121,10 +118,8 @@ def import_trial_class(spec: str, code_dir: pathlib.Path | None) -> type:
             try:
                 return _resolve(spec)
             except ImportError as exc:
-                if not _needs_determined(exc) or not _MISSING_DETERMINED_HOOKS:
+                if not _needs_determined(exc) or map_determined is None or not map_determined():
                     raise
-                for hook in _MISSING_DETERMINED_HOOKS:
-                    hook()
                 return _resolve(spec)
     except (ImportError, AttributeError) as exc:
         where = f" (searched {code_dir} first)" if code_dir is not None else ""

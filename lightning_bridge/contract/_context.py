@@ -18,10 +18,9 @@ import torch
 
 from lightning_bridge._errors import InvalidArgumentError, InvalidTrialError
 from lightning_bridge.contract._amp import autocast_forward, check_scaler, warn_once
-from lightning_bridge.contract._batch_size import split_batch_size
 from lightning_bridge.contract._data import to_device
 from lightning_bridge.contract._determined_compat import as_bridge_enum
-from lightning_bridge.contract._distributed import DistributedContext
+from lightning_bridge.contract._distributed import DistributedContext, split_batch_size
 from lightning_bridge.contract._experimental import PyTorchExperimentalContext
 from lightning_bridge.contract._lr_scheduler import LRScheduler, step_count
 from lightning_bridge.contract._reducer import MetricReducer, ReducerRegistry

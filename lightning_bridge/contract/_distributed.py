@@ -1,4 +1,5 @@
-"""`DistributedContext`: rank, sizes and object collectives of the running processes.
+"""`DistributedContext`: rank, sizes and object collectives of the running processes; and
+`split_batch_size`, the `global_batch_size` hyperparameter split across them.
 
 Backed by `torch.distributed` once a process group exists (Lightning's strategies create it,
 or the user did before `init()`); before that, and in a single process, it answers from the
@@ -11,6 +12,8 @@ import os
 from typing import Any
 
 import torch.distributed as dist
+
+from lightning_bridge._errors import InvalidArgumentError
 
 
 def _env_int(*names: str, default: int) -> int:
@@ -150,3 +153,23 @@ class DistributedContext:
     def gather_local(self, obj: Any) -> list | None:
         """Single-node form of `gather`."""
         return self.gather(obj)
+
+
+def split_batch_size(hparams: dict[str, Any] | None, slots: int) -> tuple[int | None, int | None]:
+    """(per-slot, global) batch size from `global_batch_size`, or (None, None) without it.
+
+    As in Determined, the global size must divide evenly across the `slots` processes.
+    """
+    if not hparams or hparams.get("global_batch_size") is None:
+        return None, None
+    global_bs = hparams["global_batch_size"]
+    if isinstance(global_bs, bool) or not isinstance(global_bs, int) or global_bs < 1:
+        raise InvalidArgumentError(
+            f"The global_batch_size hyperparameter must be a positive int; got {global_bs!r}."
+        )
+    if global_bs % slots != 0:
+        raise InvalidArgumentError(
+            f"global_batch_size={global_bs} does not divide evenly across {slots} processes; "
+            f"set it to a multiple of {slots}, e.g. {max(slots, global_bs - global_bs % slots)}"
+        )
+    return global_bs // slots, global_bs

@@ -20,6 +20,7 @@ from lightning_bridge._errors import InvalidCheckpointError
 from lightning_bridge.checkpoint._bounded import read_load_data
 from lightning_bridge.checkpoint._models import entries, load_models
 from lightning_bridge.checkpoint._safe_load import load_state_file, read_metadata
+from lightning_bridge.contract import _import_map
 from lightning_bridge.contract._code_import import import_trial_class
 from lightning_bridge.contract._context import PyTorchTrialContext
 from lightning_bridge.contract._distributed import DistributedContext
@@ -139,7 +140,7 @@ def load_trial_from_checkpoint_path(
                 "Checkpoint.write_metadata_file('metadata.json') adds one). Pass the class: "
                 "load_trial_from_checkpoint_path(path, trial_class=MyTrial)."
             )
-        trial_class = import_trial_class(spec, ckpt / "code")
+        trial_class = import_trial_class(spec, ckpt / "code", map_determined=_import_map.install)
         if not is_trial_class(trial_class):
             # load_data.json is data: what it names is only called once it is a trial class.
             raise InvalidCheckpointError(

@@ -16,13 +16,13 @@ import shutil
 from typing import Any
 
 from lightning_bridge._errors import InvalidArgumentError, InvalidCheckpointError
-from lightning_bridge.checkpoint._storage import CheckpointStorage
+from lightning_bridge.checkpoint._storage_backend import CheckpointStorage
 from lightning_bridge.checkpoint._storage_config import storage_from_config
 from lightning_bridge.contract._units import Epoch
 from lightning_bridge.experiment._runner import Plan
+from lightning_bridge.record._records import Checkpoint, Experiment
 from lightning_bridge.record._registry import Registry
 from lightning_bridge.record._schema import CheckpointState, TrialState
-from lightning_bridge.record._views import Checkpoint, Experiment
 
 logger = logging.getLogger("lightning_bridge")
 

@@ -23,8 +23,8 @@ from lightning_bridge.experiment._summary import (
     run_summary,
     table,
 )
+from lightning_bridge.record._records import Checkpoint, Experiment, Trial, as_dict
 from lightning_bridge.record._registry import Registry, experiment_state
-from lightning_bridge.record._views import Checkpoint, Experiment, Trial, as_dict
 from lightning_bridge.tracking._mirror import read_link
 
 _SECRET_KEYS = ("secret_key", "access_key", "credential", "connection_string")

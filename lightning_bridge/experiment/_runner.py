@@ -27,8 +27,8 @@ from contextlib import contextmanager
 from typing import Any
 
 from lightning_bridge._errors import InvalidArgumentError, InvalidTrialError
+from lightning_bridge.contract import _import_map
 from lightning_bridge.contract._units import Batch
-from lightning_bridge.experiment import _import_map
 from lightning_bridge.experiment._child import EntrypointFailed, run_child
 from lightning_bridge.experiment._config import ResolvedConfig, load_config
 from lightning_bridge.experiment._entrypoint import Entrypoint, parse_entrypoint

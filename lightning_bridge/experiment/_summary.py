@@ -14,8 +14,8 @@ import shlex
 from collections.abc import Sequence
 from typing import Any
 
+from lightning_bridge.record._records import Checkpoint, Trial
 from lightning_bridge.record._registry import Registry
-from lightning_bridge.record._views import Checkpoint, Trial
 
 
 def format_value(value: Any) -> str:

@@ -23,6 +23,7 @@ from sqlalchemy.orm import Session
 
 from lightning_bridge._errors import InvalidArgumentError
 from lightning_bridge._process import pid_alive
+from lightning_bridge.record._records import Checkpoint, Experiment, Metric, Trial
 from lightning_bridge.record._schema import (
     SCHEMA_VERSION,
     Base,
@@ -36,7 +37,6 @@ from lightning_bridge.record._schema import (
 )
 from lightning_bridge.record._sqlite import BUSY_TIMEOUT_S, sqlite_engine
 from lightning_bridge.record._unusable import unusable_registry
-from lightning_bridge.record._views import Checkpoint, Experiment, Metric, Trial
 from lightning_bridge.record._workspace import Workspace
 
 

@@ -37,7 +37,7 @@ from typing import Any
 
 from lightning_bridge.record._registry import Registry
 from lightning_bridge.record._schema import CheckpointState, TrialState
-from lightning_bridge.record._views import Experiment, Trial
+from lightning_bridge.record._records import Experiment, Trial
 from lightning_bridge.tracking._settings import artifact_location, require_mlflow
 
 logger = logging.getLogger("lightning_bridge")

@@ -19,7 +19,7 @@ from typing import Any
 
 from lightning_bridge._process import seconds_running
 from lightning_bridge.checkpoint._retention import CheckpointRetention
-from lightning_bridge.checkpoint._storage import CheckpointStorage
+from lightning_bridge.checkpoint._storage_backend import CheckpointStorage
 from lightning_bridge.checkpoint._storage_config import storage_from_config
 from lightning_bridge.checkpoint._writable import directory_bytes, write_failure
 from lightning_bridge.record._outage import HeldBack

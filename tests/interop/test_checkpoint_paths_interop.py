@@ -23,7 +23,7 @@ import torch
 
 import lightning_bridge as pytorch
 from lightning_bridge.experiment._cli import main
-from tests._cli_folders import BASE_CONFIG, kept_checkpoints, write_folder
+from tests._folders import BASE_CONFIG, kept_checkpoints, write_folder
 
 pytestmark = pytest.mark.interop
 pytest.importorskip("determined.pytorch")

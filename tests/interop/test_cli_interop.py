@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from lightning_bridge.experiment._cli import main
-from tests._cli_folders import (  # isolated_imports: an autouse fixture
+from tests._folders import (  # isolated_imports: an autouse fixture
     BASE_CONFIG,
     checkpoint_weights,
     isolated_imports,  # noqa: F401

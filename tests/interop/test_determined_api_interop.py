@@ -8,7 +8,7 @@ import types
 import pytest
 
 import lightning_bridge
-from lightning_bridge.experiment import _import_map
+from lightning_bridge.contract import _import_map
 
 pytestmark = pytest.mark.interop
 

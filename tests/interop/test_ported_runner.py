@@ -20,7 +20,7 @@ import torch
 import yaml
 
 from lightning_bridge.port._write import write_trial_folder
-from tests._cli_folders import checkpoint_weights, kept_checkpoints, steps_completed
+from tests._folders import checkpoint_weights, kept_checkpoints, steps_completed
 
 pytestmark = pytest.mark.interop
 pytest.importorskip("determined.pytorch")

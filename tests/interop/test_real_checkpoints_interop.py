@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from lightning_bridge.contract import _import_map
 from lightning_bridge.contract._code_import import import_trial_class
-from lightning_bridge.experiment import _import_map
 
 from . import real_ckpt_cases
 

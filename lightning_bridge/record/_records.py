@@ -3,9 +3,28 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, TypeVar
 
 from lightning_bridge.record._schema import CheckpointRow, ExperimentRow, MetricRow, TrialRow
+
+_Record = TypeVar("_Record")
+
+
+def _copied(cls: type[_Record], row: Any, **given: Any) -> _Record:
+    """A `cls` from the row's columns of the same names, detached from the session: JSON
+    columns copied (None read as {}), booleans as bool; `given` fields as they are."""
+    values = dict(given)
+    for field in dataclasses.fields(cls):  # type: ignore[arg-type]
+        if field.name in given:
+            continue
+        value = getattr(row, field.name)
+        kind = str(field.type)  # the annotation's text (postponed annotations)
+        if kind.startswith("dict"):
+            value = dict(value or {})
+        elif kind == "bool":
+            value = bool(value)
+        values[field.name] = value
+    return cls(**values)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -23,18 +42,7 @@ class Experiment:
 
     @classmethod
     def of(cls, row: ExperimentRow) -> Experiment:
-        return cls(
-            id=row.id,
-            name=row.name,
-            description=row.description,
-            config=dict(row.config or {}),
-            config_path=row.config_path,
-            context_dir=row.context_dir,
-            options=dict(row.options or {}),
-            searcher_metric=row.searcher_metric,
-            smaller_is_better=bool(row.smaller_is_better),
-            created_at=row.created_at,
-        )
+        return _copied(cls, row)
 
     def better(self, a: float, b: float) -> bool:
         """Whether searcher-metric value `a` beats `b`."""
@@ -62,24 +70,7 @@ class Trial:
 
     @classmethod
     def of(cls, row: TrialRow) -> Trial:
-        return cls(
-            id=row.id,
-            experiment_id=row.experiment_id,
-            hparams=dict(row.hparams or {}),
-            seed=row.seed,
-            state=row.state,
-            start_time=row.start_time,
-            end_time=row.end_time,
-            batches_trained=row.batches_trained,
-            epochs_trained=row.epochs_trained,
-            pid=row.pid,
-            host=row.host,
-            run_dir=row.run_dir,
-            log_file=row.log_file,
-            message=row.message,
-            source_checkpoint=row.source_checkpoint,
-            runs=row.runs,
-        )
+        return _copied(cls, row)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,14 +84,7 @@ class Metric:
 
     @classmethod
     def of(cls, row: MetricRow) -> Metric:
-        return cls(
-            trial_id=row.trial_id,
-            kind=row.kind,
-            batches=row.batches,
-            epochs=row.epochs,
-            values=dict(row.values or {}),
-            reported_at=row.reported_at,
-        )
+        return _copied(cls, row)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,17 +101,7 @@ class Checkpoint:
 
     @classmethod
     def of(cls, row: CheckpointRow, experiment_id: int) -> Checkpoint:
-        return cls(
-            uuid=row.uuid,
-            trial_id=row.trial_id,
-            experiment_id=experiment_id,
-            state=row.state,
-            batches=row.batches,
-            epochs=row.epochs,
-            metrics=dict(row.metrics or {}),
-            location=row.location,
-            created_at=row.created_at,
-        )
+        return _copied(cls, row, experiment_id=experiment_id)
 
 
 def as_dict(record: Any) -> dict[str, Any]:

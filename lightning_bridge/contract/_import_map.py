@@ -120,18 +120,23 @@ def _refused_attribute(module: str, attr: str) -> ImportError | AttributeError:
     )
 
 
-def _build(name: str) -> types.ModuleType:
-    import lightning_bridge
-    from lightning_bridge import samplers
-    from lightning_bridge.contract import _code_import
-    from lightning_bridge.translation import _cluster_info
+# Where `determined.get_cluster_info` and its classes live: a trial's cluster info is its run
+# description, which translation/ reads, a layer above the trial contract. Named, not imported,
+# as the package's facade names its public names' modules.
+_CLUSTER_INFO = "lightning_bridge.translation._cluster_info"
 
+
+def _build(name: str) -> types.ModuleType:
+    from lightning_bridge.contract import _code_import, _samplers
+
+    # The package's facade, which every module of the package is loaded under; it resolves
+    # its names (the trainer, the adapter: the layers above this one) on first use.
+    lightning_bridge = sys.modules["lightning_bridge"]
     module = types.ModuleType(name, f"Determined's {name}, answered by lightning_bridge.")
     if name == "determined.pytorch.samplers":
-        public = getattr(samplers, "__all__", [n for n in vars(samplers) if n[0] != "_"])
-        for attr in public:
-            setattr(module, attr, getattr(samplers, attr))
-        module.__all__ = list(public)  # type: ignore[attr-defined]
+        for attr in _samplers.__all__:
+            setattr(module, attr, getattr(_samplers, attr))
+        module.__all__ = list(_samplers.__all__)  # type: ignore[attr-defined]
         return module
     if name == "determined.pytorch":
 
@@ -160,10 +165,11 @@ def _build(name: str) -> types.ModuleType:
 
         module.__all__ = ["DistributedContext"]  # type: ignore[attr-defined]
         return _with_getattr(module, core_attr)
+    cluster_info = importlib.import_module(_CLUSTER_INFO)
     module.LOG_FORMAT = LOG_FORMAT  # type: ignore[attr-defined]
-    module.get_cluster_info = _cluster_info.get_cluster_info  # type: ignore[attr-defined]
-    module.ClusterInfo = _cluster_info.ClusterInfo  # type: ignore[attr-defined]
-    module.TrialInfo = _cluster_info.TrialInfo  # type: ignore[attr-defined]
+    module.get_cluster_info = cluster_info.get_cluster_info  # type: ignore[attr-defined]
+    module.ClusterInfo = cluster_info.ClusterInfo  # type: ignore[attr-defined]
+    module.TrialInfo = cluster_info.TrialInfo  # type: ignore[attr-defined]
     module.InvalidHP = lightning_bridge.InvalidHP  # type: ignore[attr-defined]
     module.import_from_path = _code_import.import_from_path  # type: ignore[attr-defined]
 
@@ -238,7 +244,7 @@ def uninstall() -> None:
 _SHIM = '''"""determined, mapped onto lightning_bridge by `lightning-bridge run`."""
 import sys
 
-from lightning_bridge.experiment import _import_map
+from lightning_bridge.contract import _import_map
 
 _import_map.install(force=True)
 sys.modules[__name__] = _import_map._build_package("determined")
