@@ -460,3 +460,18 @@ def postgres(session: nox.Session) -> None:
             stop = [str(binaries / "pg_ctl"), "-D", str(folder / "data"), "-m", "fast", "stop"]
             subprocess.run(_as_server_user(stop), capture_output=True, check=False)
         shutil.rmtree(folder, ignore_errors=True)
+
+
+@nox.session(python=PYTHON)
+def slurm(session: nox.Session) -> None:
+    """The tests marked ``slurm``, against a two-node Slurm cluster the tests start on this
+    machine (tests/_slurm_cluster.py: Debian's ``slurm-wlm`` and ``munge``, installed with
+    apt-get when missing and run as root); skipped, with the reason, where Slurm cannot
+    start."""
+    constraints = _install_shared(session, LATEST_LIGHTNING)
+    session.install(
+        "-c", constraints, f"lightning=={LATEST_LIGHTNING}.*", "torchmetrics", *_extra("test")
+    )
+    session.install("-c", constraints, "-e", ".")
+    _check_versions(session, LATEST_LIGHTNING)
+    _pytest(session, ["-m", "slurm", "-q", "-rs"], _data_home(session), None)
