@@ -114,6 +114,7 @@ def experiment_describe(args: argparse.Namespace) -> int:
         trials = registry.trials(exp.id)
         checkpoints = registry.checkpoints(experiment_id=exp.id)
         best = registry.best_checkpoints(exp.id, 1)
+        jobs = {j.trial_id: as_dict(j) for j in registry.jobs(exp.id)}
         data = {
             **as_dict(exp),
             "config": _redacted(exp.config),
@@ -123,6 +124,7 @@ def experiment_describe(args: argparse.Namespace) -> int:
                     **as_dict(t),
                     "validation": [as_dict(m) for m in registry.metrics(t.id, "validation")],
                     "training": [as_dict(m) for m in registry.metrics(t.id, "training")],
+                    "job": jobs.get(t.id),
                 }
                 for t in trials
             ],
@@ -177,6 +179,13 @@ def experiment_describe(args: argparse.Namespace) -> int:
     for t in data["trials"]:
         if t["message"]:
             print(f"  trial {t['id']}: {t['message']}")
+        job = t["job"]
+        if job is not None:
+            reason = f", {job['reason']}" if job["reason"] else ""
+            print(
+                f"  trial {t['id']}: {job['launcher']} job {job['job_id']} {job['state']}"
+                f"{reason} (requeued {job['restarts']} times); output: {job['output']}"
+            )
     print("Checkpoints")
     if checkpoints:
         print(_checkpoint_table(checkpoints, metric, indent="  "))
@@ -216,7 +225,13 @@ def experiment_continue(args: argparse.Namespace) -> int:
             from lightning_bridge.experiment._search import continue_search
 
             return continue_search(registry, args.id, float(args.lost_after))
-        code, trials = continue_experiment(registry, args.id, args.from_command_line)
+        from lightning_bridge.experiment._launchers import launcher_for
+
+        recorded = registry.experiment(args.id).options.get("launcher")
+        launcher = launcher_for(getattr(args, "launcher", None) or recorded)
+        code, trials = continue_experiment(
+            registry, args.id, args.from_command_line, run=launcher.run_trial
+        )
         if not trials:
             print(f"Experiment {args.id} is complete: every trial completed; nothing to continue.")
             return 0
@@ -238,20 +253,38 @@ def experiment_plot(args: argparse.Namespace) -> int:
     return 0
 
 
+def _lines(path: pathlib.Path, tail: int | None) -> list[str]:
+    text = path.read_text(encoding="utf-8", errors="replace") if path.is_file() else ""
+    lines = text.splitlines()
+    if tail is not None:
+        lines = lines[-tail:] if tail > 0 else []
+    return lines
+
+
 def trial_logs(args: argparse.Namespace) -> int:
+    """The trial's log; for a trial run as a scheduler's job, the job's output after it (what
+    the job printed: progress, warnings, a crash's traceback)."""
     with open_registry(args) as registry:
         trial = registry.trial(args.id)
+        job = registry.job(trial.id)
     log = pathlib.Path(trial.log_file)
-    lines = log.read_text(encoding="utf-8", errors="replace").splitlines() if log.is_file() else []
-    if args.tail is not None:
-        lines = lines[-args.tail :] if args.tail > 0 else []
+    lines = _lines(log, args.tail)
+    output = pathlib.Path(job.output) if job is not None else None
+    job_lines = _lines(output, args.tail) if output is not None else []
     if args.json:
-        _print_json({"trial_id": trial.id, "log_file": str(log), "lines": lines})
-    else:
-        for line in lines:
+        data: dict[str, Any] = {"trial_id": trial.id, "log_file": str(log), "lines": lines}
+        if job is not None:
+            data.update(job=as_dict(job), job_output=job_lines)
+        _print_json(data)
+        return 0
+    for line in lines:
+        print(line)
+    if not log.is_file():
+        print(f"trial {trial.id} has no log yet ({log})", file=sys.stderr)
+    if job is not None:
+        print(f"--- {job.launcher} job {job.job_id} ({job.state}): {job.output} ---")
+        for line in job_lines:
             print(line)
-        if not log.is_file():
-            print(f"trial {trial.id} has no log yet ({log})", file=sys.stderr)
     return 0
 
 

@@ -95,8 +95,20 @@ def _add_run(commands: Any, common: argparse.ArgumentParser) -> None:
         action="store_true",
         help="run more processes than CPU cores (oversubscribed) without asking",
     )
+    _launcher_option(run, "local")
     _search_options(run)
     run.set_defaults(handler="run")
+
+
+def _launcher_option(parser: argparse.ArgumentParser, default: str | None) -> None:
+    parser.add_argument(
+        "--launcher",
+        choices=("local", "slurm"),
+        default=default,
+        help="where trials run: local (processes on this machine) or slurm (one sbatch job "
+        "per trial; docs/cluster.md)"
+        + ("" if default else "; default: the experiment's own"),
+    )
 
 
 def _search_options(parser: argparse.ArgumentParser, required: bool = False) -> None:
@@ -168,6 +180,7 @@ def _add_record_commands(commands: Any, common: argparse.ArgumentParser) -> None
         metavar="SECONDS",
         help="a search's trial not heard of for this long is given to another worker",
     )
+    _launcher_option(cont, None)
     cont.set_defaults(handler="continue")
     plot = verbs.add_parser(
         "plot", parents=parents, help="write a PNG of each trial's training and validation curves"

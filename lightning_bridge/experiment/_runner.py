@@ -60,6 +60,7 @@ class Options:
     precision: str | None = None
     strategy: str | None = None
     accelerator: str | None = None
+    launcher: str = "local"  # where trials run (`_launcher`)
 
     @classmethod
     def from_record(cls, recorded: dict[str, Any]) -> Options:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from lightning_bridge.record._schema import CheckpointRow, ExperimentRow, MetricRow, TrialRow
+from lightning_bridge.record._schema import CheckpointRow, ExperimentRow, JobRow, MetricRow, TrialRow
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,6 +127,33 @@ class Checkpoint:
             metrics=dict(row.metrics or {}),
             location=row.location,
             created_at=row.created_at,
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+    """A trial's scheduler job: its id, last known state and output file."""
+
+    trial_id: int
+    launcher: str
+    job_id: str
+    state: str
+    reason: str
+    output: str
+    restarts: int
+    updated_at: float
+
+    @classmethod
+    def of(cls, row: JobRow) -> Job:
+        return cls(
+            trial_id=row.trial_id,
+            launcher=row.launcher,
+            job_id=row.job_id,
+            state=row.state,
+            reason=row.reason,
+            output=row.output,
+            restarts=row.restarts,
+            updated_at=row.updated_at,
         )
 
 
