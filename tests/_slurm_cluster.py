@@ -8,8 +8,9 @@ The test cluster is tuned to requeue at once: a requeued job waits for the crede
 (`AuthInfo=cred_expire`, 120 s by default) and the scheduler's interval, both shortened here.
 There is no accounting (`sacct`): job states come from `squeue` / `scontrol`.
 
-`slurm_cluster` (session-scoped) installs `slurm-wlm` and `munge` with apt-get when they are
-missing and the tests run as root, and skips with the reason when the cluster cannot start.
+`slurm_cluster` (session-scoped; a test module imports `slurm_cluster_fixture`) installs
+`slurm-wlm` and `munge` with apt-get when they are missing and the tests run as root, and
+skips with the reason when the cluster cannot start.
 """
 
 from __future__ import annotations
@@ -232,8 +233,8 @@ def start_cluster(root: pathlib.Path) -> SlurmCluster:
     return cluster
 
 
-@pytest.fixture(scope="session")
-def slurm_cluster() -> Iterator[SlurmCluster]:
+@pytest.fixture(scope="session", name="slurm_cluster")
+def slurm_cluster_fixture() -> Iterator[SlurmCluster]:
     """The two-node cluster for the session, its clients' `SLURM_CONF` set (skipped with the
     reason where Slurm cannot start)."""
     root = pathlib.Path(tempfile.mkdtemp(prefix="lb-slurm-"))

@@ -16,6 +16,7 @@ from typing import ClassVar
 from lightning_bridge.experiment import _experiments, _runner
 from lightning_bridge.record._registry import Registry
 
+
 class Launcher(abc.ABC):
     """Starts a trial where it runs and reports its end (Lightning's strategies' style)."""
 
@@ -49,4 +50,3 @@ class LocalLauncher(Launcher):
         relaunch: bool = False,
     ) -> int:
         return _experiments.run_trial(registry, plan, trial, relaunch)
-

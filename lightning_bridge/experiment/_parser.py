@@ -106,8 +106,7 @@ def _launcher_option(parser: argparse.ArgumentParser, default: str | None) -> No
         choices=("local", "slurm"),
         default=default,
         help="where trials run: local (processes on this machine) or slurm (one sbatch job "
-        "per trial; docs/cluster.md)"
-        + ("" if default else "; default: the experiment's own"),
+        "per trial; docs/cluster.md)" + ("" if default else "; default: the experiment's own"),
     )
 
 

@@ -182,6 +182,8 @@ def unused_warning(plan: Plan) -> str | None:
     """The one warning listing the config keys the run does not use, and what Determined
     would have refused that the bridge runs."""
     unused = plan.config.unused_keys
+    if plan.options.launcher == "slurm":  # the Slurm launcher's keys
+        unused = [k for k in unused if k not in ("slurm", "resources.resource_pool")]
     lines = [
         f"Determined 0.38.1 would not run this config: {line}"
         for line in plan.config.determined_differences

@@ -6,10 +6,11 @@ more slots than that spans nodes: one task per process, started by `srun`, ranks
 Lightning's Slurm environment), `slurm.gpu_type` (`--gres=gpu:TYPE:N`),
 `resources.resource_pool` (the partition), `slurm.sbatch_args` (passed on, last, so they win)
 and `max_restarts` (the job requeues itself after a failure up to that many times; every job
-is `--requeue`, so a preempted job or one whose node was lost runs again). The job runs `python -m lightning_bridge.experiment._slurm_job RUN_FILE`, which trains
-the trial from its run description and, after a requeue, continues it from its latest
-checkpoint. Before the time limit Slurm sends the job `SIGNAL_DEFAULT` (SIGUSR1, 120 s before):
-the trial checkpoints at its batch and the job requeues itself.
+is `--requeue`, so a preempted job or one whose node was lost runs again). The job runs
+`python -m lightning_bridge.experiment._slurm_job RUN_FILE`, which trains the trial from its
+run description and, after a requeue, continues it from its latest checkpoint. Before the time
+limit Slurm sends the job `SIGNAL_DEFAULT` (SIGUSR1, 120 s before): the trial checkpoints at
+its batch and the job requeues itself.
 
 The coordinator (`run`, `experiment continue`) waits for the job, recording its Slurm state in
 the experiment's record as it changes (read with `scontrol`: a cluster may keep no accounting).
@@ -23,7 +24,6 @@ import contextlib
 import dataclasses
 import logging
 import math
-import os
 import pathlib
 import shlex
 import shutil
@@ -98,7 +98,7 @@ class SlurmSettings:
         pool = (raw.get("resources") or {}).get("resource_pool")
         return cls(
             slots=plan.processes,
-            slots_per_node=min(per_node or plan.processes, plan.processes),
+            slots_per_node=per_node or plan.processes,
             partition=str(pool) if pool else None,
             gpu_type=str(gpu_type) if gpu_type else None,
             sbatch_args=tuple(args),
@@ -106,21 +106,27 @@ class SlurmSettings:
         )
 
     @property
+    def per_node(self) -> int:
+        """Processes on each node of the trial (Determined's slots_per_node is the least a
+        node must have; a trial of fewer slots takes only those)."""
+        return min(self.slots_per_node, self.slots)
+
+    @property
     def nodes(self) -> int:
-        return math.ceil(self.slots / self.slots_per_node)
+        return math.ceil(self.slots / self.per_node)
 
     def resources(self, gpus: bool) -> list[str]:
         """sbatch's options for the trial's processes: one task per process across nodes, or
         one task (Lightning starts the processes) on one node."""
         if self.nodes > 1:
-            out = [f"--nodes={self.nodes}", f"--ntasks-per-node={self.slots_per_node}"]
+            out = [f"--nodes={self.nodes}", f"--ntasks-per-node={self.per_node}"]
             per_task = 1
         else:
             out = ["--nodes=1", "--ntasks=1"]
             per_task = self.slots
         if gpus:
             kind = f"gpu:{self.gpu_type}" if self.gpu_type else "gpu"
-            out.append(f"--gres={kind}:{self.slots_per_node}")
+            out.append(f"--gres={kind}:{self.per_node}")
         else:
             out.append(f"--cpus-per-task={per_task}")
         return out
@@ -239,7 +245,7 @@ class SlurmLauncher(Launcher):
         trial.trial_dir.mkdir(parents=True, exist_ok=True)
         run = _runner.describe_run(plan, trial)
         if settings.nodes > 1:
-            engine = run.engine.replace(devices=settings.slots_per_node, num_nodes=settings.nodes)
+            engine = run.engine.replace(devices=settings.per_node, num_nodes=settings.nodes)
             run = dataclasses.replace(run, engine=engine)
         run.write(trial.run_file)
         script = trial.trial_dir / "job.sh"
@@ -302,7 +308,9 @@ class SlurmLauncher(Launcher):
             signal_job(job_id, signal.SIGTERM if len(signals) == 1 else None)
             with contextlib.suppress(OSError, RuntimeError):
                 if len(signals) == 1:
-                    print(f"Pausing Slurm job {job_id}: the trial checkpoints and stops", flush=True)
+                    print(
+                        f"Pausing Slurm job {job_id}: the trial checkpoints and stops", flush=True
+                    )
                 else:
                     print(f"Cancelling Slurm job {job_id}", flush=True)
 
@@ -371,4 +379,3 @@ def _default_partition(listed: str) -> str | None:
         if part.endswith("*"):
             return part.rstrip("*")
     return None
-

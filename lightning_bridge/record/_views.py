@@ -5,7 +5,13 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from lightning_bridge.record._schema import CheckpointRow, ExperimentRow, JobRow, MetricRow, TrialRow
+from lightning_bridge.record._schema import (
+    CheckpointRow,
+    ExperimentRow,
+    JobRow,
+    MetricRow,
+    TrialRow,
+)
 
 
 @dataclasses.dataclass(frozen=True)
