@@ -329,3 +329,50 @@ def test_coordinator_signal_pauses_and_continue_resumes(
         trial = registry.trial(1)
     assert trial.state == "COMPLETED" and trial.batches_trained == 24
     _same(_final_weights(ws), local_weights)
+
+
+@pytest.mark.slurm
+def test_adaptive_asha_search_runs_its_trials_as_jobs(
+    tmp_path: pathlib.Path, slurm_cluster: SlurmCluster
+) -> None:
+    from tests import _search_folder as sf
+
+    config = {
+        **sf.BASE,
+        "searcher": {
+            "name": "adaptive_asha",
+            "metric": "validation_loss",
+            "max_trials": 4,
+            "max_time": 16,
+            "time_metric": "batches",
+            "divisor": 2,
+            "mode": "aggressive",
+            "max_rungs": 3,
+            "max_concurrent_trials": 2,
+        },
+    }
+    path = sf.write_folder(tmp_path / "exp", config)
+    ws = tmp_path / "ws"
+    done = subprocess.run(
+        _cli(
+            "run", str(path), "--launcher", "slurm", "--accelerator", "cpu", "--workspace", str(ws)
+        ),
+        cwd=tmp_path,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    with Registry(ws) as registry:
+        trials = registry.trials(1)
+        jobs = {j.trial_id: j for j in registry.jobs(1)}
+        best = registry.best_checkpoints(1, 1)
+    assert len(trials) == 4 and set(jobs) == {t.id for t in trials}
+    assert len({j.job_id for j in jobs.values()}) == 4  # one job per trial
+    assert all(j.state == "COMPLETED" for j in jobs.values()), jobs
+    assert all(t.state == "COMPLETED" for t in trials), trials
+    lengths = sorted(t.batches_trained for t in trials)
+    assert lengths[-1] == 16 and lengths[0] < 16, lengths  # stopped at a rung
+    assert best and best[0].uuid in done.stdout  # the summary lists the best checkpoint

@@ -11,10 +11,23 @@ end (`run_trial`), which records how it ended either way.
 from __future__ import annotations
 
 import abc
-from typing import ClassVar
+from typing import ClassVar, Protocol
 
 from lightning_bridge.experiment import _experiments, _runner
 from lightning_bridge.record._registry import Registry
+
+
+class TrialProcess(Protocol):
+    """A started trial as a search's worker follows it: a local process (`Popen`) or a
+    scheduler's job."""
+
+    def wait(self) -> int:
+        """Block until the trial's process or job ends; its exit code."""
+        ...
+
+    def send_signal(self, sig: int) -> None:
+        """SIGTERM: checkpoint and stop; SIGKILL: end now."""
+        ...
 
 
 class Launcher(abc.ABC):
@@ -25,6 +38,13 @@ class Launcher(abc.ABC):
     def check(self, plan: _runner.Plan) -> None:  # noqa: B027 - most launchers need nothing
         """Refuse a plan this launcher cannot run (InvalidArgumentError), before anything is
         recorded or submitted."""
+
+    def start(
+        self, registry: Registry, plan: _runner.Plan, trial: _runner.TrialRun
+    ) -> TrialProcess:
+        """Start a search's recorded trial and return at once (a search's worker follows it);
+        the local launcher's is the worker's own subprocess start."""
+        raise NotImplementedError(f"the {self.name} launcher starts a search's trials itself")
 
     @abc.abstractmethod
     def run_trial(

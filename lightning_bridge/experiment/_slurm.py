@@ -278,6 +278,12 @@ class SlurmLauncher(Launcher):
         job_id = done.stdout.strip().split(";")[0]
         return job_id, pathlib.Path(str(output).replace("%j", job_id))
 
+    def start(self, registry: Registry, plan: _runner.Plan, trial: _runner.TrialRun) -> SlurmJob:
+        """Submit a search's trial; the job, for its worker to follow."""
+        job_id, output = self.submit(plan, trial)
+        registry.job_submitted(trial.trial_id, self.name, job_id, str(output))
+        return SlurmJob(job_id, registry.workspace.root, trial.trial_id)
+
     def run_trial(
         self,
         registry: Registry,
@@ -336,6 +342,35 @@ class SlurmLauncher(Launcher):
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
         return bool(signals)
+
+
+class SlurmJob:
+    """A submitted trial's job as a search's worker follows it (`TrialProcess`): `wait`
+    records its state in the workspace's record as it changes."""
+
+    def __init__(self, job_id: str, workspace: pathlib.Path, trial_id: int) -> None:
+        self.job_id = job_id
+        self.pid = 0  # no local process
+        self._workspace = workspace
+        self._trial_id = trial_id
+
+    def wait(self) -> int:
+        last: JobInfo | None = None
+        with Registry(self._workspace) as registry:  # this thread's own connection
+            while True:
+                info = job_info(self.job_id)
+                if info is None:
+                    registry.job_state(self._trial_id, "GONE", "no longer known to Slurm")
+                    return 1
+                if info != last:
+                    registry.job_state(self._trial_id, info.state, info.reason, info.restarts)
+                    last = info
+                if not info.live:
+                    return 0 if info.state == "COMPLETED" else 1
+                time.sleep(POLL_S)
+
+    def send_signal(self, sig: int) -> None:
+        signal_job(self.job_id, None if sig == signal.SIGKILL else sig)
 
 
 def _outcome(
