@@ -376,3 +376,49 @@ def test_adaptive_asha_search_runs_its_trials_as_jobs(
     lengths = sorted(t.batches_trained for t in trials)
     assert lengths[-1] == 16 and lengths[0] < 16, lengths  # stopped at a rung
     assert best and best[0].uuid in done.stdout  # the summary lists the best checkpoint
+
+
+@pytest.mark.slurm
+def test_experiment_pause_and_kill_commands(
+    tmp_path: pathlib.Path, slurm_cluster: SlurmCluster, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = _folder(tmp_path, _config())
+    ws = tmp_path / "ws"
+    slow = ["--set", "hyperparameters.delay=0.4", "--workspace", str(ws)]
+
+    def start(*args: str) -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            _cli(*args, "--launcher", "slurm", *slow[2:] if args[0] == "experiment" else slow),
+            cwd=tmp_path,
+            env=_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+
+    coordinator = start("run", str(config), "--accelerator", "cpu")
+    try:
+        _wait_for(lambda: _trial_batches(ws) >= 4, 180, "the trial to train 4 batches")
+        assert main(["experiment", "pause", "1", "--workspace", str(ws)]) == 0
+        assert "checkpoints and stops" in capsys.readouterr().out
+        out, _ = coordinator.communicate(timeout=120)
+        assert coordinator.returncode == 0, out[-3000:]
+        with Registry(ws) as registry:
+            paused = registry.trial(1)
+        assert paused.state == "STOPPED" and paused.batches_trained < 24, paused
+        coordinator = start("experiment", "continue", "1")
+        _wait_for(
+            lambda: _trial_batches(ws) > paused.batches_trained + 1, 180, "the trial to go on"
+        )
+        assert main(["experiment", "kill", "1", "--workspace", str(ws)]) == 0
+        assert "killed" in capsys.readouterr().out
+        out, _ = coordinator.communicate(timeout=120)
+    finally:
+        if coordinator.poll() is None:
+            coordinator.kill()
+    job = _job(ws)
+    with Registry(ws) as registry:
+        killed = registry.trial(1)
+    assert killed.state == "STOPPED" and "killed" in killed.message, killed
+    assert killed.batches_trained < 24 and job.state == "CANCELLED", job
+    _wait_for(lambda: not slurm_cluster.jobs(), 30, "squeue to list no job")

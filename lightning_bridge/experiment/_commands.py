@@ -240,6 +240,77 @@ def experiment_continue(args: argparse.Namespace) -> int:
     return code
 
 
+def _stop_trials(args: argparse.Namespace, kill: bool) -> int:
+    """Signal every running trial of the experiment: its Slurm job (`scancel`), or its process
+    on this machine. Pause: SIGTERM (the trial checkpoints and stops); kill: cancel the job /
+    SIGKILL, recorded STOPPED."""
+    import os
+    import signal
+    import socket
+
+    from lightning_bridge._process import pid_alive
+    from lightning_bridge.record._registry import LIVE_JOB_STATES
+    from lightning_bridge.record._schema import TrialState
+
+    verb = "killed" if kill else "paused"
+    done = []
+    with open_registry(args) as registry:
+        registry.reconcile()
+        registry.experiment(args.id)
+        jobs = {j.trial_id: j for j in registry.jobs(args.id)}
+        for trial in registry.trials(args.id):
+            job = jobs.get(trial.id)
+            if job is not None and job.state in LIVE_JOB_STATES:
+                from lightning_bridge.experiment._slurm import signal_job
+
+                signal_job(job.job_id, None if kill else signal.SIGTERM)
+                where = f"Slurm job {job.job_id}"
+            elif trial.state == TrialState.ACTIVE.value and trial.pid is not None:
+                if trial.host != socket.gethostname() or not pid_alive(trial.pid):
+                    continue
+                os.kill(trial.pid, signal.SIGKILL if kill else signal.SIGTERM)
+                where = f"process {trial.pid}"
+            else:
+                continue
+            if kill:
+                if job is not None:
+                    _wait_job_end(job.job_id)  # the trial's own last words come first
+                if registry.trial(trial.id).state != TrialState.COMPLETED.value:
+                    registry.trial_ended(trial.id, TrialState.STOPPED, f"killed ({where})")
+            done.append({"trial_id": trial.id, "where": where})
+    if args.json:
+        _print_json({"experiment_id": args.id, verb: done})
+    elif not done:
+        print(f"Experiment {args.id} has no running trial.")
+    for item in [] if args.json else done:
+        how = "killed" if kill else "checkpoints and stops"
+        print(f"Trial {item['trial_id']} ({item['where']}): {how}")
+    if done and not kill and not args.json:
+        print(f"Continue with: lightning-bridge experiment continue {args.id}")
+    return 0
+
+
+def _wait_job_end(job_id: str, timeout: float = 120) -> None:
+    import time
+
+    from lightning_bridge.experiment._slurm import job_info
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        info = job_info(job_id)
+        if info is None or not info.live:
+            return
+        time.sleep(0.5)
+
+
+def experiment_pause(args: argparse.Namespace) -> int:
+    return _stop_trials(args, kill=False)
+
+
+def experiment_kill(args: argparse.Namespace) -> int:
+    return _stop_trials(args, kill=True)
+
+
 def experiment_plot(args: argparse.Namespace) -> int:
     from lightning_bridge.experiment._plot import plot_experiment
 

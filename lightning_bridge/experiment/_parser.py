@@ -190,6 +190,18 @@ def _add_record_commands(commands: Any, common: argparse.ArgumentParser) -> None
         help="the PNG to write (default: experiment-ID.png)",
     )  # fmt: skip
     plot.set_defaults(handler="record:experiment_plot")
+    pause = verbs.add_parser(
+        "pause",
+        parents=parents,
+        help="every running trial checkpoints and stops (continue resumes)",
+    )
+    pause.add_argument("id", type=int, metavar="ID")
+    pause.set_defaults(handler="record:experiment_pause")
+    kill = verbs.add_parser(
+        "kill", parents=parents, help="end every running trial now (its Slurm job is cancelled)"
+    )
+    kill.add_argument("id", type=int, metavar="ID")
+    kill.set_defaults(handler="record:experiment_kill")
 
     trial = commands.add_parser("trial", aliases=["t"], help="the recorded trials")
     trial_verbs = trial.add_subparsers(dest="verb", required=True, metavar="VERB")
