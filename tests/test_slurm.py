@@ -8,6 +8,7 @@ locally (the local launcher, in this process): same final weights, bit for bit.
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import signal
@@ -422,3 +423,37 @@ def test_experiment_pause_and_kill_commands(
     assert killed.state == "STOPPED" and "killed" in killed.message, killed
     assert killed.batches_trained < 24 and job.state == "CANCELLED", job
     _wait_for(lambda: not slurm_cluster.jobs(), 30, "squeue to list no job")
+
+
+@pytest.mark.slurm
+def test_two_node_trial_equals_its_two_process_single_node_run(
+    tmp_path: pathlib.Path, slurm_cluster: SlurmCluster
+) -> None:
+    config = _config(resources={"slots_per_trial": 2}, slurm={"slots_per_node": 1})
+    path = _folder(tmp_path, config)
+    results = {}
+    for launcher in ("local", "slurm"):
+        ws = tmp_path / f"ws-{launcher}"
+        done = subprocess.run(
+            _cli("run", str(path), "--launcher", launcher, "--accelerator", "cpu")
+            + ["--workspace", str(ws), "--force"],
+            cwd=tmp_path,
+            env=_env(),
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=400,
+        )
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        with Registry(ws) as registry:
+            results[launcher] = registry.metrics(1, "validation")
+        if launcher == "slurm":
+            job = _job(ws)
+            script = (ws / "experiments/1/trials/1/job.sh").read_text()
+            assert "srun" in script and job.state == "COMPLETED"
+            # What each rank's __init__ saw: rank, size, local rank / size, cross rank / size.
+            seen = [json.loads((path.parent / f"init.{r}.json").read_text()) for r in (0, 1)]
+            assert seen == [[0, 2, 0, 1, 0, 2], [1, 2, 0, 1, 1, 2]]
+        results[launcher + "-weights"] = _final_weights(ws)  # type: ignore[assignment]
+    _same(results["local-weights"], results["slurm-weights"])  # type: ignore[arg-type]
+    assert [m.values for m in results["local"]] == [m.values for m in results["slurm"]]

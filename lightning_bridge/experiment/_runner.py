@@ -61,6 +61,7 @@ class Options:
     strategy: str | None = None
     accelerator: str | None = None
     launcher: str = "local"  # where trials run (`_launcher`)
+    num_nodes: int | None = None  # a trial across nodes: `devices` processes on each
 
     @classmethod
     def from_record(cls, recorded: dict[str, Any]) -> Options:
@@ -75,6 +76,7 @@ class Options:
             devices=self.devices,
             strategy=self.strategy or "auto",
             precision=self.precision,
+            num_nodes=self.num_nodes or 1,
         )
 
 
@@ -92,7 +94,7 @@ class Plan:
     def processes(self) -> int:
         """How many training processes: `--devices` when it is a number, else slots_per_trial."""
         if isinstance(self.options.devices, int):
-            return self.options.devices
+            return self.options.devices * (self.options.num_nodes or 1)
         return self.config.model.resources.slots_per_trial
 
     def experiment_config(self) -> dict[str, Any]:

@@ -243,20 +243,30 @@ class SlurmLauncher(Launcher):
         if self.gpus is None:
             self.check(plan)
         trial.trial_dir.mkdir(parents=True, exist_ok=True)
-        run = _runner.describe_run(plan, trial)
-        if settings.nodes > 1:
-            engine = run.engine.replace(devices=settings.per_node, num_nodes=settings.nodes)
-            run = dataclasses.replace(run, engine=engine)
-        run.write(trial.run_file)
+        if settings.nodes > 1:  # each node runs `per_node` of the trial's processes
+            options = dataclasses.replace(
+                plan.options, devices=settings.per_node, num_nodes=settings.nodes
+            )
+            plan = dataclasses.replace(plan, options=options)
+        _runner.describe_run(plan, trial).write(trial.run_file)
         script = trial.trial_dir / "job.sh"
         command = [sys.executable, "-m", "lightning_bridge.experiment._slurm_job"]
         command.append(str(trial.run_file))
-        launch = "exec " if settings.nodes == 1 else "srun --kill-on-bad-exit=1 "
-        script.write_text(
-            "#!/bin/bash\n"
-            f"# lightning-bridge: experiment {trial.experiment_id}, trial {trial.trial_id}\n"
-            f"{launch}{shlex.join(command)}\n"
-        )
+        lines = [
+            "#!/bin/bash",
+            f"# lightning-bridge: experiment {trial.experiment_id}, trial {trial.trial_id}",
+        ]
+        if settings.nodes == 1:
+            lines.append(f"exec {shlex.join(command)}")
+        else:
+            # The rendezvous is the first node's address: node names need not resolve.
+            lines += [
+                'head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+                'MASTER_ADDR=$(scontrol show node "$head" | grep -o "NodeAddr=[^ ]*" | cut -c10-)',
+                "export MASTER_ADDR",
+                f"exec srun --kill-on-bad-exit=1 {shlex.join(command)}",
+            ]
+        script.write_text("\n".join(lines) + "\n")
         output = trial.trial_dir / "slurm-%j.out"
         submit = [
             "sbatch",

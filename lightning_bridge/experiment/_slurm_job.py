@@ -63,6 +63,9 @@ def main(argv: list[str]) -> int:
     if os.environ.get("SLURM_NTASKS", "1") == "1":
         for name in ("SLURM_NTASKS", "SLURM_NPROCS"):
             os.environ.pop(name, None)
+    else:  # one task per process: the record's writer is rank 0 (`run_from_file`)
+        os.environ["RANK"] = os.environ.get("SLURM_PROCID", "0")
+        os.environ["LOCAL_RANK"] = os.environ.get("SLURM_LOCALID", "0")
     if restarts and _chief():
         _continue_from_latest(run_file)
     preempted: list[int] = []
