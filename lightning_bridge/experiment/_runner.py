@@ -185,7 +185,8 @@ def unused_warning(plan: Plan) -> str | None:
     would have refused that the bridge runs."""
     unused = plan.config.unused_keys
     if plan.options.launcher == "slurm":  # the Slurm launcher's keys
-        unused = [k for k in unused if k not in ("slurm", "resources.resource_pool")]
+        used = ("slurm", "resources.resource_pool", "max_restarts")
+        unused = [k for k in unused if k.split(" ")[0] not in used]
     lines = [
         f"Determined 0.38.1 would not run this config: {line}"
         for line in plan.config.determined_differences
