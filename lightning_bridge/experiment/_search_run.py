@@ -381,6 +381,8 @@ class SearchRun:
         if recorded.message:
             line += f": {recorded.message}"
         if crashed and not stopping:
-            line += f" (its output: {launched.run.trial_dir / 'output.log'})"
+            job = self.registry.job(trial_id) if self.launcher.name != "local" else None
+            output = job.output if job is not None else launched.run.trial_dir / "output.log"
+            line += f" (its output: {output})"
         del self.running[trial_id]
         self.say(line)
