@@ -246,3 +246,12 @@ def mlflow(session: nox.Session) -> None:
     session.run(
         "python", "-m", "pytest", "-q", "-rs", "-m", "mlflow", "-n", "0", *session.posargs, env=env
     )
+
+
+@nox.session(python=PYTHON)
+def slurm(session: nox.Session) -> None:
+    """Tests marked ``slurm``, against a two-node Slurm cluster the tests start on this machine
+    (tests/_slurm_cluster.py: Debian's ``slurm-wlm`` and ``munge``, installed with apt-get when
+    missing, run as root); skipped, with the reason, where Slurm cannot start."""
+    _install(session, *_extra("test"))
+    _pytest(session, "-m", "slurm", "-rs")

@@ -32,12 +32,6 @@ LIGHTNING_API = {
 }
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        if item.path.stem in LIGHTNING_API:
-            item.add_marker(pytest.mark.lightning_api)
-
-
 @pytest.fixture(autouse=True)
 def _workdir(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[pathlib.Path]:
     monkeypatch.chdir(tmp_path)
@@ -49,3 +43,18 @@ def _workdir(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> Iterato
     monkeypatch.setenv("LIGHTNING_BRIDGE_MLFLOW", "off")
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     yield tmp_path
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """`lightning_api` on the tests of LIGHTNING_API's modules. Tests marked `slurm` start a
+    Slurm cluster: they run only when `-m` names them (the slurm session), never as part of
+    another selection."""
+    for item in items:
+        if item.path.stem in LIGHTNING_API:
+            item.add_marker(pytest.mark.lightning_api)
+    if "slurm" in (config.option.markexpr or ""):
+        return
+    skip = pytest.mark.skip(reason="needs the Slurm test cluster: run with -m slurm")
+    for item in items:
+        if item.get_closest_marker("slurm") is not None:
+            item.add_marker(skip)

@@ -89,6 +89,7 @@ def _run(args: argparse.Namespace, from_command_line: bool) -> int:
         strategy=args.strategy,
         accelerator=args.accelerator,
         tracking_uri=args.tracking_uri,
+        launcher=args.launcher,
     )
     if not options.test_mode:  # a search runs its trials (test mode trains its first one)
         from lightning_bridge.experiment._search import run_search
@@ -109,6 +110,10 @@ def _run(args: argparse.Namespace, from_command_line: bool) -> int:
         _experiments.check_storage(plan)
         _experiments.check_code(plan, Workspace(args.workspace))
         plan.check_engine()
+        from lightning_bridge.experiment._launchers import launcher_for
+
+        launcher = launcher_for(options.launcher)
+        launcher.check(plan)
     except BridgeError as exc:
         print(f"lightning-bridge: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -116,7 +121,7 @@ def _run(args: argparse.Namespace, from_command_line: bool) -> int:
         print(seed_line, flush=True)
     if warning and _is_chief():
         logger.warning(warning)
-    if not oversubscription_allowed(plan, bool(args.force)):
+    if launcher.name == "local" and not oversubscription_allowed(plan, bool(args.force)):
         return EXIT_USAGE
     with Registry(args.workspace) as registry:
         try:
@@ -130,7 +135,7 @@ def _run(args: argparse.Namespace, from_command_line: bool) -> int:
             print(f"lightning-bridge: error: {exc}", file=sys.stderr)
             return EXIT_USAGE
         code = _guarded(
-            lambda: _experiments.run_trial(registry, plan, trial, relaunch=from_command_line)
+            lambda: launcher.run_trial(registry, plan, trial, relaunch=from_command_line)
         )
         if code == 0:
             print(run_summary(registry, experiment_id, [trial.trial_id]), flush=True)

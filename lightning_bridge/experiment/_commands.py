@@ -128,6 +128,7 @@ def experiment_describe(args: argparse.Namespace) -> int:
         trials = registry.trials(exp.id)
         checkpoints = registry.checkpoints(experiment_id=exp.id)
         best = registry.best_checkpoints(exp.id, 1)
+        jobs = {j.trial_id: as_dict(j) for j in registry.jobs(exp.id)}
         data = {
             **as_dict(exp),
             "config": _redacted(exp.config),
@@ -137,6 +138,7 @@ def experiment_describe(args: argparse.Namespace) -> int:
                     **as_dict(t),
                     "validation": [as_dict(m) for m in registry.metrics(t.id, "validation")],
                     "training": [as_dict(m) for m in registry.metrics(t.id, "training")],
+                    "job": jobs.get(t.id),
                 }
                 for t in trials
             ],
@@ -198,6 +200,13 @@ def experiment_describe(args: argparse.Namespace) -> int:
     for t in data["trials"]:
         if t["message"]:
             print(f"  trial {t['id']}: {t['message']}")
+        job = t["job"]
+        if job is not None:
+            reason = f", {job['reason']}" if job["reason"] else ""
+            print(
+                f"  trial {t['id']}: {job['launcher']} job {job['job_id']} {job['state']}"
+                f"{reason} (requeued {job['restarts']} times); output: {job['output']}"
+            )
     print("Checkpoints")
     if checkpoints:
         print(_checkpoint_table(checkpoints, metric, indent="  "))
@@ -237,7 +246,13 @@ def experiment_continue(args: argparse.Namespace) -> int:
             from lightning_bridge.experiment._search import continue_search
 
             return continue_search(registry, args.id, float(args.lost_after))
-        code, trials = continue_experiment(registry, args.id, args.from_command_line)
+        from lightning_bridge.experiment._launchers import launcher_for
+
+        recorded = registry.experiment(args.id).options.get("launcher")
+        launcher = launcher_for(getattr(args, "launcher", None) or recorded)
+        code, trials = continue_experiment(
+            registry, args.id, args.from_command_line, run=launcher.run_trial
+        )
         if not trials:
             print(f"Experiment {args.id} is complete: every trial completed; nothing to continue.")
             return 0
@@ -249,6 +264,77 @@ def experiment_continue(args: argparse.Namespace) -> int:
         if mirrored:
             print(mirrored, flush=True)
     return code
+
+
+def _stop_trials(args: argparse.Namespace, kill: bool) -> int:
+    """Signal every running trial of the experiment: its Slurm job (`scancel`), or its process
+    on this machine. Pause: SIGTERM (the trial checkpoints and stops); kill: cancel the job /
+    SIGKILL, recorded STOPPED."""
+    import os
+    import signal
+    import socket
+
+    from lightning_bridge._process import pid_alive
+    from lightning_bridge.record._registry import LIVE_JOB_STATES
+    from lightning_bridge.record._schema import TrialState
+
+    verb = "killed" if kill else "paused"
+    done = []
+    with open_registry(args) as registry:
+        registry.reconcile()
+        registry.experiment(args.id)
+        jobs = {j.trial_id: j for j in registry.jobs(args.id)}
+        for trial in registry.trials(args.id):
+            job = jobs.get(trial.id)
+            if job is not None and job.state in LIVE_JOB_STATES:
+                from lightning_bridge.experiment._slurm import signal_job
+
+                signal_job(job.job_id, None if kill else signal.SIGTERM)
+                where = f"Slurm job {job.job_id}"
+            elif trial.state == TrialState.ACTIVE.value and trial.pid is not None:
+                if trial.host != socket.gethostname() or not pid_alive(trial.pid):
+                    continue
+                os.kill(trial.pid, signal.SIGKILL if kill else signal.SIGTERM)
+                where = f"process {trial.pid}"
+            else:
+                continue
+            if kill:
+                if job is not None:
+                    _wait_job_end(job.job_id)  # the trial's own last words come first
+                if registry.trial(trial.id).state != TrialState.COMPLETED.value:
+                    registry.trial_ended(trial.id, TrialState.STOPPED, f"killed ({where})")
+            done.append({"trial_id": trial.id, "where": where})
+    if args.json:
+        _print_json({"experiment_id": args.id, verb: done})
+    elif not done:
+        print(f"Experiment {args.id} has no running trial.")
+    for item in [] if args.json else done:
+        how = "killed" if kill else "checkpoints and stops"
+        print(f"Trial {item['trial_id']} ({item['where']}): {how}")
+    if done and not kill and not args.json:
+        print(f"Continue with: lightning-bridge experiment continue {args.id}")
+    return 0
+
+
+def _wait_job_end(job_id: str, timeout: float = 120) -> None:
+    import time
+
+    from lightning_bridge.experiment._slurm import job_info
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        info = job_info(job_id)
+        if info is None or not info.live:
+            return
+        time.sleep(0.5)
+
+
+def experiment_pause(args: argparse.Namespace) -> int:
+    return _stop_trials(args, kill=False)
+
+
+def experiment_kill(args: argparse.Namespace) -> int:
+    return _stop_trials(args, kill=True)
 
 
 def experiment_plot(args: argparse.Namespace) -> int:
@@ -264,20 +350,38 @@ def experiment_plot(args: argparse.Namespace) -> int:
     return 0
 
 
+def _lines(path: pathlib.Path, tail: int | None) -> list[str]:
+    text = path.read_text(encoding="utf-8", errors="replace") if path.is_file() else ""
+    lines = text.splitlines()
+    if tail is not None:
+        lines = lines[-tail:] if tail > 0 else []
+    return lines
+
+
 def trial_logs(args: argparse.Namespace) -> int:
+    """The trial's log; for a trial run as a scheduler's job, the job's output after it (what
+    the job printed: progress, warnings, a crash's traceback)."""
     with open_registry(args) as registry:
         trial = registry.trial(args.id)
+        job = registry.job(trial.id)
     log = pathlib.Path(trial.log_file)
-    lines = log.read_text(encoding="utf-8", errors="replace").splitlines() if log.is_file() else []
-    if args.tail is not None:
-        lines = lines[-args.tail :] if args.tail > 0 else []
+    lines = _lines(log, args.tail)
+    output = pathlib.Path(job.output) if job is not None else None
+    job_lines = _lines(output, args.tail) if output is not None else []
     if args.json:
-        _print_json({"trial_id": trial.id, "log_file": str(log), "lines": lines})
-    else:
-        for line in lines:
+        data: dict[str, Any] = {"trial_id": trial.id, "log_file": str(log), "lines": lines}
+        if job is not None:
+            data.update(job=as_dict(job), job_output=job_lines)
+        _print_json(data)
+        return 0
+    for line in lines:
+        print(line)
+    if not log.is_file():
+        print(f"trial {trial.id} has no log yet ({log})", file=sys.stderr)
+    if job is not None:
+        print(f"--- {job.launcher} job {job.job_id} ({job.state}): {job.output} ---")
+        for line in job_lines:
             print(line)
-        if not log.is_file():
-            print(f"trial {trial.id} has no log yet ({log})", file=sys.stderr)
     return 0
 
 

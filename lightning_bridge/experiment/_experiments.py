@@ -16,6 +16,7 @@ import pathlib
 import shlex
 import shutil
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from lightning_bridge import _logging
@@ -208,10 +209,14 @@ def recorded_plan(registry: Registry, experiment_id: int, hparams: dict[str, Any
 
 
 def continue_experiment(
-    registry: Registry, experiment_id: int, relaunch: bool = False
+    registry: Registry,
+    experiment_id: int,
+    relaunch: bool = False,
+    run: Callable[[Registry, _runner.Plan, _runner.TrialRun, bool], int] | None = None,
 ) -> tuple[int, list[int]]:
     """Run each unfinished trial of an experiment from its latest complete checkpoint (from
-    the start if it has none). Returns the exit code and the trials run."""
+    the start if it has none), through `run` (a launcher's; default: on this machine).
+    Returns the exit code and the trials run."""
     registry.reconcile()
     trials = registry.trials(experiment_id)
     registry.experiment(experiment_id)
@@ -250,7 +255,7 @@ def continue_experiment(
             elif pathlib.Path(recorded.source_checkpoint).is_dir():
                 trial.latest_checkpoint = recorded.source_checkpoint
         registry.archive_metrics_after(recorded.id, latest.batches if latest else 0)
-        code = run_trial(registry, plan, trial, relaunch)
+        code = (run or run_trial)(registry, plan, trial, relaunch)
         if code != 0:
             break
     return code, [t.id for t in unfinished]

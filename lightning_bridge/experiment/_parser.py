@@ -95,6 +95,7 @@ def _add_run(commands: Any, common: argparse.ArgumentParser) -> None:
         action="store_true",
         help="run more processes than CPU cores (oversubscribed) without asking",
     )
+    _launcher_option(run, "local")
     _search_options(run)
     _tracking_option(run)
     run.set_defaults(handler="run")
@@ -108,6 +109,16 @@ def _tracking_option(parser: argparse.ArgumentParser) -> None:
         help="the MLflow tracking server the record is mirrored to (default: "
         "$MLFLOW_TRACKING_URI, else the workspace's mlflow.json setting, else MLflow's SQLite "
         "store in the workspace when MLflow is installed; 'off': no mirror)",
+    )
+
+
+def _launcher_option(parser: argparse.ArgumentParser, default: str | None) -> None:
+    parser.add_argument(
+        "--launcher",
+        choices=("local", "slurm"),
+        default=default,
+        help="where trials run: local (processes on this machine) or slurm (one sbatch job "
+        "per trial; docs/cluster.md)" + ("" if default else "; default: the experiment's own"),
     )
 
 
@@ -180,6 +191,7 @@ def _add_record_commands(commands: Any, common: argparse.ArgumentParser) -> None
         metavar="SECONDS",
         help="a search's trial not heard of for this long is given to another worker",
     )
+    _launcher_option(cont, None)
     cont.set_defaults(handler="continue")
     plot = verbs.add_parser(
         "plot", parents=parents, help="write a PNG of each trial's training and validation curves"
@@ -198,6 +210,18 @@ def _add_record_commands(commands: Any, common: argparse.ArgumentParser) -> None
     sync.add_argument("id", type=int, metavar="ID")
     _tracking_option(sync)
     sync.set_defaults(handler="model:experiment_sync")
+    pause = verbs.add_parser(
+        "pause",
+        parents=parents,
+        help="every running trial checkpoints and stops (continue resumes)",
+    )
+    pause.add_argument("id", type=int, metavar="ID")
+    pause.set_defaults(handler="record:experiment_pause")
+    kill = verbs.add_parser(
+        "kill", parents=parents, help="end every running trial now (its Slurm job is cancelled)"
+    )
+    kill.add_argument("id", type=int, metavar="ID")
+    kill.set_defaults(handler="record:experiment_kill")
 
     trial = commands.add_parser("trial", aliases=["t"], help="the recorded trials")
     trial_verbs = trial.add_subparsers(dest="verb", required=True, metavar="VERB")

@@ -62,6 +62,8 @@ class Options:
     accelerator: str | None = None
     # Where the record is mirrored in MLflow (None: MLFLOW_TRACKING_URI, the workspace's).
     tracking_uri: str | None = None
+    launcher: str = "local"  # where trials run (`_launcher`)
+    num_nodes: int | None = None  # a trial across nodes: `devices` processes on each
 
     @classmethod
     def from_record(cls, recorded: dict[str, Any]) -> Options:
@@ -76,6 +78,7 @@ class Options:
             devices=self.devices,
             strategy=self.strategy or "auto",
             precision=self.precision,
+            num_nodes=self.num_nodes or 1,
         )
 
 
@@ -93,7 +96,7 @@ class Plan:
     def processes(self) -> int:
         """How many training processes: `--devices` when it is a number, else slots_per_trial."""
         if isinstance(self.options.devices, int):
-            return self.options.devices
+            return self.options.devices * (self.options.num_nodes or 1)
         return self.config.model.resources.slots_per_trial
 
     def experiment_config(self) -> dict[str, Any]:
@@ -183,6 +186,9 @@ def unused_warning(plan: Plan) -> str | None:
     """The one warning listing the config keys the run does not use, and what Determined
     would have refused that the bridge runs."""
     unused = plan.config.unused_keys
+    if plan.options.launcher == "slurm":  # the Slurm launcher's keys
+        used = ("slurm", "resources.resource_pool", "max_restarts")
+        unused = [k for k in unused if k.split(" ")[0] not in used]
     lines = [
         f"Determined 0.38.1 would not run this config: {line}"
         for line in plan.config.determined_differences

@@ -31,6 +31,7 @@ from lightning_bridge.experiment._experiments import (
     check_storage,
     continue_command,
 )
+from lightning_bridge.experiment._launchers import launcher_for
 from lightning_bridge.experiment._search_run import SearchRun, SearchStorageUnavailable
 from lightning_bridge.experiment._search_storage import check_search_storage
 from lightning_bridge.experiment._source import warm_start_source
@@ -120,6 +121,7 @@ def run_search(
             check_search_storage(_absolute(args.storage))
         written = [pathlib.Path(_absolute(args.storage))] if args.storage else []
         check_code(first, Workspace(args.workspace), *written)
+        launcher_for(options.launcher).check(first)
     except BridgeError as exc:
         return _error(exc)
     if seed_line:

@@ -38,6 +38,8 @@ from lightning_bridge.experiment import _runner, _warm
 from lightning_bridge.experiment._checkpoints import Source, fetch, settle_checkpoints
 from lightning_bridge.experiment._config import ResolvedConfig
 from lightning_bridge.experiment._experiments import continue_command
+from lightning_bridge.experiment._launcher import TrialProcess
+from lightning_bridge.experiment._launchers import launcher_for
 from lightning_bridge.experiment._parent import PARENT_ENV
 from lightning_bridge.record._outage import RETRY_S, is_unavailable, reason
 from lightning_bridge.record._registry import Registry
@@ -62,7 +64,7 @@ class Launched:
 
     spec: TrialSpec
     run: _runner.TrialRun
-    process: _warm.TrialProcess
+    process: TrialProcess
     gpus: list[str]
 
 
@@ -121,7 +123,9 @@ class SearchRun:
         first = _runner.prepare_config(config.first_configuration(), context_dir, options)
         self.processes = first.processes
         self._gpus: list[str] = []
-        self.capacity = self._machine_capacity()
+        self.launcher = launcher_for(options.launcher)
+        # On a cluster the scheduler places the trials (the searcher bounds how many run).
+        self.capacity = self._machine_capacity() if self.launcher.name == "local" else 1 << 16
         self.running: dict[int, Launched] = {}
         self.ran: list[int] = []
         self._events: queue.SimpleQueue[tuple[int, int]] = queue.SimpleQueue()
@@ -321,6 +325,9 @@ class SearchRun:
         trial = self._record(spec)
         config = ResolvedConfig(self.config.raw, self.config.model, self.config.space, spec.hparams)
         plan = _runner.prepare_config(config, self.context_dir, self.options)
+        if self.launcher.name != "local":
+            self._start(spec, trial, self.launcher.start(self.registry, plan, trial), [])
+            return
         trial.trial_dir.mkdir(parents=True, exist_ok=True)
         _runner.describe_run(plan, trial).write(trial.run_file)
         env = {k: v for k, v in os.environ.items() if k != ENV_VAR}
@@ -333,6 +340,11 @@ class SearchRun:
         command = [sys.executable, "-m", "lightning_bridge", "_trial", str(trial.run_file)]
         output = str(trial.trial_dir / "output.log")
         process = self.starter.start(command, cwd=self.context_dir, env=env, output=output)
+        self._start(spec, trial, process, gpus)
+
+    def _start(
+        self, spec: TrialSpec, trial: _runner.TrialRun, process: TrialProcess, gpus: list[str]
+    ) -> None:
         launched = Launched(spec, trial, process, gpus)
         self.running[trial.trial_id] = launched
         self.ran.append(trial.trial_id)
@@ -365,6 +377,8 @@ class SearchRun:
         if recorded.message:
             line += f": {recorded.message}"
         if crashed and not stopping:
-            line += f" (its output: {launched.run.trial_dir / 'output.log'})"
+            job = self.registry.job(trial_id) if self.launcher.name != "local" else None
+            output = job.output if job is not None else launched.run.trial_dir / "output.log"
+            line += f" (its output: {output})"
         del self.running[trial_id]
         self.say(line)

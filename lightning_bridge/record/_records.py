@@ -5,7 +5,13 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, TypeVar
 
-from lightning_bridge.record._schema import CheckpointRow, ExperimentRow, MetricRow, TrialRow
+from lightning_bridge.record._schema import (
+    CheckpointRow,
+    ExperimentRow,
+    JobRow,
+    MetricRow,
+    TrialRow,
+)
 
 _Record = TypeVar("_Record")
 
@@ -102,6 +108,24 @@ class Checkpoint:
     @classmethod
     def of(cls, row: CheckpointRow, experiment_id: int) -> Checkpoint:
         return _copied(cls, row, experiment_id=experiment_id)
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+    """A trial's scheduler job: its id, last known state and output file."""
+
+    trial_id: int
+    launcher: str
+    job_id: str
+    state: str
+    reason: str
+    output: str
+    restarts: int
+    updated_at: float
+
+    @classmethod
+    def of(cls, row: JobRow) -> Job:
+        return _copied(cls, row)
 
 
 def as_dict(record: Any) -> dict[str, Any]:

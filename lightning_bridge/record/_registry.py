@@ -23,13 +23,14 @@ from sqlalchemy.orm import Session
 
 from lightning_bridge._errors import InvalidArgumentError
 from lightning_bridge._process import pid_alive
-from lightning_bridge.record._records import Checkpoint, Experiment, Metric, Trial
+from lightning_bridge.record._records import Checkpoint, Experiment, Job, Metric, Trial
 from lightning_bridge.record._schema import (
     SCHEMA_VERSION,
     Base,
     CheckpointRow,
     CheckpointState,
     ExperimentRow,
+    JobRow,
     Meta,
     MetricRow,
     TrialRow,
@@ -38,6 +39,9 @@ from lightning_bridge.record._schema import (
 from lightning_bridge.record._sqlite import BUSY_TIMEOUT_S, sqlite_engine
 from lightning_bridge.record._unusable import unusable_registry
 from lightning_bridge.record._workspace import Workspace
+
+# A scheduler job in one of these states may still run the trial (Slurm's names).
+LIVE_JOB_STATES = ("PENDING", "RUNNING", "REQUEUED", "CONFIGURING", "COMPLETING", "SUSPENDED")
 
 
 def plain_metrics(values: dict[str, Any]) -> dict[str, Any]:
@@ -189,6 +193,43 @@ class Registry:
             row.end_time = time.time()
             row.message = message
             return True
+
+    # ----- scheduler jobs -----
+
+    def job_submitted(self, trial_id: int, launcher: str, job_id: str, output: str) -> None:
+        """The trial runs as scheduler job `job_id` (replacing the job of an earlier run)."""
+        with self._session() as session:
+            self._trial_row(session, trial_id)
+            row = session.get(JobRow, int(trial_id))
+            if row is None:
+                row = JobRow(trial_id=int(trial_id))
+                session.add(row)
+            row.launcher, row.job_id, row.output = launcher, str(job_id), output
+            row.state, row.reason, row.restarts = "PENDING", "", 0
+            row.updated_at = time.time()
+
+    def job_state(self, trial_id: int, state: str, reason: str = "", restarts: int = 0) -> None:
+        """The scheduler's latest word on the trial's job."""
+        with self._session() as session:
+            row = session.get(JobRow, int(trial_id))
+            if row is not None:
+                row.state, row.reason, row.restarts = state, reason, restarts
+                row.updated_at = time.time()
+
+    def job(self, trial_id: int) -> Job | None:
+        with self._session() as session:
+            row = session.get(JobRow, int(trial_id))
+            return None if row is None else Job.of(row)
+
+    def jobs(self, experiment_id: int) -> list[Job]:
+        query = (
+            select(JobRow)
+            .join(TrialRow, TrialRow.id == JobRow.trial_id)
+            .where(TrialRow.experiment_id == int(experiment_id))
+            .order_by(JobRow.trial_id)
+        )
+        with self._session() as session:
+            return [Job.of(r) for r in session.scalars(query)]
 
     # ----- metrics -----
 
@@ -378,10 +419,16 @@ class Registry:
         host = socket.gethostname()
         gone = []
         with self._session() as session:
+            # A scheduler's job between two runs (requeued) has no process: not gone.
+            queued = set(
+                session.scalars(select(JobRow.trial_id).where(JobRow.state.in_(LIVE_JOB_STATES)))
+            )
             rows = session.scalars(
                 select(TrialRow).where(TrialRow.state == TrialState.ACTIVE.value)
             )
             for row in rows:
+                if row.id in queued:
+                    continue
                 if row.host == host and row.pid is not None and not pid_alive(row.pid):
                     row.state = TrialState.ERROR.value
                     row.end_time = row.end_time or time.time()

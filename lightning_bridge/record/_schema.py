@@ -104,3 +104,19 @@ class CheckpointRow(Base):
     metrics: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     location: Mapped[str] = mapped_column(Text)  # a directory path or a storage URL
     created_at: Mapped[float] = mapped_column(Float)
+
+
+class JobRow(Base):
+    """Where a trial runs when a scheduler runs it (a Slurm job): one row per trial, updated as
+    the scheduler reports it. A table of its own, so that a registry written before has it
+    added on open."""
+
+    __tablename__ = "jobs"
+    trial_id: Mapped[int] = mapped_column(ForeignKey("trials.id"), primary_key=True)
+    launcher: Mapped[str] = mapped_column(String(32))
+    job_id: Mapped[str] = mapped_column(String(64))
+    state: Mapped[str] = mapped_column(String(32), default="PENDING")
+    reason: Mapped[str] = mapped_column(Text, default="")
+    output: Mapped[str] = mapped_column(Text, default="")  # the job's output file
+    restarts: Mapped[int] = mapped_column(Integer, default=0)
+    updated_at: Mapped[float] = mapped_column(Float)

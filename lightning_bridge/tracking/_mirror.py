@@ -35,9 +35,9 @@ import pathlib
 from collections.abc import Iterator
 from typing import Any
 
+from lightning_bridge.record._records import Experiment, Trial
 from lightning_bridge.record._registry import Registry
 from lightning_bridge.record._schema import CheckpointState, TrialState
-from lightning_bridge.record._records import Experiment, Trial
 from lightning_bridge.tracking._settings import artifact_location, require_mlflow
 
 logger = logging.getLogger("lightning_bridge")

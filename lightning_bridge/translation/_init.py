@@ -132,6 +132,7 @@ def init(
         given = run.engine
         accelerator = given.accelerator if accelerator == "auto" else accelerator
         devices = given.devices if devices is None else devices
+        num_nodes = given.num_nodes if num_nodes == 1 else num_nodes
         strategy = given.strategy if strategy == "auto" else strategy
         precision = given.precision if precision is None else precision
         run_dir = run.run_dir if run_dir is None else run_dir

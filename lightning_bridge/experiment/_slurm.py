@@ -1,0 +1,426 @@
+"""The Slurm launcher: each trial is one `sbatch` job, placed by Slurm.
+
+Determined's config keys keep their meaning: `resources.slots_per_trial` processes (GPUs, or
+CPU cores on a partition without GPUs), `slurm.slots_per_node` of them per node (a trial with
+more slots than that spans nodes: one task per process, started by `srun`, ranks from
+Lightning's Slurm environment), `slurm.gpu_type` (`--gres=gpu:TYPE:N`),
+`resources.resource_pool` (the partition), `slurm.sbatch_args` (passed on, last, so they win)
+and `max_restarts` (the job requeues itself after a failure up to that many times; every job
+is `--requeue`, so a preempted job or one whose node was lost runs again). The job runs
+`python -m lightning_bridge.experiment._slurm_job RUN_FILE`, which trains the trial from its
+run description and, after a requeue, continues it from its latest checkpoint. Before the time
+limit Slurm sends the job `SIGNAL_DEFAULT` (SIGUSR1, 120 s before): the trial checkpoints at
+its batch and the job requeues itself.
+
+The coordinator (`run`, `experiment continue`) waits for the job, recording its Slurm state in
+the experiment's record as it changes (read with `scontrol`: a cluster may keep no accounting).
+Ctrl-C / SIGTERM of the coordinator pauses the job (the trial checkpoints and stops; a second
+signal cancels it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import math
+import pathlib
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+from lightning_bridge._errors import InvalidArgumentError
+from lightning_bridge.experiment import _runner
+from lightning_bridge.experiment._launcher import Launcher
+from lightning_bridge.record._registry import LIVE_JOB_STATES, Registry
+from lightning_bridge.record._schema import TrialState
+
+logger = logging.getLogger("lightning_bridge")
+
+SIGNAL_DEFAULT = "B:USR1@120"  # sbatch --signal: the batch shell (the trial), 120 s before
+POLL_S = 1.0
+_TIMEOUT_S = 60
+
+
+class SlurmRefused(InvalidArgumentError):
+    """Slurm would not take the job (its message included)."""
+
+
+def _slurm(*command: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    """A Slurm client command; a missing binary is refused with the fix."""
+    if shutil.which(command[0]) is None:
+        raise InvalidArgumentError(
+            f"--launcher slurm: {command[0]} is not on PATH; run on a Slurm login node (or "
+            "install Slurm's client commands), or use --launcher local."
+        )
+    done = subprocess.run(
+        list(command), capture_output=True, text=True, timeout=_TIMEOUT_S, check=False
+    )
+    if check and done.returncode != 0:
+        message = (done.stderr or done.stdout).strip()
+        raise SlurmRefused(f"{shlex.join(command[:2])} failed: {message}")
+    return done
+
+
+@dataclasses.dataclass(frozen=True)
+class SlurmSettings:
+    """The trial's Slurm request, from Determined's config keys."""
+
+    slots: int
+    slots_per_node: int
+    partition: str | None
+    gpu_type: str | None
+    sbatch_args: tuple[str, ...]
+    max_restarts: int
+
+    @classmethod
+    def of(cls, plan: _runner.Plan) -> SlurmSettings:
+        raw = plan.config.raw
+        slurm = raw.get("slurm") or {}
+        if not isinstance(slurm, dict):
+            raise InvalidArgumentError("slurm: expected a mapping (sbatch_args, slots_per_node)")
+        args = slurm.get("sbatch_args") or []
+        if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
+            raise InvalidArgumentError(
+                'slurm.sbatch_args: expected a list of strings, e.g. ["--time=01:00:00"]'
+            )
+        per_node = slurm.get("slots_per_node")
+        if per_node is not None and (not isinstance(per_node, int) or per_node < 1):
+            raise InvalidArgumentError(
+                f"slurm.slots_per_node: expected a positive integer, got {per_node!r}"
+            )
+        gpu_type = slurm.get("gpu_type")
+        pool = (raw.get("resources") or {}).get("resource_pool")
+        return cls(
+            slots=plan.processes,
+            slots_per_node=per_node or plan.processes,
+            partition=str(pool) if pool else None,
+            gpu_type=str(gpu_type) if gpu_type else None,
+            sbatch_args=tuple(args),
+            max_restarts=plan.config.model.max_restarts,
+        )
+
+    @property
+    def per_node(self) -> int:
+        """Processes on each node of the trial (Determined's slots_per_node is the least a
+        node must have; a trial of fewer slots takes only those)."""
+        return min(self.slots_per_node, self.slots)
+
+    @property
+    def nodes(self) -> int:
+        return math.ceil(self.slots / self.per_node)
+
+    def resources(self, gpus: bool) -> list[str]:
+        """sbatch's options for the trial's processes: one task per process across nodes, or
+        one task (Lightning starts the processes) on one node."""
+        if self.nodes > 1:
+            out = [f"--nodes={self.nodes}", f"--ntasks-per-node={self.per_node}"]
+            per_task = 1
+        else:
+            out = ["--nodes=1", "--ntasks=1"]
+            per_task = self.slots
+        if gpus:
+            kind = f"gpu:{self.gpu_type}" if self.gpu_type else "gpu"
+            out.append(f"--gres={kind}:{self.per_node}")
+        else:
+            out.append(f"--cpus-per-task={per_task}")
+        return out
+
+
+@dataclasses.dataclass(frozen=True)
+class JobInfo:
+    """What `scontrol show job` says of a job."""
+
+    state: str
+    reason: str
+    restarts: int
+
+    @property
+    def live(self) -> bool:
+        return self.state in LIVE_JOB_STATES
+
+
+def job_info(job_id: str) -> JobInfo | None:
+    """The job's state, or None when Slurm no longer knows it."""
+    done = _slurm("scontrol", "show", "job", "--oneliner", job_id, check=False)
+    if done.returncode != 0:
+        return None
+    fields: dict[str, str] = {}
+    for word in done.stdout.split():
+        key, _, value = word.partition("=")
+        fields.setdefault(key, value)
+    reason = fields.get("Reason", "None")
+    return JobInfo(
+        state=fields.get("JobState", "UNKNOWN"),
+        reason="" if reason == "None" else reason,
+        restarts=int(fields.get("Restarts", "0") or 0),
+    )
+
+
+def signal_job(job_id: str, signum: int | None) -> None:
+    """`scancel`: send the job's processes (batch shell and steps) `signum`, or cancel it."""
+    command = ["scancel", job_id] if signum is None else ["scancel", "--full"]
+    if signum is not None:
+        command += [f"--signal={signal.Signals(signum).name.removeprefix('SIG')}", job_id]
+    _slurm(*command, check=False)
+
+
+class SlurmLauncher(Launcher):
+    """One `sbatch` job per trial (see the module docstring)."""
+
+    name = "slurm"
+
+    def __init__(self) -> None:
+        self.gpus: bool | None = None
+
+    # ----- refusals, before anything is recorded or submitted -----
+
+    def check(self, plan: _runner.Plan) -> None:
+        settings = SlurmSettings.of(plan)
+        if shutil.which("sbatch") is None:
+            raise InvalidArgumentError(
+                "--launcher slurm: sbatch is not on PATH; run on a Slurm login node (or "
+                "install Slurm's client commands), or use --launcher local."
+            )
+        listed = _slurm("sinfo", "--noheader", "--Node", "--format=%N|%P|%c|%G").stdout
+        nodes: list[tuple[str, str, int, int]] = []
+        for line in listed.splitlines():
+            name, part, cpus, gres = (line.split("|") + ["", "", "0", ""])[:4]
+            nodes.append((name, part.rstrip("*"), int(cpus or 0), _gpu_count(gres)))
+        partitions = sorted({p for _, p, _, _ in nodes})
+        if settings.partition is not None and settings.partition not in partitions:
+            raise InvalidArgumentError(
+                f"resources.resource_pool: {settings.partition!r} is not a partition of this "
+                f"Slurm cluster (sinfo lists: {', '.join(partitions) or 'none'}); set it to one "
+                "of them, or leave it out for the default partition."
+            )
+        default = _default_partition(listed)
+        wanted = settings.partition or default
+        members = [n for n in nodes if wanted is None or n[1] == wanted]
+        accelerator = (plan.options.accelerator or "auto").lower()
+        self.gpus = accelerator in ("gpu", "cuda") or (
+            accelerator == "auto" and any(n[3] for n in members)
+        )
+        unit = "GPUs" if self.gpus else "CPUs"
+        have = {n[0]: (n[3] if self.gpus else n[2]) for n in members}
+        if not any(count >= settings.slots_per_node for count in have.values()):
+            shown = ", ".join(f"{k} {v}" for k, v in sorted(have.items())) or "no nodes"
+            raise InvalidArgumentError(
+                f"slurm.slots_per_node: {settings.slots_per_node} {unit} per node, but no node "
+                f"of partition {wanted} has that many ({shown}); lower slurm.slots_per_node "
+                "(a trial with more slots than that spans nodes) or choose another "
+                "resources.resource_pool."
+            )
+        probe = ["sbatch", "--test-only", *self._options(settings), "--wrap=true"]
+        done = _slurm(*probe, check=False)
+        if done.returncode != 0:
+            raise SlurmRefused(
+                f"Slurm refuses the trial's job ({shlex.join(self._options(settings))}): "
+                f"{(done.stderr or done.stdout).strip()}; fix slurm.sbatch_args, "
+                "resources.slots_per_trial or resources.resource_pool."
+            )
+
+    def _options(self, settings: SlurmSettings) -> list[str]:
+        out = settings.resources(bool(self.gpus))
+        if settings.partition:
+            out.append(f"--partition={settings.partition}")
+        out.append("--requeue")  # preempted or its node lost: Slurm runs it again
+        if not any(a.startswith("--signal") for a in settings.sbatch_args):
+            out.append(f"--signal={SIGNAL_DEFAULT}")
+        return [*out, *settings.sbatch_args]
+
+    # ----- one trial -----
+
+    def submit(self, plan: _runner.Plan, trial: _runner.TrialRun) -> tuple[str, pathlib.Path]:
+        """Write the trial's run description and job script, `sbatch` it; the job id and
+        its output file."""
+        settings = SlurmSettings.of(plan)
+        if self.gpus is None:
+            self.check(plan)
+        trial.trial_dir.mkdir(parents=True, exist_ok=True)
+        if settings.nodes > 1:  # each node runs `per_node` of the trial's processes
+            options = dataclasses.replace(
+                plan.options, devices=settings.per_node, num_nodes=settings.nodes
+            )
+            plan = dataclasses.replace(plan, options=options)
+        _runner.describe_run(plan, trial).write(trial.run_file)
+        script = trial.trial_dir / "job.sh"
+        command = [sys.executable, "-m", "lightning_bridge.experiment._slurm_job"]
+        command.append(str(trial.run_file))
+        lines = [
+            "#!/bin/bash",
+            f"# lightning-bridge: experiment {trial.experiment_id}, trial {trial.trial_id}",
+        ]
+        if settings.nodes == 1:
+            lines.append(f"exec {shlex.join(command)}")
+        else:
+            # The rendezvous is the first node's address: node names need not resolve.
+            lines += [
+                'head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+                'MASTER_ADDR=$(scontrol show node "$head" | grep -o "NodeAddr=[^ ]*" | cut -c10-)',
+                "export MASTER_ADDR",
+                f"exec srun --kill-on-bad-exit=1 {shlex.join(command)}",
+            ]
+        script.write_text("\n".join(lines) + "\n")
+        output = trial.trial_dir / "slurm-%j.out"
+        submit = [
+            "sbatch",
+            "--parsable",
+            f"--job-name=lb-{trial.experiment_id}-{trial.trial_id}",
+            f"--chdir={plan.context_dir}",
+            f"--output={output}",
+            "--open-mode=append",
+            "--export=ALL",
+            *self._options(settings),
+            str(script),
+        ]
+        done = _slurm(*submit, check=False)
+        if done.returncode != 0:
+            raise SlurmRefused(
+                f"sbatch refused trial {trial.trial_id}'s job: "
+                f"{(done.stderr or done.stdout).strip()}"
+            )
+        job_id = done.stdout.strip().split(";")[0]
+        return job_id, pathlib.Path(str(output).replace("%j", job_id))
+
+    def start(self, registry: Registry, plan: _runner.Plan, trial: _runner.TrialRun) -> SlurmJob:
+        """Submit a search's trial; the job, for its worker to follow."""
+        job_id, output = self.submit(plan, trial)
+        registry.job_submitted(trial.trial_id, self.name, job_id, str(output))
+        return SlurmJob(job_id, registry.workspace.root, trial.trial_id)
+
+    def run_trial(
+        self,
+        registry: Registry,
+        plan: _runner.Plan,
+        trial: _runner.TrialRun,
+        relaunch: bool = False,
+    ) -> int:
+        try:
+            job_id, output = self.submit(plan, trial)
+        except InvalidArgumentError as exc:
+            registry.trial_ended(trial.trial_id, TrialState.ERROR, str(exc), if_active=True)
+            raise
+        registry.job_submitted(trial.trial_id, self.name, job_id, str(output))
+        print(
+            f"Trial {trial.trial_id}: Slurm job {job_id} submitted; its output: {output}",
+            flush=True,
+        )
+        paused = self._wait(registry, trial.trial_id, job_id)
+        return _outcome(registry, trial.trial_id, job_id, output, paused)
+
+    def _wait(self, registry: Registry, trial_id: int, job_id: str) -> bool:
+        """Wait for the job's end, recording its state; a signal pauses it (a second cancels
+        it). Whether it was paused."""
+        signals: list[int] = []
+
+        def on_signal(signum: int, frame: Any) -> None:
+            signals.append(signum)
+            signal_job(job_id, signal.SIGTERM if len(signals) == 1 else None)
+            with contextlib.suppress(OSError, RuntimeError):
+                if len(signals) == 1:
+                    print(
+                        f"Pausing Slurm job {job_id}: the trial checkpoints and stops", flush=True
+                    )
+                else:
+                    print(f"Cancelling Slurm job {job_id}", flush=True)
+
+        previous: dict[int, Any] = {}
+        if threading.current_thread() is threading.main_thread():
+            previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        last: JobInfo | None = None
+        try:
+            while True:
+                info = job_info(job_id)
+                if info is None:
+                    registry.job_state(trial_id, "GONE", "no longer known to Slurm")
+                    break
+                if info != last:
+                    registry.job_state(trial_id, info.state, info.reason, info.restarts)
+                    if last is not None and info.restarts > last.restarts:
+                        logger.info("Slurm job %s was requeued (%s)", job_id, info.reason)
+                    last = info
+                if not info.live:
+                    break
+                time.sleep(POLL_S)
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        return bool(signals)
+
+
+class SlurmJob:
+    """A submitted trial's job as a search's worker follows it (`TrialProcess`): `wait`
+    records its state in the workspace's record as it changes."""
+
+    def __init__(self, job_id: str, workspace: pathlib.Path, trial_id: int) -> None:
+        self.job_id = job_id
+        self.pid = 0  # no local process
+        self._workspace = workspace
+        self._trial_id = trial_id
+
+    def wait(self) -> int:
+        last: JobInfo | None = None
+        with Registry(self._workspace) as registry:  # this thread's own connection
+            while True:
+                info = job_info(self.job_id)
+                if info is None:
+                    registry.job_state(self._trial_id, "GONE", "no longer known to Slurm")
+                    return 1
+                if info != last:
+                    registry.job_state(self._trial_id, info.state, info.reason, info.restarts)
+                    last = info
+                if not info.live:
+                    return 0 if info.state == "COMPLETED" else 1
+                time.sleep(POLL_S)
+
+    def send_signal(self, sig: int) -> None:
+        signal_job(self.job_id, None if sig == signal.SIGKILL else sig)
+
+
+def _outcome(
+    registry: Registry, trial_id: int, job_id: str, output: pathlib.Path, paused: bool
+) -> int:
+    """The exit code of a trial whose job ended: its recorded end, or (the job ended without
+    the trial recording one: killed, cancelled, its node lost) ERROR / STOPPED."""
+    job = registry.job(trial_id)
+    state = job.state if job is not None else "UNKNOWN"
+    recorded = registry.trial(trial_id)
+    if recorded.state == TrialState.ACTIVE.value:
+        if paused:
+            registry.trial_ended(trial_id, TrialState.STOPPED, f"Slurm job {job_id} cancelled")
+        else:
+            registry.trial_ended(
+                trial_id,
+                TrialState.ERROR,
+                f"its Slurm job {job_id} ended {state} without the trial recording an end; "
+                f"its output: {output}",
+            )
+        recorded = registry.trial(trial_id)
+    if recorded.state == TrialState.ERROR.value:
+        print(f"lightning-bridge: error: trial {trial_id}: {recorded.message}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _gpu_count(gres: str) -> int:
+    """GPUs in sinfo's %G (`gpu:a100:4(S:0-1)`, `gpu:2`, `(null)`)."""
+    total = 0
+    for item in gres.split(","):
+        parts = item.split("(")[0].split(":")
+        if parts and parts[0] == "gpu" and parts[-1].isdigit():
+            total += int(parts[-1])
+    return total
+
+
+def _default_partition(listed: str) -> str | None:
+    for line in listed.splitlines():
+        part = (line.split("|") + ["", ""])[1]
+        if part.endswith("*"):
+            return part.rstrip("*")
+    return None
