@@ -16,6 +16,9 @@ import pytest
 import lightning_bridge as pytorch
 from tests._trials import LinearTrial, fit
 
+# Every test here starts two or three processes: a minute or more each on two cores.
+pytestmark = pytest.mark.slow
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 

@@ -8,6 +8,8 @@ import sys
 import textwrap
 from typing import Any
 
+import pytest
+
 SCRIPT = textwrap.dedent(
     """
     import lightning.pytorch.trainer.connectors.logger_connector.fx_validator as fx
@@ -25,6 +27,7 @@ SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow  # a subprocess of its own
 def test_missing_lightning_helper_breaks_only_the_adapter_with_a_clear_message() -> None:
     out = subprocess.run(
         [sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=120, check=True

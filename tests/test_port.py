@@ -151,6 +151,7 @@ def read_config(folder: pathlib.Path) -> dict[str, Any]:
     return yaml.safe_load((folder / "const.yaml").read_text())
 
 
+@pytest.mark.slow  # a subprocess of its own
 def test_port_writes_a_folder_that_trains_on_its_own(
     project: Project, tmp_path: pathlib.Path
 ) -> None:
@@ -244,6 +245,7 @@ def test_out_dir_is_not_overwritten_without_force(project: Project, tmp_path: pa
         write_trial_folder(project.target, a_file, datamodule=project.datamodule, force=True)
 
 
+@pytest.mark.slow  # a subprocess of its own
 def test_cli_reports_a_bad_target_in_one_line(project: Project) -> None:
     result = run_cli("port", f"{project.model}:Missing", "--out", "out", cwd=project.folder)
     assert result.returncode == 2
