@@ -524,13 +524,19 @@ def continued_run(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
     with fit(latest_checkpoint="latest") to 32; returns the checkpoint directory."""
     base = tmp_path_factory.mktemp("continued") / "checkpoints"
     storage = {"type": "shared_fs", "save_trial_latest": 2, "save_trial_best": 0}
-    for length, latest in ((16, None), (32, "latest")):
-        with quiet_init(checkpoint_dir=base, exp_conf={"checkpoint_storage": storage}) as ctx:
-            pytorch.Trainer(LinearTrial(ctx), ctx).fit(
-                max_length=pytorch.Batch(length),
-                checkpoint_period=pytorch.Batch(1),
-                latest_checkpoint=latest,
-            )
+    # In a folder of its own: the checkpoints copy the working directory into code/.
+    here = os.getcwd()
+    os.chdir(base.parent)
+    try:
+        for length, latest in ((16, None), (32, "latest")):
+            with quiet_init(checkpoint_dir=base, exp_conf={"checkpoint_storage": storage}) as ctx:
+                pytorch.Trainer(LinearTrial(ctx), ctx).fit(
+                    max_length=pytorch.Batch(length),
+                    checkpoint_period=pytorch.Batch(1),
+                    latest_checkpoint=latest,
+                )
+    finally:
+        os.chdir(here)
     return base
 
 

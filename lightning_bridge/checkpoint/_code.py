@@ -140,6 +140,10 @@ def copy_code(
     """Copy `root`'s code files into `dest`; False (and one warning) when over `max_bytes`."""
     exclude = [p.resolve() for p in exclude]
     listed = _snapshots.get(root.resolve())
+    if listed is not None and root.resolve() in _warned:
+        # The run's files were over the bound at an earlier checkpoint, and its listing only
+        # shrinks: no checkpoint of the run carries code/ (and none walks the folder again).
+        return False
     if listed is None:
         files = code_files(root, exclude)
     else:  # the files of the run's start that are still there and still code

@@ -340,6 +340,24 @@ def _unsafe() -> str | None:
     return None
 
 
+# The signal dispositions this process started with (the worker's, through exec): a forked
+# trial gets them back, as a trial the worker started itself would have.
+_INHERITED: dict[signal.Signals, Any] = {}
+
+
+def _inherited_signals() -> dict[signal.Signals, Any]:
+    """SIGINT as Python set it up at start (its handler, or SIG_IGN where the worker ignored
+    it), the others SIG_DFL unless ignored."""
+    found: dict[signal.Signals, Any] = {}
+    for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        now = signal.getsignal(sig)
+        if sig == signal.SIGINT:
+            found[sig] = now if now is signal.SIG_IGN else signal.default_int_handler
+        else:
+            found[sig] = signal.SIG_IGN if now is signal.SIG_IGN else signal.SIG_DFL
+    return found
+
+
 def _child(request: dict[str, Any], wakeup: tuple[int, int]) -> None:
     """In the forked child: become the trial's process (see the module docstring) and run its
     module as `python -m` does; never returns."""
@@ -348,9 +366,10 @@ def _child(request: dict[str, Any], wakeup: tuple[int, int]) -> None:
         signal.set_wakeup_fd(-1)
         for fd in wakeup:
             os.close(fd)
-        for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP):
-            signal.signal(sig, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        # What a new interpreter started by the worker would have: its ignored signals stay
+        # ignored (an exec keeps SIG_IGN), the others are the defaults.
+        for sig, inherited in _INHERITED.items():
+            signal.signal(sig, inherited)
         null = os.open(os.devnull, os.O_RDONLY)
         out = os.open(request["output"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         os.dup2(null, 0)
@@ -413,6 +432,7 @@ def serve(parent: int, preload: Sequence[str]) -> None:
     import importlib.util
 
     _follow(parent)
+    _INHERITED.update(_inherited_signals())
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the worker decides what its trials get
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     answers = os.fdopen(os.dup(1), "wb", buffering=0)
