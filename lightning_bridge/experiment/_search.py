@@ -40,6 +40,7 @@ from lightning_bridge.record._registry import Registry
 from lightning_bridge.record._schema import TrialState
 from lightning_bridge.record._workspace import Workspace
 from lightning_bridge.search import SearchDriver
+from lightning_bridge.search._space import flat
 from lightning_bridge.search._storage import import_optuna
 
 logger = logging.getLogger("lightning_bridge")
@@ -378,7 +379,7 @@ def search_summary(registry: Registry, driver: SearchDriver, experiment_id: int)
                 trial.state,
                 trial.batches_trained,
                 "-" if last is None else format_value(last),
-                ", ".join(f"{k}={_short(v)}" for k, v in sorted(_flat(trial.hparams).items())),
+                ", ".join(f"{k}={_short(v)}" for k, v in sorted(flat(trial.hparams).items())),
             )
         )
     counted = len(views)
@@ -397,16 +398,6 @@ def search_summary(registry: Registry, driver: SearchDriver, experiment_id: int)
             f"{experiment_id}"
         )
     return "\n".join(lines)
-
-
-def _flat(hparams: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in hparams.items():
-        if isinstance(value, dict):
-            out.update(_flat(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
 
 
 def _short(value: Any) -> str:

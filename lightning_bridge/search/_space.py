@@ -117,6 +117,18 @@ def leaves(space: Space, path: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str
             yield (*path, key), node
 
 
+def flat(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A trial's nested hyperparameter values as dotted keys (`optimizer.lr`), as tables and
+    MLflow's params show them."""
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        if isinstance(value, dict):
+            out.update(flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
 def is_constant(space: Space) -> bool:
     """Whether every hyperparameter has one value (no range or categorical to search)."""
     return all(isinstance(form, ConstForm) for _, form in leaves(space))

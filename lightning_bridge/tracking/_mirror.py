@@ -38,6 +38,7 @@ from typing import Any
 from lightning_bridge.record._records import Experiment, Trial
 from lightning_bridge.record._registry import Registry
 from lightning_bridge.record._schema import CheckpointState, TrialState
+from lightning_bridge.search._space import flat
 from lightning_bridge.tracking._settings import artifact_location, require_mlflow
 
 logger = logging.getLogger("lightning_bridge")
@@ -64,17 +65,6 @@ def bounded_requests(retries: int = 2, timeout_s: int = 5) -> None:
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1")
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", str(timeout_s))
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
-
-
-def flat(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Nested hyperparameters as `a.b` keys."""
-    out: dict[str, Any] = {}
-    for key, value in values.items():
-        if isinstance(value, dict):
-            out.update(flat(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
 
 
 def _quoted(value: str) -> str:
