@@ -162,13 +162,12 @@ def typecheck(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def interop(session: nox.Session) -> None:
-    """Tests marked ``interop``: lightning_bridge and determined==0.38.1 side by side.
-
-    In one process, in file order: a module that maps determined onto the bridge shares the
-    process with Determined's own class checks."""
+    """Tests marked ``interop``: lightning_bridge and determined==0.38.1 side by side (a module
+    that maps determined onto the bridge puts Determined's own modules back when it ends, so
+    modules share a worker in any order)."""
     _install(session, *_extra("interop"), *_extra("test"))
     session.run("python", "-m", "pip", "check")
-    _pytest(session, "-m", "interop")
+    _pytest(session, "-m", "interop", *XDIST)
 
 
 def _example_commands(folder: Path, python: str) -> list[list[str]]:

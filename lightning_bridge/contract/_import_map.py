@@ -208,6 +208,10 @@ class DeterminedFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         """The module is complete when created."""
 
 
+# Real `determined` modules that `install(force=True)` took out of `sys.modules`.
+_DISPLACED: dict[str, types.ModuleType] = {}
+
+
 def installed() -> bool:
     return any(isinstance(f, DeterminedFinder) for f in sys.meta_path)
 
@@ -228,17 +232,20 @@ def install(force: bool = False) -> bool:
     if not force and determined_available():
         return False
     for name in [m for m in sys.modules if m == "determined" or m.startswith("determined.")]:
-        del sys.modules[name]
+        _DISPLACED[name] = sys.modules.pop(name)
     sys.meta_path.insert(0, DeterminedFinder())
     return True
 
 
 def uninstall() -> None:
-    """Remove the mapping and the modules it created."""
+    """Remove the mapping and the modules it created, and put back the real `determined`
+    modules it displaced, so that code imported before keeps sharing their classes."""
     sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, DeterminedFinder)]
     for name in [m for m in sys.modules if m == "determined" or m.startswith("determined.")]:
         if not getattr(sys.modules[name], "__file__", None):
             del sys.modules[name]
+    sys.modules.update(_DISPLACED)
+    _DISPLACED.clear()
 
 
 _SHIM = '''"""determined, mapped onto lightning_bridge by `lightning-bridge run`."""
