@@ -10,6 +10,10 @@ three things of its own:
   otherwise take the job for `srun`-started ranks: the processes of a one-node trial are
   Lightning's to start, as on any machine. A job of several tasks (a trial across nodes, one
   task per process) keeps it, and Lightning's Slurm environment gives ranks and world size.
+- Before training, the job's first task connects to the services every trial reports to
+  (the experiment record, a search's storage): one its node cannot reach ends the job at
+  once with a message naming it (`UNREACHABLE`), which the coordinator shows; it stops
+  submitting (`SlurmLauncher.unreachable`).
 - SIGUSR1 (sbatch `--signal`, before the time limit) stops the trial as SIGTERM does (finish
   the batch, checkpoint) and then requeues the job, which continues from that checkpoint. A
   trial that failed requeues the job while its restarts are under `max_restarts`.
@@ -21,14 +25,50 @@ import dataclasses
 import os
 import pathlib
 import signal
+import socket
 import subprocess
 import sys
 from typing import Any
 
+from lightning_bridge._errors import BridgeError
 from lightning_bridge.experiment._checkpoints import fetch, settle_checkpoints
+from lightning_bridge.experiment._slurm import UNREACHABLE
 from lightning_bridge.record._registry import Registry
 from lightning_bridge.record._schema import TrialState
+from lightning_bridge.record._settings import WorkspaceSettings
+from lightning_bridge.record._workspace import Workspace
 from lightning_bridge.translation._run_description import RunDescription
+
+EXIT_UNREACHABLE = 3
+
+
+def unreachable(run: RunDescription) -> str | None:
+    """Why this node cannot reach a service the trial reports to (the experiment record, a
+    search's storage), naming it; None when it reaches both."""
+    if run.record is not None:
+        workspace = Workspace(run.record.workspace)
+        try:
+            shared = WorkspaceSettings.read(workspace.root).record is not None
+            if not shared and not workspace.registry_path.is_file():
+                return (
+                    f"the experiment record {workspace.registry_path} is not on this node's "
+                    "file systems; put the workspace on a file system every node mounts at "
+                    'the same path, with {"record": "postgresql://..."} in its workspace.json'
+                )
+            with Registry(workspace) as registry:
+                registry.trial(run.record.trial_id)
+        except BridgeError as exc:
+            return str(exc)
+        except Exception as exc:  # noqa: BLE001 - the driver's own errors
+            return f"the experiment record of {workspace.root}: {type(exc).__name__}: {exc}"
+    if run.search is not None:
+        from lightning_bridge.experiment._search_storage import check_search_storage
+
+        try:
+            check_search_storage(run.search.storage, run.search.name)
+        except BridgeError as exc:
+            return f"the search storage: {exc}"
+    return None
 
 
 def _chief() -> bool:
@@ -66,6 +106,11 @@ def main(argv: list[str]) -> int:
     else:  # one task per process: the record's writer is rank 0 (`run_from_file`)
         os.environ["RANK"] = os.environ.get("SLURM_PROCID", "0")
         os.environ["LOCAL_RANK"] = os.environ.get("SLURM_LOCALID", "0")
+    if _chief():
+        problem = unreachable(RunDescription.read(run_file))
+        if problem is not None:
+            print(f"{UNREACHABLE} {socket.gethostname()}: {problem}", file=sys.stderr, flush=True)
+            return EXIT_UNREACHABLE  # not requeued: the next run would fail the same way
     if restarts and _chief():
         _continue_from_latest(run_file)
     preempted: list[int] = []
