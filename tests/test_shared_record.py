@@ -11,7 +11,10 @@ import logging
 import os
 import pathlib
 import shutil
+import signal
 import socket
+import subprocess
+import sys
 import uuid
 from typing import Any
 
@@ -20,8 +23,9 @@ import torch
 
 from lightning_bridge.experiment._cli import main
 from lightning_bridge.experiment._launcher import LocalLauncher
-from lightning_bridge.experiment._slurm import SlurmLauncher
-from lightning_bridge.experiment._slurm_job import unreachable
+from lightning_bridge.experiment._slurm import SlurmLauncher, _outcome
+from lightning_bridge.experiment._slurm_job import EXIT_UNREACHABLE, unreachable
+from lightning_bridge.experiment._slurm_job import main as job_main
 from lightning_bridge.record._filesystem import filesystem_type, network_filesystem
 from lightning_bridge.record._registry import Registry
 from lightning_bridge.record._workspace import Workspace
@@ -35,6 +39,7 @@ from tests._folders import (  # isolated_imports: an autouse fixture
     write_folder,
 )
 from tests._servers import PostgresServer
+from tests.test_record import REPO, WRITER
 
 MOUNTS = """\
 sysfs /sys sysfs rw,nosuid 0 0
@@ -166,6 +171,39 @@ def test_a_job_names_the_record_or_the_storage_it_cannot_reach(tmp_path: pathlib
     assert not (tmp_path / "ws" / "registry.sqlite").exists()  # nothing created there
 
 
+def test_a_job_that_cannot_reach_the_record_ends_before_training_and_says_so(
+    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The job's start on a node (`_slurm_job`) against a record it cannot reach, then the
+    coordinator's reading of the job's output: the trial is recorded ERROR with the message
+    naming the record, and the run's exit code says it failed."""
+    workspace = tmp_path / "ws"
+    with Registry(workspace) as registry:  # the coordinator recorded the trial and its job
+        experiment = registry.create_experiment({"name": "x"}, name="x")
+        trial_id = registry.create_trial(experiment, hparams={}, seed=0)
+        output = tmp_path / "slurm-7.out"
+        registry.job_submitted(trial_id, "slurm", "7", str(output))
+    run_file = tmp_path / "run.json"
+    RunDescription(record=RecordConnection(str(workspace), experiment, trial_id)).write(run_file)
+    url = f"postgresql://team@127.0.0.1:{_closed_port()}/record"
+    _settings(workspace, record=url)  # as the node sees it: a server it cannot reach
+    capsys.readouterr()
+    assert job_main([str(run_file)]) == EXIT_UNREACHABLE
+    said = capsys.readouterr().err
+    assert said.startswith(f"lightning-bridge: error: unreachable from node {socket.gethostname()}")
+    assert f"the experiment record {url}" in said
+    output.write_text(f"some start-up line\n{said}")
+    (workspace / "workspace.json").unlink()  # the coordinator reaches its record
+    with Registry(workspace) as registry:
+        assert _outcome(registry, trial_id, "7", output, paused=False) == 1
+        trial = registry.trial(trial_id)
+        assert SlurmLauncher().unreachable(registry, trial_id) == trial.message
+    assert trial.state == "ERROR"
+    assert trial.message.startswith(f"unreachable from node {socket.gethostname()}: ")
+    assert f"the experiment record {url}" in trial.message
+    assert f"trial {trial_id}: unreachable from node" in capsys.readouterr().err
+
+
 # ----- the record on PostgreSQL -----
 
 
@@ -229,3 +267,41 @@ def test_the_record_on_postgresql_lists_describes_and_continues_as_sqlite(
     pg_weights = checkpoint_weights(kept_checkpoints(1, tmp_path / "postgres")[-1])
     for key, value in checkpoint_weights(kept_checkpoints(1, tmp_path / "sqlite")[-1]).items():
         torch.testing.assert_close(pg_weights[key], value, rtol=0, atol=0)
+
+
+@pytest.mark.postgres
+def test_concurrent_writers_and_a_killed_one_on_postgresql(
+    tmp_path: pathlib.Path, postgres: PostgresServer
+) -> None:
+    """Four processes open a new PostgreSQL record at once (creating its tables) and write, one
+    is killed half way: every committed row is there and the ids are unique."""
+    script = tmp_path / "writer.py"
+    script.write_text(WRITER)
+    workspace = tmp_path / "ws"
+    _settings(workspace, record=_database(postgres))
+    env = {"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}
+    writers = [
+        subprocess.Popen(
+            [sys.executable, str(script), str(workspace), mode],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for mode in ("ok", "ok", "ok", "crash")
+    ]
+    crashing = writers[-1]
+    assert crashing.stdout is not None and crashing.stdout.readline() == "half\n"
+    crashing.send_signal(signal.SIGKILL)
+    for writer in writers[:-1]:
+        out, _ = writer.communicate(timeout=120)
+        assert writer.returncode == 0 and out == "done\n"
+    crashing.wait(timeout=30)
+    with Registry(workspace) as registry:
+        assert sorted(e.id for e in registry.experiments()) == [1, 2, 3, 4]
+        counts = sorted(len(registry.metrics(t.id)) for t in registry.trials())
+        assert counts == [30, 60, 60, 60]
+        assert len(registry.checkpoints()) == 3 * 6 + 3
+        (gone,) = registry.reconcile()
+        assert registry.trial(gone).state == "ERROR"
+    assert not (workspace / "registry.sqlite").exists()
