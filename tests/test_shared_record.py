@@ -2,7 +2,8 @@
 the services every trial reports to wherever it runs: the record on a real PostgreSQL server
 (the `postgres` fixture) lists, describes and continues as the SQLite record does; SQLite on a
 network file system is refused or warned about (a synthetic mounts table); a service a node
-cannot reach is named before training."""
+cannot reach is named before training; a job's task across nodes knows its node's rank and
+size."""
 
 from __future__ import annotations
 
@@ -21,10 +22,11 @@ from typing import Any
 import pytest
 import torch
 
+from lightning_bridge.contract._distributed import DistributedContext
 from lightning_bridge.experiment._cli import main
 from lightning_bridge.experiment._launcher import LocalLauncher
 from lightning_bridge.experiment._slurm import SlurmLauncher, _outcome
-from lightning_bridge.experiment._slurm_job import EXIT_UNREACHABLE, unreachable
+from lightning_bridge.experiment._slurm_job import EXIT_UNREACHABLE, task_environment, unreachable
 from lightning_bridge.experiment._slurm_job import main as job_main
 from lightning_bridge.record._filesystem import filesystem_type, network_filesystem
 from lightning_bridge.record._registry import Registry
@@ -202,6 +204,38 @@ def test_a_job_that_cannot_reach_the_record_ends_before_training_and_says_so(
     assert trial.message.startswith(f"unreachable from node {socket.gethostname()}: ")
     assert f"the experiment record {url}" in trial.message
     assert f"trial {trial_id}: unreachable from node" in capsys.readouterr().err
+
+
+# ----- a task's place across nodes -----
+
+
+def test_a_task_of_a_job_across_nodes_knows_its_node_and_its_neighbours(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two nodes of two tasks each (srun's environment of the second task of node 1): the
+    trial's DistributedContext and cluster info give Determined's ranks and sizes."""
+    from lightning_bridge.translation._cluster_info import ClusterInfo
+
+    slurm = {
+        "SLURM_PROCID": "3",
+        "SLURM_LOCALID": "1",
+        "SLURM_NODEID": "1",
+        "SLURM_NTASKS": "4",
+        "SLURM_STEP_TASKS_PER_NODE": "2(x2)",
+    }
+    env = task_environment(slurm)
+    assert env == {"RANK": "3", "LOCAL_RANK": "1", "NODE_RANK": "1", "LOCAL_WORLD_SIZE": "2"}
+    assert "GROUP_RANK" not in env  # Lightning keeps its Slurm environment
+    uneven = task_environment({**slurm, "SLURM_STEP_TASKS_PER_NODE": "3,1"})
+    assert uneven["LOCAL_WORLD_SIZE"] == "1"  # node 1 runs one of the four
+    for name in ("GROUP_RANK", "NUM_NODES", "LOCAL_WORLD_SIZE", "NODE_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in {**env, "WORLD_SIZE": "4"}.items():  # the process group's size
+        monkeypatch.setenv(name, value)
+    d = DistributedContext()
+    assert (d.rank, d.size, d.local_rank, d.local_size) == (3, 4, 1, 2)
+    assert (d.cross_rank, d.cross_size) == (1, 2)
+    assert ClusterInfo(RunDescription()).container_rank == 1
 
 
 # ----- the record on PostgreSQL -----

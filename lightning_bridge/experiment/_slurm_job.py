@@ -28,6 +28,7 @@ import signal
 import socket
 import subprocess
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 from lightning_bridge._errors import BridgeError
@@ -71,6 +72,35 @@ def unreachable(run: RunDescription) -> str | None:
     return None
 
 
+def _tasks_per_node(value: str) -> list[int]:
+    """Slurm's tasks-per-node list (`2(x3),1`) expanded, one count per node of the job."""
+    counts: list[int] = []
+    for item in value.split(","):
+        count, _, repeat = item.partition("(x")
+        if count.strip().isdigit():
+            counts += [int(count)] * (int(repeat.rstrip(")")) if repeat else 1)
+    return counts
+
+
+def task_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """What a task of a job of several tasks (one per process) tells the trial of its place, in
+    the names `DistributedContext` and `get_cluster_info()` read: its rank, its rank on its
+    node, the processes on its node and its node's rank (Determined's local size and cross
+    rank). Not torchrun's GROUP_RANK: Lightning would take the job for a torchrun one."""
+    node = int(environ.get("SLURM_NODEID", "0") or 0)
+    counts = _tasks_per_node(
+        environ.get("SLURM_STEP_TASKS_PER_NODE") or environ.get("SLURM_TASKS_PER_NODE", "")
+    )
+    out = {
+        "RANK": environ.get("SLURM_PROCID", "0"),
+        "LOCAL_RANK": environ.get("SLURM_LOCALID", "0"),
+        "NODE_RANK": str(node),
+    }
+    if node < len(counts):
+        out["LOCAL_WORLD_SIZE"] = str(counts[node])
+    return out
+
+
 def _chief() -> bool:
     return int(os.environ.get("SLURM_PROCID", "0") or 0) == 0
 
@@ -104,8 +134,7 @@ def main(argv: list[str]) -> int:
         for name in ("SLURM_NTASKS", "SLURM_NPROCS"):
             os.environ.pop(name, None)
     else:  # one task per process: the record's writer is rank 0 (`run_from_file`)
-        os.environ["RANK"] = os.environ.get("SLURM_PROCID", "0")
-        os.environ["LOCAL_RANK"] = os.environ.get("SLURM_LOCALID", "0")
+        os.environ.update(task_environment(os.environ))
     if _chief():
         problem = unreachable(RunDescription.read(run_file))
         if problem is not None:
