@@ -66,6 +66,13 @@ def plain_metrics(values: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def record_location(workspace: Workspace) -> str:
+    """Where the workspace's record is, as messages name it: its file, or its server's URL
+    (password hidden)."""
+    url = WorkspaceSettings.read(workspace.root).record
+    return shown(url) if url is not None else str(workspace.registry_path)
+
+
 class Registry:
     """The record of a workspace: create experiments and trials, record what they report."""
 
@@ -95,7 +102,7 @@ class Registry:
     @property
     def location(self) -> str:
         """Where the record is, as messages name it: its file, or its server's URL."""
-        return shown(self.url) if self.url is not None else str(self.workspace.registry_path)
+        return record_location(self.workspace)
 
     def _open(self) -> None:
         with self._session() as session:
