@@ -157,7 +157,9 @@ def _closed_port() -> int:
         return int(sock.getsockname()[1])  # closed once the socket is
 
 
-def test_a_job_names_the_record_or_the_storage_it_cannot_reach(tmp_path: pathlib.Path) -> None:
+def test_a_job_names_the_record_or_the_storage_it_cannot_reach(
+    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     port = _closed_port()
     url = f"postgresql://team:secret@127.0.0.1:{port}/record"
     _settings(tmp_path / "ws", record=url)
@@ -166,6 +168,11 @@ def test_a_job_names_the_record_or_the_storage_it_cannot_reach(tmp_path: pathlib
     assert problem is not None
     assert f"the experiment record postgresql://team:***@127.0.0.1:{port}/record" in problem
     assert "cannot be reached from" in problem and "secret" not in problem
+    # The submitting machine's commands say the same, before anything is recorded.
+    capsys.readouterr()
+    assert main(["experiment", "list", "--workspace", str(tmp_path / "ws")]) == 2
+    said = capsys.readouterr().err
+    assert f"postgresql://team:***@127.0.0.1:{port}/record (set in {tmp_path}" in said
     # An SQLite record that is not on the node's file systems (the workspace not shared).
     (tmp_path / "ws" / "workspace.json").unlink()
     problem = unreachable(run)

@@ -96,7 +96,7 @@ class Registry:
             if hasattr(self, "_engine"):
                 self._engine.dispose()
             if self.url is not None:
-                raise record_unreachable(self.url, exc) from None
+                raise record_unreachable(self.workspace.root, self.url, exc) from None
             raise unusable_registry(self.workspace.root, path, exc) from None
 
     @property

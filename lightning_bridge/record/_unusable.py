@@ -52,13 +52,13 @@ def unusable_registry(root: pathlib.Path, registry: pathlib.Path, exc: Exception
     return exc
 
 
-def record_unreachable(url: str, exc: Exception) -> WorkspaceError:
+def record_unreachable(root: pathlib.Path, url: str, exc: Exception) -> WorkspaceError:
     """The error when the record's PostgreSQL server (the workspace's `record` setting) does
     not answer or refuses the connection."""
     inner = getattr(exc, "orig", None) or exc
     first = (str(inner).strip().splitlines() or [""])[0][:300]
     return WorkspaceError(
-        f"the experiment record {shown(url)} (the workspace's {SETTINGS_FILE}) cannot be "
+        f"the experiment record {shown(url)} (set in {root / SETTINGS_FILE}) cannot be "
         f"reached from {socket.gethostname()} ({type(inner).__name__}: {first}); check the "
         "host, port, database, user and password, and that the server runs and accepts "
         "connections from this machine."
