@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import socket
 import subprocess
 import sys
 import time
@@ -120,3 +121,52 @@ def test_other_strategies_are_handed_to_lightning_by_name(strategy: str, message
             init_kwargs={"accelerator": "cpu", "devices": 2, "strategy": strategy},
             max_length=pytorch.Batch(2),
         )
+
+
+def _agent(tmp_path: pathlib.Path, out: str, torchrun: list[str]) -> subprocess.Popen[str]:
+    """One torchrun agent (`torchrun` its options) running the script in a folder of its own,
+    as on a machine of its own; its results in `out`.RANK.json."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "BRIDGE_TEST_TRIAL": "one_model"}
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_PORT"):
+        env.pop(var, None)
+    folder = tmp_path / f"{out}-{len(list(tmp_path.glob(out + '-*')))}"
+    folder.mkdir()
+    cmd = [sys.executable, "-m", "torch.distributed.run", *torchrun]
+    cmd += [str(REPO / "tests" / "_dist_script.py"), str(tmp_path / out), "1", "torchrun"]
+    return subprocess.Popen(
+        cmd, cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+
+
+@pytest.mark.processes
+def test_two_torchrun_agents_on_a_c10d_rendezvous_train_like_one_agent(
+    tmp_path: pathlib.Path,
+) -> None:
+    """A Trainer-API script across two machines (two agents, one process each, meeting at a
+    c10d rendezvous on 127.0.0.1) ends with the weights and metrics of the same script's two
+    processes under one agent (run alongside)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = int(sock.getsockname()[1])
+    rendezvous = ["--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d"]
+    rendezvous += ["--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "bridge-test"]
+    agents = [_agent(tmp_path, "nodes", rendezvous) for _ in (0, 1)]
+    agents.append(_agent(tmp_path, "agent", ["--standalone", "--nproc-per-node", "2"]))
+    outputs = [agent.communicate(timeout=240)[0] for agent in agents]
+    assert [agent.returncode for agent in agents] == [0, 0, 0], "\n".join(outputs)
+    nodes = [_load(tmp_path, "nodes", r) for r in (0, 1)]
+    want = [_load(tmp_path, "agent", r) for r in (0, 1)]
+    # Each process sees its global rank, the world, its local rank on its own machine (0 of
+    # 1) and its machine's rank among the two (Determined's cross rank / size).
+    assert [r["seen_at_init"] for r in nodes] == [[0, 2, 0, 1, 0, 2], [1, 2, 0, 1, 1, 2]]
+    assert [r["seen_at_init"] for r in want] == [[0, 2, 0, 2, 0, 1], [1, 2, 1, 2, 0, 1]]
+    for got, same in zip(nodes, want, strict=True):
+        assert got["size"] == 2
+        assert (got["weight"], got["bias"]) == (same["weight"], same["bias"])
+        assert got["calls"] == same["calls"] and got["val"] == same["val"]
+    # The chief's machine holds the checkpoints; the other's none.
+    chief, other = (tmp_path / f"nodes-{i}" / "checkpoints" for i in (0, 1))
+    if not (chief.exists() and any(chief.iterdir())):  # which agent's process is rank 0
+        chief, other = other, chief
+    assert any(p.name != "latest" for p in chief.iterdir())
+    assert not other.exists() or not any(other.iterdir())

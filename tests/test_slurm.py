@@ -458,3 +458,61 @@ def test_two_node_trial_equals_its_two_process_single_node_run(
         results[launcher + "-weights"] = _final_weights(ws)  # type: ignore[assignment]
     _same(results["local-weights"], results["slurm-weights"])  # type: ignore[arg-type]
     assert [m.values for m in results["local"]] == [m.values for m in results["slurm"]]
+
+
+@pytest.mark.slurm
+@pytest.mark.postgres
+def test_a_record_the_nodes_cannot_reach_stops_a_search_at_its_first_job(
+    tmp_path: pathlib.Path, slurm_cluster: SlurmCluster, postgres: Any
+) -> None:
+    """The record is a PostgreSQL server found through libpq's PGHOST / PGPORT: the submitting
+    machine's reach it, the jobs' (`--export` in sbatch_args) name a closed port. The first job
+    ends before training naming the record; the search submits no other trial and fails with
+    that message."""
+    import socket
+
+    import sqlalchemy
+
+    name = f"record_{os.getpid()}"
+    engine = sqlalchemy.create_engine(
+        postgres.url.replace("postgresql://", "postgresql+psycopg://"),
+        isolation_level="AUTOCOMMIT",
+    )
+    with engine.connect() as connection:
+        connection.exec_driver_sql(f"DROP DATABASE IF EXISTS {name}")
+        connection.exec_driver_sql(f"CREATE DATABASE {name}")
+    engine.dispose()
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        closed = sock.getsockname()[1]
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    url = f"postgresql://postgres@/{name}"
+    (ws / "workspace.json").write_text(json.dumps({"record": url}))
+    searcher = {"name": "random", "metric": "validation_loss", "max_trials": 3}
+    searcher.update(max_concurrent_trials=1, max_length={"batches": 8})
+    slurm = {"sbatch_args": [f"--export=ALL,PGPORT={closed}"]}
+    config = _folder(tmp_path, _config(slurm=slurm, searcher=searcher))
+    env = {**_env(), "PGHOST": "127.0.0.1", "PGPORT": str(postgres.port)}
+    args = ("run", str(config), "--launcher", "slurm", "--accelerator", "cpu")
+    done = subprocess.run(
+        _cli(*args, "--workspace", str(ws)),
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+    )
+    assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
+    said = f"lightning-bridge: error: unreachable from node {socket.gethostname()}: "
+    assert said + f"the experiment record {url}" in done.stderr
+    os.environ["PGHOST"], os.environ["PGPORT"] = "127.0.0.1", str(postgres.port)
+    try:
+        with Registry(ws) as registry:
+            trials, job = registry.trials(), registry.job(1)
+    finally:
+        del os.environ["PGHOST"], os.environ["PGPORT"]
+    (trial,) = trials  # no second trial submitted
+    assert trial.state == "ERROR" and f"the experiment record {url}" in trial.message
+    assert trial.batches_trained == 0 and job is not None and job.state == "FAILED"

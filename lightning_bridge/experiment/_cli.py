@@ -77,7 +77,14 @@ def _seeded(config_path: str, overrides: list[str]) -> tuple[list[str], str | No
 
 def _run(args: argparse.Namespace, from_command_line: bool) -> int:
     from lightning_bridge.experiment import _runner
+    from lightning_bridge.experiment._launchers import default_launcher
+    from lightning_bridge.record._workspace import Workspace
 
+    try:  # the command line's --launcher, else the workspace's setting, else local
+        launcher_name = args.launcher or default_launcher(Workspace(args.workspace).root)
+    except BridgeError as exc:
+        print(f"lightning-bridge: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     overrides, seed_line = _seeded(args.config, list(args.overrides))
     options = _runner.Options(
         overrides=overrides,
@@ -89,7 +96,7 @@ def _run(args: argparse.Namespace, from_command_line: bool) -> int:
         strategy=args.strategy,
         accelerator=args.accelerator,
         tracking_uri=args.tracking_uri,
-        launcher=args.launcher,
+        launcher=launcher_name,
     )
     if not options.test_mode:  # a search runs its trials (test mode trains its first one)
         from lightning_bridge.experiment._search import run_search
@@ -105,7 +112,6 @@ def _run(args: argparse.Namespace, from_command_line: bool) -> int:
         from lightning_bridge.experiment._checkpoints import AlreadyComplete
         from lightning_bridge.experiment._summary import run_summary
         from lightning_bridge.record._registry import Registry
-        from lightning_bridge.record._workspace import Workspace
 
         _experiments.check_storage(plan)
         _experiments.check_code(plan, Workspace(args.workspace))
@@ -114,6 +120,7 @@ def _run(args: argparse.Namespace, from_command_line: bool) -> int:
 
         launcher = launcher_for(options.launcher)
         launcher.check(plan)
+        launcher.check_record(Workspace(args.workspace))
     except BridgeError as exc:
         print(f"lightning-bridge: error: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -250,6 +250,7 @@ def experiment_continue(args: argparse.Namespace) -> int:
 
         recorded = registry.experiment(args.id).options.get("launcher")
         launcher = launcher_for(getattr(args, "launcher", None) or recorded)
+        launcher.check_record(registry.workspace)
         code, trials = continue_experiment(
             registry, args.id, args.from_command_line, run=launcher.run_trial
         )

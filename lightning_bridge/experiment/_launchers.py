@@ -1,15 +1,20 @@
-"""The launchers by name, as `--launcher` and an experiment's record name them."""
+"""The launchers by name, as `--launcher`, a workspace's settings and an experiment's record
+name them."""
 
 from __future__ import annotations
 
+import pathlib
+
 from lightning_bridge._errors import InvalidArgumentError
 from lightning_bridge.experiment._launcher import Launcher, LocalLauncher
+from lightning_bridge.record._settings import SETTINGS_FILE, WorkspaceSettings
 
 LAUNCHERS = ("local", "slurm")
 
 
-def launcher_for(name: str | None) -> Launcher:
-    """The launcher named on the command line or in an experiment's record."""
+def launcher_for(name: str | None, source: str = "--launcher") -> Launcher:
+    """The launcher named on the command line or in an experiment's record (`source` says
+    where the name came from, for the message refusing an unknown one)."""
     if name in (None, "", "local"):
         return LocalLauncher()
     if name == "slurm":
@@ -17,5 +22,15 @@ def launcher_for(name: str | None) -> Launcher:
 
         return SlurmLauncher()
     raise InvalidArgumentError(
-        f"--launcher {name}: unknown launcher; choose one of {', '.join(LAUNCHERS)}."
+        f"{source} {name}: unknown launcher; choose one of {', '.join(LAUNCHERS)}."
     )
+
+
+def default_launcher(workspace: pathlib.Path) -> str:
+    """The launcher `run` uses when its command line names none: the workspace's `launcher`
+    setting (`<workspace>/workspace.json`), else local."""
+    name = WorkspaceSettings.read(workspace).launcher
+    if name is None:
+        return "local"
+    launcher_for(name, f"{workspace / SETTINGS_FILE}: launcher")  # an unknown name refused
+    return name

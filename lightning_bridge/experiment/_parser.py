@@ -95,7 +95,7 @@ def _add_run(commands: Any, common: argparse.ArgumentParser) -> None:
         action="store_true",
         help="run more processes than CPU cores (oversubscribed) without asking",
     )
-    _launcher_option(run, "local")
+    _launcher_option(run, "the workspace's launcher setting (workspace.json), else local")
     _search_options(run)
     _tracking_option(run)
     run.set_defaults(handler="run")
@@ -112,13 +112,15 @@ def _tracking_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _launcher_option(parser: argparse.ArgumentParser, default: str | None) -> None:
+def _launcher_option(parser: argparse.ArgumentParser, default: str) -> None:
+    """`--launcher`; `default` says what applies when it is left out (nothing is filled in:
+    a run looks up the workspace's setting, a continue the experiment's own)."""
     parser.add_argument(
         "--launcher",
         choices=("local", "slurm"),
-        default=default,
+        default=None,
         help="where trials run: local (processes on this machine) or slurm (one sbatch job "
-        "per trial; docs/cluster.md)" + ("" if default else "; default: the experiment's own"),
+        f"per trial; docs/cluster.md); default: {default}",
     )
 
 
@@ -191,7 +193,7 @@ def _add_record_commands(commands: Any, common: argparse.ArgumentParser) -> None
         metavar="SECONDS",
         help="a search's trial not heard of for this long is given to another worker",
     )
-    _launcher_option(cont, None)
+    _launcher_option(cont, "the experiment's own")
     cont.set_defaults(handler="continue")
     plot = verbs.add_parser(
         "plot", parents=parents, help="write a PNG of each trial's training and validation curves"

@@ -122,7 +122,9 @@ def run_search(
             check_search_storage(_absolute(args.storage))
         written = [pathlib.Path(_absolute(args.storage))] if args.storage else []
         check_code(first, Workspace(args.workspace), *written)
-        launcher_for(options.launcher).check(first)
+        launcher = launcher_for(options.launcher)
+        launcher.check(first)
+        launcher.check_record(Workspace(args.workspace))
     except BridgeError as exc:
         return _error(exc)
     if seed_line:

@@ -55,7 +55,8 @@ LOST_AFTER_S = 300.0
 
 
 class SearchStorageUnavailable(BridgeError):
-    """The search's storage did not come back within the bound."""
+    """The search's storage did not come back within the bound, or a trial's node could not
+    reach the search storage or the experiment record (its message names which)."""
 
 
 @dataclasses.dataclass
@@ -131,6 +132,7 @@ class SearchRun:
         self._events: queue.SimpleQueue[tuple[int, int]] = queue.SimpleQueue()
         self._unhandled: list[tuple[int, int]] = []
         self._signals = 0
+        self.unreachable: str | None = None  # a trial's node could not reach a service
         self._next_beat = 0.0
         self._away_since: float | None = None
         self._reopen = False
@@ -173,6 +175,8 @@ class SearchRun:
             self.starter.close()
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+        if self.unreachable is not None:
+            raise SearchStorageUnavailable(self.unreachable)
         return not self._signals
 
     def _step(self) -> bool:
@@ -237,6 +241,15 @@ class SearchRun:
                 f"The search storage is back after {time.monotonic() - self._away_since:.0f} s"
             )
             self._away_since = None
+
+    def _stop_all(self) -> None:
+        """Start no more trials; the running ones checkpoint and stop (as on a signal)."""
+        self._signals += 1
+        for launched in list(self.running.values()):
+            try:
+                launched.process.send_signal(signal.SIGTERM)
+            except ProcessLookupError:
+                pass
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         self._signals += 1
@@ -365,8 +378,13 @@ class SearchRun:
         recorded = self.registry.trial(trial_id)
         if recorded.state == TrialState.ACTIVE.value:
             state = TrialState.STOPPED if stopping else TrialState.ERROR
+            problem = self.launcher.unreachable(self.registry, trial_id)
+            if problem is not None:  # every trial would fail so: start no more
+                self.unreachable = problem
+                state = TrialState.ERROR
+                self._stop_all()
             self.registry.trial_ended(
-                trial_id, state, f"its process ended with code {code}", if_active=True
+                trial_id, state, problem or f"its process ended with code {code}", if_active=True
             )
             recorded = self.registry.trial(trial_id)
         shutil.rmtree(launched.run.trial_dir / "restore", ignore_errors=True)

@@ -44,6 +44,8 @@ logger = logging.getLogger("lightning_bridge")
 
 SIGNAL_DEFAULT = "B:USR1@120"  # sbatch --signal: the batch shell (the trial), 120 s before
 POLL_S = 1.0
+# The line a job that cannot reach a shared service ends with, in its output (`_slurm_job`).
+UNREACHABLE = "lightning-bridge: error: unreachable from node"
 _TIMEOUT_S = 60
 
 
@@ -174,6 +176,7 @@ class SlurmLauncher(Launcher):
     """One `sbatch` job per trial (see the module docstring)."""
 
     name = "slurm"
+    several_machines = True
 
     def __init__(self) -> None:
         self.gpus: bool | None = None
@@ -233,6 +236,10 @@ class SlurmLauncher(Launcher):
         if not any(a.startswith("--signal") for a in settings.sbatch_args):
             out.append(f"--signal={SIGNAL_DEFAULT}")
         return [*out, *settings.sbatch_args]
+
+    def unreachable(self, registry: Registry, trial_id: int) -> str | None:
+        job = registry.job(trial_id)
+        return unreachable_in(pathlib.Path(job.output)) if job is not None else None
 
     # ----- one trial -----
 
@@ -392,7 +399,10 @@ def _outcome(
     state = job.state if job is not None else "UNKNOWN"
     recorded = registry.trial(trial_id)
     if recorded.state == TrialState.ACTIVE.value:
-        if paused:
+        problem = unreachable_in(output)
+        if problem is not None:
+            registry.trial_ended(trial_id, TrialState.ERROR, problem)
+        elif paused:
             registry.trial_ended(trial_id, TrialState.STOPPED, f"Slurm job {job_id} cancelled")
         else:
             registry.trial_ended(
@@ -406,6 +416,17 @@ def _outcome(
         print(f"lightning-bridge: error: trial {trial_id}: {recorded.message}", file=sys.stderr)
         return 1
     return 0
+
+
+def unreachable_in(output: pathlib.Path) -> str | None:
+    """The message of a job that could not reach a shared service from its node (its output's
+    `UNREACHABLE` line, without the `lightning-bridge: error: ` prefix), else None."""
+    try:
+        lines = output.read_text(errors="replace").splitlines()
+    except OSError:
+        return None
+    found = [line for line in lines if line.startswith(UNREACHABLE)]
+    return found[-1].removeprefix("lightning-bridge: error: ") if found else None
 
 
 def _gpu_count(gres: str) -> int:

@@ -10,6 +10,10 @@ three things of its own:
   otherwise take the job for `srun`-started ranks: the processes of a one-node trial are
   Lightning's to start, as on any machine. A job of several tasks (a trial across nodes, one
   task per process) keeps it, and Lightning's Slurm environment gives ranks and world size.
+- Before training, the job's first task connects to the services every trial reports to
+  (the experiment record, a search's storage): one its node cannot reach ends the job at
+  once with a message naming it (`UNREACHABLE`), which the coordinator shows; it stops
+  submitting (`SlurmLauncher.unreachable`).
 - SIGUSR1 (sbatch `--signal`, before the time limit) stops the trial as SIGTERM does (finish
   the batch, checkpoint) and then requeues the job, which continues from that checkpoint. A
   trial that failed requeues the job while its restarts are under `max_restarts`.
@@ -21,14 +25,80 @@ import dataclasses
 import os
 import pathlib
 import signal
+import socket
 import subprocess
 import sys
+from collections.abc import Mapping
 from typing import Any
 
+from lightning_bridge._errors import BridgeError
 from lightning_bridge.experiment._checkpoints import fetch, settle_checkpoints
+from lightning_bridge.experiment._slurm import UNREACHABLE
 from lightning_bridge.record._registry import Registry
 from lightning_bridge.record._schema import TrialState
+from lightning_bridge.record._settings import WorkspaceSettings
+from lightning_bridge.record._workspace import Workspace
 from lightning_bridge.translation._run_description import RunDescription
+
+EXIT_UNREACHABLE = 3
+
+
+def unreachable(run: RunDescription) -> str | None:
+    """Why this node cannot reach a service the trial reports to (the experiment record, a
+    search's storage), naming it; None when it reaches both."""
+    if run.record is not None:
+        workspace = Workspace(run.record.workspace)
+        try:
+            shared = WorkspaceSettings.read(workspace.root).record is not None
+            if not shared and not workspace.registry_path.is_file():
+                return (
+                    f"the experiment record {workspace.registry_path} is not on this node's "
+                    "file systems; put the workspace on a file system every node mounts at "
+                    'the same path, with {"record": "postgresql://..."} in its workspace.json'
+                )
+            with Registry(workspace) as registry:
+                registry.trial(run.record.trial_id)
+        except BridgeError as exc:
+            return str(exc)
+        except Exception as exc:  # noqa: BLE001 - the driver's own errors
+            return f"the experiment record of {workspace.root}: {type(exc).__name__}: {exc}"
+    if run.search is not None:
+        from lightning_bridge.experiment._search_storage import check_search_storage
+
+        try:
+            check_search_storage(run.search.storage, run.search.name)
+        except BridgeError as exc:
+            return f"the search storage: {exc}"
+    return None
+
+
+def _tasks_per_node(value: str) -> list[int]:
+    """Slurm's tasks-per-node list (`2(x3),1`) expanded, one count per node of the job."""
+    counts: list[int] = []
+    for item in value.split(","):
+        count, _, repeat = item.partition("(x")
+        if count.strip().isdigit():
+            counts += [int(count)] * (int(repeat.rstrip(")")) if repeat else 1)
+    return counts
+
+
+def task_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """What a task of a job of several tasks (one per process) tells the trial of its place, in
+    the names `DistributedContext` and `get_cluster_info()` read: its rank, its rank on its
+    node, the processes on its node and its node's rank (Determined's local size and cross
+    rank). Not torchrun's GROUP_RANK: Lightning would take the job for a torchrun one."""
+    node = int(environ.get("SLURM_NODEID", "0") or 0)
+    counts = _tasks_per_node(
+        environ.get("SLURM_STEP_TASKS_PER_NODE") or environ.get("SLURM_TASKS_PER_NODE", "")
+    )
+    out = {
+        "RANK": environ.get("SLURM_PROCID", "0"),
+        "LOCAL_RANK": environ.get("SLURM_LOCALID", "0"),
+        "NODE_RANK": str(node),
+    }
+    if node < len(counts):
+        out["LOCAL_WORLD_SIZE"] = str(counts[node])
+    return out
 
 
 def _chief() -> bool:
@@ -64,8 +134,12 @@ def main(argv: list[str]) -> int:
         for name in ("SLURM_NTASKS", "SLURM_NPROCS"):
             os.environ.pop(name, None)
     else:  # one task per process: the record's writer is rank 0 (`run_from_file`)
-        os.environ["RANK"] = os.environ.get("SLURM_PROCID", "0")
-        os.environ["LOCAL_RANK"] = os.environ.get("SLURM_LOCALID", "0")
+        os.environ.update(task_environment(os.environ))
+    if _chief():
+        problem = unreachable(RunDescription.read(run_file))
+        if problem is not None:
+            print(f"{UNREACHABLE} {socket.gethostname()}: {problem}", file=sys.stderr, flush=True)
+            return EXIT_UNREACHABLE  # not requeued: the next run would fail the same way
     if restarts and _chief():
         _continue_from_latest(run_file)
     preempted: list[int] = []

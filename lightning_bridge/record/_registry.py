@@ -1,4 +1,6 @@
-"""`Registry`: the experiment record of one workspace, in SQLite through SQLAlchemy.
+"""`Registry`: the experiment record of one workspace, in SQLite through SQLAlchemy (or in a
+PostgreSQL database the workspace's settings name, when trials on several machines write it:
+`_settings`, `_postgres`).
 
 Several processes write at once (the runner, each trial's own process, the commands): every
 write is one short transaction on the engine of `_sqlite` (WAL mode, a generous busy timeout),
@@ -23,6 +25,7 @@ from sqlalchemy.orm import Session
 
 from lightning_bridge._errors import InvalidArgumentError
 from lightning_bridge._process import pid_alive
+from lightning_bridge.record._postgres import postgres_engine, shown
 from lightning_bridge.record._records import Checkpoint, Experiment, Job, Metric, Trial
 from lightning_bridge.record._schema import (
     SCHEMA_VERSION,
@@ -36,8 +39,9 @@ from lightning_bridge.record._schema import (
     TrialRow,
     TrialState,
 )
+from lightning_bridge.record._settings import WorkspaceSettings
 from lightning_bridge.record._sqlite import BUSY_TIMEOUT_S, sqlite_engine
-from lightning_bridge.record._unusable import unusable_registry
+from lightning_bridge.record._unusable import record_unreachable, unusable_registry
 from lightning_bridge.record._workspace import Workspace
 
 # A scheduler job in one of these states may still run the trial (Slurm's names).
@@ -62,6 +66,13 @@ def plain_metrics(values: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def record_location(workspace: Workspace) -> str:
+    """Where the workspace's record is, as messages name it: its file, or its server's URL
+    (password hidden)."""
+    url = WorkspaceSettings.read(workspace.root).record
+    return shown(url) if url is not None else str(workspace.registry_path)
+
+
 class Registry:
     """The record of a workspace: create experiments and trials, record what they report."""
 
@@ -74,13 +85,24 @@ class Registry:
         (a trial's process waits briefly and holds its reports back instead, `_outage`)."""
         self.workspace = workspace if isinstance(workspace, Workspace) else Workspace(workspace)
         path = self.workspace.registry_path
+        self.url = WorkspaceSettings.read(self.workspace.root).record
         try:
-            self._engine = sqlite_engine(path, busy_timeout_s)
+            if self.url is not None:
+                self._engine = postgres_engine(self.url, busy_timeout_s)
+            else:
+                self._engine = sqlite_engine(path, busy_timeout_s)
             self._open()
         except (OSError, DBAPIError) as exc:
             if hasattr(self, "_engine"):
                 self._engine.dispose()
+            if self.url is not None:
+                raise record_unreachable(self.workspace.root, self.url, exc) from None
             raise unusable_registry(self.workspace.root, path, exc) from None
+
+    @property
+    def location(self) -> str:
+        """Where the record is, as messages name it: its file, or its server's URL."""
+        return record_location(self.workspace)
 
     def _open(self) -> None:
         with self._session() as session:
@@ -90,7 +112,7 @@ class Registry:
                 session.add(Meta(key="schema_version", value=str(SCHEMA_VERSION)))
             elif int(version.value) > SCHEMA_VERSION:
                 raise InvalidArgumentError(
-                    f"{self.workspace.registry_path} was written by a newer lightning-bridge "
+                    f"{self.location} was written by a newer lightning-bridge "
                     f"(registry schema {version.value}, this release reads {SCHEMA_VERSION}); "
                     "upgrade lightning-bridge or choose another --workspace."
                 )

@@ -10,10 +10,13 @@ are listed or continued from.
 from __future__ import annotations
 
 import enum
+import json
 from typing import Any
 
 from sqlalchemy import JSON, Float, ForeignKey, Index, Integer, String, Text
+from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.types import TypeDecorator
 
 SCHEMA_VERSION = 1
 
@@ -31,8 +34,26 @@ class CheckpointState(enum.StrEnum):
     DELETED = "DELETED"
 
 
+class _JsonText(TypeDecorator[Any]):
+    """A JSON document kept as text: PostgreSQL's `json` refuses NaN and infinities, which a
+    metric may be (SQLite keeps them as written, in its JSON column)."""
+
+    impl = Text
+    cache_ok = True
+
+    def process_bind_param(self, value: Any, dialect: Dialect) -> str | None:
+        return None if value is None else json.dumps(value)
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> Any:
+        return None if value is None else json.loads(value)
+
+
+# JSON columns: SQLite's JSON as before; text on PostgreSQL (a record shared across machines).
+JSON_DOC = JSON().with_variant(_JsonText(), "postgresql")
+
+
 class Base(DeclarativeBase):
-    type_annotation_map = {dict[str, Any]: JSON}
+    type_annotation_map = {dict[str, Any]: JSON_DOC}
 
 
 class Meta(Base):
@@ -48,11 +69,11 @@ class ExperimentRow(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     name: Mapped[str] = mapped_column(String(256), default="")
     description: Mapped[str] = mapped_column(Text, default="")
-    config: Mapped[dict[str, Any]] = mapped_column(JSON)
+    config: Mapped[dict[str, Any]] = mapped_column(JSON_DOC)
     config_path: Mapped[str] = mapped_column(Text, default="")
     context_dir: Mapped[str] = mapped_column(Text, default="")
     # How the run was started (test mode, engine options): what `experiment continue` repeats.
-    options: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    options: Mapped[dict[str, Any]] = mapped_column(JSON_DOC, default=dict)
     searcher_metric: Mapped[str | None] = mapped_column(String(256), nullable=True)
     smaller_is_better: Mapped[bool] = mapped_column(default=True)
     created_at: Mapped[float] = mapped_column(Float)
@@ -62,7 +83,7 @@ class TrialRow(Base):
     __tablename__ = "trials"
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     experiment_id: Mapped[int] = mapped_column(ForeignKey("experiments.id"), index=True)
-    hparams: Mapped[dict[str, Any]] = mapped_column(JSON)
+    hparams: Mapped[dict[str, Any]] = mapped_column(JSON_DOC)
     seed: Mapped[int | None] = mapped_column(Integer, nullable=True)
     state: Mapped[str] = mapped_column(String(16), default=TrialState.ACTIVE.value)
     start_time: Mapped[float | None] = mapped_column(Float, nullable=True)
@@ -87,7 +108,7 @@ class MetricRow(Base):
     kind: Mapped[str] = mapped_column(String(16))  # "training" or "validation"
     batches: Mapped[int] = mapped_column(Integer)
     epochs: Mapped[int] = mapped_column(Integer, default=0)
-    values: Mapped[dict[str, Any]] = mapped_column(JSON)
+    values: Mapped[dict[str, Any]] = mapped_column(JSON_DOC)
     reported_at: Mapped[float] = mapped_column(Float)
     # Set when a continued trial went back to an earlier checkpoint: these were trained again.
     archived: Mapped[bool] = mapped_column(default=False)
@@ -101,7 +122,7 @@ class CheckpointRow(Base):
     batches: Mapped[int] = mapped_column(Integer)
     epochs: Mapped[int] = mapped_column(Integer, default=0)
     # The validation metrics of the batch it was taken at ({} if it was not validated).
-    metrics: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    metrics: Mapped[dict[str, Any]] = mapped_column(JSON_DOC, default=dict)
     location: Mapped[str] = mapped_column(Text)  # a directory path or a storage URL
     created_at: Mapped[float] = mapped_column(Float)
 

@@ -11,8 +11,11 @@ from __future__ import annotations
 import errno
 import os
 import pathlib
+import socket
 
 from lightning_bridge._errors import WorkspaceError
+from lightning_bridge.record._postgres import shown
+from lightning_bridge.record._settings import SETTINGS_FILE
 
 _READ_ONLY = ("readonly database", "read-only", "unable to open database file")
 _DAMAGED = ("file is not a database", "database disk image is malformed", "not a database")
@@ -47,3 +50,16 @@ def unusable_registry(root: pathlib.Path, registry: pathlib.Path, exc: Exception
             "LIGHTNING_BRIDGE_WORKSPACE), or make this one writable."
         )
     return exc
+
+
+def record_unreachable(root: pathlib.Path, url: str, exc: Exception) -> WorkspaceError:
+    """The error when the record's PostgreSQL server (the workspace's `record` setting) does
+    not answer or refuses the connection."""
+    inner = getattr(exc, "orig", None) or exc
+    first = (str(inner).strip().splitlines() or [""])[0][:300]
+    return WorkspaceError(
+        f"the experiment record {shown(url)} (set in {root / SETTINGS_FILE}) cannot be "
+        f"reached from {socket.gethostname()} ({type(inner).__name__}: {first}); check the "
+        "host, port, database, user and password, and that the server runs and accepts "
+        "connections from this machine."
+    )

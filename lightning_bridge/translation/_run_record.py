@@ -23,7 +23,7 @@ from lightning_bridge.checkpoint._storage_backend import CheckpointStorage
 from lightning_bridge.checkpoint._storage_config import storage_from_config
 from lightning_bridge.checkpoint._writable import directory_bytes, write_failure
 from lightning_bridge.record._outage import HeldBack
-from lightning_bridge.record._registry import Registry
+from lightning_bridge.record._registry import Registry, record_location
 from lightning_bridge.record._schema import TrialState
 from lightning_bridge.record._workspace import Workspace
 from lightning_bridge.translation._observer import (
@@ -64,7 +64,7 @@ class RunRecord(FitObserver):
         self._workspace = workspace
         self._registry: Registry | None = None
         # The record's writes, held back while the database is away (a lock held elsewhere).
-        self._writes = HeldBack(f"The record {self._workspace.registry_path}")
+        self._writes = HeldBack(f"The record {record_location(self._workspace)}")
         self._checkpoint_dir = checkpoint_dir
         self._metric = searcher_metric
 
