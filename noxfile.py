@@ -11,9 +11,11 @@ by the tests' fixtures (tests/_servers.py), not here.
 
 from __future__ import annotations
 
+import concurrent.futures
 import hashlib
 import os
 import shutil
+import subprocess
 import tomllib
 from pathlib import Path
 
@@ -186,11 +188,34 @@ def _example_commands(folder: Path, python: str) -> list[list[str]]:
     return commands
 
 
+def _run_folder(folder: Path, commands: list[list[str]], env: dict[str, str]) -> list[str]:
+    """An example folder's commands, one after the other (they may share files in the
+    folder); what they printed, and a line per failure."""
+    lines, failed = [], []
+    for command in commands:
+        shown = " ".join(Path(c).name if c == commands[0][0] else c for c in command)
+        timeout = ["timeout", "--kill-after=30", str(EXAMPLE_TIMEOUT_S)]
+        done = subprocess.run(
+            [*timeout, *command],
+            cwd=folder,
+            env={**os.environ, **env},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            check=False,
+        )
+        lines.append(f"example {folder.name}: {shown} (exit {done.returncode})\n{done.stdout}")
+        if done.returncode != 0:
+            failed.append(f"{folder.name} ({shown})")
+    return ["".join(lines), *failed]
+
+
 @nox.session(python=PYTHON)
 def examples(session: nox.Session) -> None:
     """Every example end to end in test mode.
 
-    Each folder examples/<name>/ not starting with "_" or "." is an example with a const.yaml."""
+    Each folder examples/<name>/ not starting with "_" or "." is an example with a const.yaml.
+    Two folders run at a time (one per core); a folder's own commands run in order."""
     folders = sorted(
         p for p in (ROOT / "examples").iterdir() if p.is_dir() and not p.name.startswith(("_", "."))
     )
@@ -203,17 +228,13 @@ def examples(session: nox.Session) -> None:
     _install(session)
     env = _env(session)
     python = os.path.join(session.bin, "python")
+    # The folder with the most commands first, so that the two lanes end together.
+    work = sorted(((f, _example_commands(f, python)) for f in folders), key=lambda w: -len(w[1]))
     failed = []
-    for folder in folders:
-        for command in _example_commands(folder, python):
-            shown = " ".join(Path(c).name if c == python else c for c in command)
-            session.log(f"example {folder.name}: {shown}")
-            with session.chdir(folder):
-                try:
-                    timeout = ["timeout", "--kill-after=30", str(EXAMPLE_TIMEOUT_S)]
-                    session.run(*timeout, *command, env=env, external=True)
-                except nox.command.CommandFailed:
-                    failed.append(f"{folder.name} ({shown})")
+    with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+        for output, *failures in pool.map(lambda w: _run_folder(*w, env), work):
+            print(output, flush=True)
+            failed += failures
     if failed:
         session.error(f"examples failed: {', '.join(failed)}")
 
