@@ -12,11 +12,15 @@ by the tests' fixtures (tests/_servers.py), not here.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
+import fcntl
 import hashlib
 import os
 import shutil
 import subprocess
+import tempfile
 import tomllib
+from collections.abc import Iterator
 from pathlib import Path
 
 import nox
@@ -63,9 +67,25 @@ def _shared_requirements() -> list[str]:
     return sorted(shared)
 
 
+@contextlib.contextmanager
+def _install_lock() -> Iterator[None]:
+    """One install at a time: ``./test`` runs two lanes of sessions at once, which share the
+    shared folder and build the package in its source tree (``*.egg-info``)."""
+    SHARED.parent.mkdir(parents=True, exist_ok=True)
+    with open(SHARED.parent / ".install.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 def _install(
     session: nox.Session, *packages: str, lightning: str = LATEST_LIGHTNING, editable: bool = True
 ) -> None:
+    """`_install_unlocked`, one session at a time."""
+    with _install_lock():
+        _install_unlocked(session, *packages, lightning=lightning, editable=editable)
+
+
+def _install_unlocked(session: nox.Session, *packages: str, lightning: str, editable: bool) -> None:
     """Install the session: the shared folder on its path, then `lightning` (a minor version)
     and `packages`, then the package itself (`editable`).
 
@@ -147,9 +167,10 @@ def tests(session: nox.Session, lightning: str) -> None:
 @nox.session(python=PYTHON)
 def lint(session: nox.Session) -> None:
     """ruff check, ruff format --check and lint-imports (layers, no import cycle)."""
-    session.install(*_extra("lint"))
-    # lint-imports reads the package's source; it needs it importable, not its dependencies.
-    session.install("--no-deps", "-e", ".")
+    with _install_lock():
+        session.install(*_extra("lint"))
+        # lint-imports reads the package's source; it needs it importable, not its dependencies.
+        session.install("--no-deps", "-e", ".")
     session.run("ruff", "check", *LINT_PATHS)
     session.run("ruff", "format", "--check", "--diff", *LINT_PATHS)
     session.run("lint-imports")
@@ -241,16 +262,20 @@ def examples(session: nox.Session) -> None:
 
 def _apt_install(session: nox.Session, package: str, command: str) -> None:
     """Debian's `package` (for `command`) with apt-get when missing and possible; the tests
-    that need it skip, saying why, without it."""
+    that need it skip, saying why, without it. Under the lock the test fixtures take for
+    their own apt-get (tests/_servers.py), since two lanes of sessions run at once."""
     if shutil.which(command) or shutil.which("apt-get") is None or os.geteuid() != 0:
         return
     env = {"DEBIAN_FRONTEND": "noninteractive"}
-    for step in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", package]):
-        try:
-            session.run(*step, env=env, external=True)
-        except nox.command.CommandFailed:
-            session.log(f"{' '.join(step)} failed: the tests that need {command} will skip")
-            return
+    steps = (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", package])
+    with open(os.path.join(tempfile.gettempdir(), "lightning-bridge-apt.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        for step in steps:
+            try:
+                session.run(*step, env=env, external=True)
+            except nox.command.CommandFailed:
+                session.log(f"{' '.join(step)} failed: the tests that need {command} will skip")
+                return
 
 
 @nox.session(python=PYTHON)
