@@ -59,6 +59,23 @@ class PostgresServer:
     def url(self) -> str:
         return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
 
+    def new_database(self) -> str:
+        """A new, empty database of the server (a test's record or storage of its own); its
+        URL."""
+        import uuid
+
+        import sqlalchemy
+
+        name = f"db_{uuid.uuid4().hex[:12]}"
+        engine = sqlalchemy.create_engine(
+            self.url.replace("postgresql://", "postgresql+psycopg://"),
+            isolation_level="AUTOCOMMIT",
+        )
+        with engine.connect() as connection:
+            connection.exec_driver_sql(f"CREATE DATABASE {name}")
+        engine.dispose()
+        return self.url.rsplit("/", 1)[0] + f"/{name}"
+
     @staticmethod
     def _binaries() -> pathlib.Path | None:
         """The newest installed PostgreSQL's bin folder (Debian's layout), or None."""

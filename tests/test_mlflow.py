@@ -464,3 +464,34 @@ def test_without_mlflow_the_commands_name_the_extra(
         answer = cli(*command, workspace=tmp_path / "ws", uri="http://x:1", check=False)
         assert answer.returncode == 2
         assert "pip install 'lightning-bridge[mlflow]'" in answer.stderr, answer
+
+
+@needs_client
+@pytest.mark.postgres
+def test_machines_sharing_a_record_mirror_into_one_experiment(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, postgres: Any
+) -> None:
+    """A search's workers on other machines write the same record on a PostgreSQL server: each
+    machine's sync finds the experiment's MLflow experiment and trial runs by the record, not by
+    its own workspace folder, so the team sees one experiment and nothing twice."""
+    from lightning_bridge.tracking._mirror import Mirror
+
+    monkeypatch.chdir(tmp_path)  # where MLflow's SQLite store puts the artifacts
+    record = postgres.new_database()
+    machines = [tmp_path / "machine-a", tmp_path / "machine-b"]
+    for ws in machines:
+        ws.mkdir()
+        (ws / "workspace.json").write_text(json.dumps({"record": record}))
+    experiment_id = _recorded_experiment(machines[0])
+    uri = f"sqlite:///{tmp_path / 'team-mlflow.db'}"
+    for ws in [*machines, machines[0]]:
+        with Registry(ws) as registry:
+            Mirror(registry, uri).sync_experiment(experiment_id)
+    found = client(uri).search_experiments()
+    (experiment,) = [e for e in found if "lightning_bridge.key" in e.tags]
+    assert experiment.name == "embedded [1]"
+    assert experiment.tags["lightning_bridge.key"].endswith(f"#{experiment_id}")
+    (run,) = client(uri).search_runs([experiment.experiment_id])
+    assert run.data.tags["lightning_bridge.trial_id"] == "1"
+    assert history(uri, run, "loss") == [(4, 0.25), (8, 0.125)]
+    assert history(uri, run, "validation_loss") == [(4, 0.5), (8, 0.25)]

@@ -16,7 +16,6 @@ import signal
 import socket
 import subprocess
 import sys
-import uuid
 from typing import Any
 
 import pytest
@@ -248,21 +247,6 @@ def test_a_task_of_a_job_across_nodes_knows_its_node_and_its_neighbours(
 # ----- the record on PostgreSQL -----
 
 
-def _database(server: PostgresServer) -> str:
-    """A new database of the server (each test's record its own); its URL."""
-    import sqlalchemy
-
-    name = f"record_{uuid.uuid4().hex[:12]}"
-    engine = sqlalchemy.create_engine(
-        server.url.replace("postgresql://", "postgresql+psycopg://"),
-        isolation_level="AUTOCOMMIT",
-    )
-    with engine.connect() as connection:
-        connection.exec_driver_sql(f"CREATE DATABASE {name}")
-    engine.dispose()
-    return server.url.rsplit("/", 1)[0] + f"/{name}"
-
-
 @pytest.mark.postgres
 def test_the_record_on_postgresql_lists_describes_and_continues_as_sqlite(
     tmp_path: pathlib.Path, postgres: PostgresServer, capsys: pytest.CaptureFixture[str]
@@ -277,7 +261,7 @@ def test_the_record_on_postgresql_lists_describes_and_continues_as_sqlite(
         for kind in ("sqlite", "postgres"):
             workspace = tmp_path / kind
             if kind == "postgres":
-                _settings(workspace, record=_database(postgres))
+                _settings(workspace, record=postgres.new_database())
 
             def cli(*args: str, ws: pathlib.Path = workspace) -> Any:
                 return main([*args, "--workspace", str(ws)])
@@ -319,7 +303,7 @@ def test_concurrent_writers_and_a_killed_one_on_postgresql(
     script = tmp_path / "writer.py"
     script.write_text(WRITER)
     workspace = tmp_path / "ws"
-    _settings(workspace, record=_database(postgres))
+    _settings(workspace, record=postgres.new_database())
     env = {"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}
     writers = [
         subprocess.Popen(

@@ -3,8 +3,9 @@
 Every call sends what MLflow does not have yet, read from the record (the source of truth):
 
 - one MLflow experiment per experiment, found again by its tag `lightning_bridge.key` (the
-  workspace and the experiment id), named `NAME [ID]`; the link is also written to the
-  experiment's folder (`mlflow.json`), which `experiment describe` shows;
+  record, i.e. the workspace or the record's server, and the experiment id: machines sharing a
+  record on a server mirror into the same MLflow experiment), named `NAME [ID]`; the link is
+  also written to the experiment's folder (`mlflow.json`), which `experiment describe` shows;
 - a search's parent run (tag `lightning_bridge.role=search`), and one run per trial (tag
   `lightning_bridge.trial_id`) nested under it;
 - params: the trial's flattened hyperparameters; tags: trial id, state, seed, searcher, the
@@ -159,7 +160,11 @@ class Mirror:
     # ----- experiments and runs -----
 
     def experiment_key(self, experiment_id: int) -> str:
-        return f"{self.workspace}#{experiment_id}"
+        """What finds an experiment's MLflow experiment again: its record and id. Machines
+        that share a record on a server (a search's workers) share its experiments, so they
+        find the same one; a workspace's own SQLite record is named by the workspace."""
+        where = self.registry.location if self.registry.url else str(self.workspace)
+        return f"{where}#{experiment_id}"
 
     def mlflow_experiment(self, experiment: Experiment) -> str:
         """The MLflow experiment of `experiment` (created the first time)."""
@@ -167,9 +172,15 @@ class Mirror:
         from mlflow.exceptions import MlflowException
 
         key = self.experiment_key(experiment.id)
-        found = self.client.search_experiments(
-            view_type=ViewType.ALL, filter_string=f"tags.`{TAG}key` = {_quoted(key)}"
-        )
+
+        def find() -> list[Any]:
+            return list(
+                self.client.search_experiments(
+                    view_type=ViewType.ALL, filter_string=f"tags.`{TAG}key` = {_quoted(key)}"
+                )
+            )
+
+        found = find()
         if found:
             mlflow_id = str(found[0].experiment_id)
             if found[0].lifecycle_stage == "deleted":
@@ -187,11 +198,15 @@ class Mirror:
             location = artifact_location(self.uri, self.workspace, experiment.id)
             try:
                 mlflow_id = self.client.create_experiment(name, location, tags)
-            except MlflowException as exc:  # the name is another workspace's
+            except MlflowException as exc:  # another machine's, or another workspace's
                 if "already exists" not in str(exc).lower():
                     raise
-                name = f"{name} ({self.workspace})"
-                mlflow_id = self.client.create_experiment(name, location, tags)
+                found = find()  # a machine sharing the record made it just now
+                if found:
+                    mlflow_id = str(found[0].experiment_id)
+                else:
+                    name = f"{name} ({self.workspace})"
+                    mlflow_id = self.client.create_experiment(name, location, tags)
         self._write_link(
             experiment.id,
             mlflow_experiment_id=str(mlflow_id),
