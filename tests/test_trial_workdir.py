@@ -36,6 +36,9 @@ def _folder(root: pathlib.Path) -> pathlib.Path:
     (folder / "ckpt").mkdir()  # a checkpoint written into the folder by an earlier run
     (folder / "ckpt" / "metadata.json").write_text("{}")
     (folder / "ckpt" / "state_dict.pth").write_bytes(b"")
+    (root / "datasets").mkdir()  # data kept elsewhere, linked into the folder
+    (root / "datasets" / "test.bin").write_bytes(b"1")
+    (folder / "test-data").symlink_to(root / "datasets")
     return folder
 
 
@@ -54,8 +57,12 @@ def test_a_working_copy_is_made_as_determined_makes_a_context(tmp_path: pathlib.
     # What .detignore leaves out is reachable by its relative path, not copied.
     assert (dest / "data").is_symlink() and (dest / "notes.log").is_symlink()
     assert (dest / "data" / "train.bin").read_bytes() == b"\0" * 4096
+    assert (dest / "test-data" / "test.bin").read_bytes() == b"1"  # a linked folder too
     assert (done.copied, done.unchanged) == (2, 0)
-    assert "data, notes.log" in done.describe()
+    assert (
+        "linked, not copied (.detignore leaves them out, or a link): data, test-data, notes.log"
+        in (done.describe())
+    )
 
     # The copy is the trial's: what it changes there leaves the folder as it was.
     (dest / "model_def.py").write_text("VALUE = 'changed by the trial'\n")

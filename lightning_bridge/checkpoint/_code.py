@@ -65,8 +65,9 @@ def code_files(
     ignored: list[pathlib.Path] | None = None,
 ) -> list[pathlib.Path]:
     """The files of `root` a checkpoint's `code/` holds, relative to `root`. `ignored`, when
-    given, receives the entries `.detignore` itself leaves out (the topmost ones: a folder,
-    not its files), never a run's output, an excluded path or bytecode."""
+    given, receives the entries a working copy links rather than copies: what `.detignore`
+    itself leaves out (the topmost ones: a folder, not its files) and linked folders, never a
+    run's output, an excluded path or bytecode."""
     root = root.resolve()
     skipped = {p.resolve() for p in exclude}
     spec = _spec(root)
@@ -80,7 +81,10 @@ def code_files(
             pattern = f"{(rel_dir / d).as_posix()}/"
             if (here / d).resolve() in skipped or is_run_output(here / d):
                 continue
-            if not spec.match_file(pattern):
+            if (here / d).is_symlink():  # a linked folder (data elsewhere): never walked
+                if ignored is not None and not always.match_file(pattern):
+                    ignored.append(rel_dir / d)
+            elif not spec.match_file(pattern):
                 kept.append(d)
             elif ignored is not None and not always.match_file(pattern):
                 ignored.append(rel_dir / d)

@@ -6,8 +6,8 @@ meets another trial. Here each trial of a search runs its hook and entrypoint in
 `<trial folder>/workdir`, a copy made the way Determined makes a context: `.detignore`
 honoured, never the workspace, checkpoints or the checkpoint storage, within Determined's size
 bound (checked once before the search starts, `_code.check_size`). What `.detignore` leaves
-out (data, a virtual environment) is linked into the copy rather than left behind, so relative
-paths to it keep working.
+out (data, a virtual environment) and the folder's own links to folders are linked into the
+copy rather than left behind, so relative paths to them keep working.
 
 A trial continued (`experiment continue`, a trial given back and run again) reuses its copy:
 files the folder still has unchanged are not copied again (size and modification time), the
@@ -50,7 +50,7 @@ class Synced:
         if self.linked:
             shown = ", ".join(p.as_posix() for p in self.linked[:5])
             more = f" and {len(self.linked) - 5} more" if len(self.linked) > 5 else ""
-            text += f"; linked to the folder (.detignore leaves them out): {shown}{more}"
+            text += f"; linked, not copied (.detignore leaves them out, or a link): {shown}{more}"
         return text
 
 
