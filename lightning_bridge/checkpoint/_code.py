@@ -59,26 +59,44 @@ def is_run_output(folder: pathlib.Path) -> bool:
     return checkpoint or bool(names.intersection(_WORKSPACE_MARKS))
 
 
-def code_files(root: pathlib.Path, exclude: Iterable[pathlib.Path] = ()) -> list[pathlib.Path]:
-    """The files of `root` a checkpoint's `code/` holds, relative to `root`."""
+def code_files(
+    root: pathlib.Path,
+    exclude: Iterable[pathlib.Path] = (),
+    ignored: list[pathlib.Path] | None = None,
+) -> list[pathlib.Path]:
+    """The files of `root` a checkpoint's `code/` holds, relative to `root`. `ignored`, when
+    given, receives the entries a working copy links rather than copies: what `.detignore`
+    itself leaves out (the topmost ones: a folder, not its files) and linked folders, never a
+    run's output, an excluded path or bytecode."""
     root = root.resolve()
     skipped = {p.resolve() for p in exclude}
     spec = _spec(root)
+    always = pathspec.PathSpec.from_lines("gitwildmatch", _ALWAYS_IGNORED)
     files: list[pathlib.Path] = []
     for parent, dirs, names in os.walk(root):
         here = pathlib.Path(parent)
         rel_dir = here.relative_to(root)
-        dirs[:] = sorted(
-            d
-            for d in dirs
-            if (here / d).resolve() not in skipped
-            and not spec.match_file(f"{(rel_dir / d).as_posix()}/")
-            and not is_run_output(here / d)
-        )
+        kept = []
+        for d in sorted(dirs):
+            pattern = f"{(rel_dir / d).as_posix()}/"
+            if (here / d).resolve() in skipped or is_run_output(here / d):
+                continue
+            if (here / d).is_symlink():  # a linked folder (data elsewhere): never walked
+                if ignored is not None and not always.match_file(pattern):
+                    ignored.append(rel_dir / d)
+            elif not spec.match_file(pattern):
+                kept.append(d)
+            elif ignored is not None and not always.match_file(pattern):
+                ignored.append(rel_dir / d)
+        dirs[:] = kept
         for name in sorted(names):
             rel = rel_dir / name
-            if not spec.match_file(rel.as_posix()) and (here / name).is_file():
+            if not (here / name).is_file() or (here / name).resolve() in skipped:
+                continue
+            if not spec.match_file(rel.as_posix()):
                 files.append(rel)
+            elif ignored is not None and not always.match_file(rel.as_posix()):
+                ignored.append(rel)
     return files
 
 

@@ -34,6 +34,7 @@ from lightning_bridge.experiment._checkpoints import (
 from lightning_bridge.experiment._config import ResolvedConfig, parse_config
 from lightning_bridge.experiment._parent import follow_parent
 from lightning_bridge.experiment._source import warm_start_source
+from lightning_bridge.experiment._workdir import Synced, run_outputs, storage_file, sync
 from lightning_bridge.record._registry import Registry
 from lightning_bridge.record._schema import TrialState
 from lightning_bridge.record._workspace import Workspace
@@ -64,13 +65,22 @@ def check_code(plan: _runner.Plan, workspace: Workspace, *written: pathlib.Path)
     """What every checkpoint copies into `code/` fits Determined's bound (before anything
     trains); the workspace, the checkpoint storage and `written` (a search's storage file) are
     never part of it."""
-    skipped = [workspace.root, *written]
-    section = plan.experiment_config().get("checkpoint_storage") or {}
-    if (section.get("type") or "shared_fs") == "shared_fs":
-        storage = storage_from_config(section, plan.context_dir)
-        if storage.is_local:
-            skipped.append(pathlib.Path(storage.root))
+    skipped = run_outputs(plan.context_dir, plan.experiment_config(), workspace.root, *written)
     check_size(plan.context_dir, exclude=skipped)
+
+
+def prepare_work_dir(plan: _runner.Plan, trial: _runner.TrialRun) -> Synced | None:
+    """Make (or bring up to date) a search trial's own copy of the experiment folder, where its
+    hook and entrypoint run (`_workdir`); None for a single trial, which runs in the folder."""
+    if trial.work_dir is None:
+        return None
+    written = []
+    if trial.search is not None:
+        found = storage_file(trial.search.storage)
+        if found is not None:
+            written.append(found)
+    skipped = run_outputs(plan.context_dir, plan.experiment_config(), trial.workspace, *written)
+    return sync(plan.context_dir, trial.work_dir, skipped)
 
 
 def run_trial(
@@ -89,7 +99,7 @@ def run_trial(
         trial.experiment_id,
         trial.trial_id,
         plan.config.model.entrypoint,
-        plan.context_dir,
+        trial.working_dir(plan),
         plan.config.model.reproducibility.experiment_seed,
         _runner.trial_seed(plan, trial),
     )
@@ -98,6 +108,14 @@ def run_trial(
     ended = False
     try:
         registry.trial_started(trial.trial_id)
+        synced = prepare_work_dir(plan, trial)
+        if synced is not None:
+            logger.info(
+                "The trial runs in its own copy of the experiment folder %s: %s (%s)",
+                plan.context_dir,
+                synced.path,
+                synced.describe(),
+            )
         code = _runner.execute(plan, trial)
     except KeyboardInterrupt:
         registry.trial_ended(trial.trial_id, TrialState.STOPPED, "interrupted", if_active=True)

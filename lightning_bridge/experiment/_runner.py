@@ -33,6 +33,7 @@ from lightning_bridge.experiment._child import EntrypointFailed, run_child
 from lightning_bridge.experiment._config import ResolvedConfig, load_config
 from lightning_bridge.experiment._entrypoint import Entrypoint, parse_entrypoint
 from lightning_bridge.experiment._startup_hook import startup_hook_environment
+from lightning_bridge.experiment._workdir import WORKDIR
 from lightning_bridge.search._space import trial_draw
 from lightning_bridge.translation._engine_settings import EngineSettings
 from lightning_bridge.translation._run_description import (
@@ -146,6 +147,16 @@ class TrialRun:
     def run_file(self) -> pathlib.Path:
         return self.trial_dir / "run.json"
 
+    @property
+    def work_dir(self) -> pathlib.Path | None:
+        """A search's trial runs in its own copy of the experiment folder (`_workdir`); a
+        single trial (None) in the folder itself."""
+        return self.trial_dir / WORKDIR if self.search is not None else None
+
+    def working_dir(self, plan: Plan) -> pathlib.Path:
+        """Where the trial's hook and entrypoint run and its code is imported from."""
+        return self.work_dir if self.work_dir is not None else plan.context_dir
+
 
 def prepare(config_path: str | os.PathLike[str], context_dir: Any, options: Options) -> Plan:
     """Load and validate everything a run needs; raise InvalidArgumentError on bad input."""
@@ -253,13 +264,13 @@ def load_trial_class(spec: str, context_dir: pathlib.Path) -> type:
     return obj
 
 
-def _run_trial(plan: Plan, run: RunDescription) -> None:
+def _run_trial(plan: Plan, run: RunDescription, work_dir: pathlib.Path) -> None:
     """Train a trial class in this process: `init()` takes everything from the run's
     description (named in the environment), `fit()` its schedule."""
     import lightning_bridge as pytorch
 
     assert plan.entrypoint.trial is not None
-    trial_class = load_trial_class(plan.entrypoint.trial, plan.context_dir)
+    trial_class = load_trial_class(plan.entrypoint.trial, work_dir)
     with pytorch.init() as context:
         trial_object = trial_class(context)
         trainer = pytorch.Trainer(trial_object, context)
@@ -372,18 +383,17 @@ def described(plan: Plan, trial: TrialRun) -> Iterator[RunDescription]:
 def _run_script(plan: Plan, trial: TrialRun) -> int:
     shim = _import_map.shim_dir(trial.trial_dir)
     env = dict(os.environ)
-    path = [str(shim), str(plan.context_dir)]
+    work_dir = trial.working_dir(plan)
+    path = [str(shim), str(work_dir)]
     if env.get("PYTHONPATH"):
         path.append(env["PYTHONPATH"])
     env["PYTHONPATH"] = os.pathsep.join(path)
     command = script_command(plan)
-    logger.info("Running %s in %s", shlex.join(command), plan.context_dir)
+    logger.info("Running %s in %s", shlex.join(command), work_dir)
     # Under torchrun the agent enforces the timeout on the workers; the margin is its own.
     margin = 30 if plan.processes > 1 else 0
     try:
-        ended = run_child(
-            command, cwd=plan.context_dir, env=env, timeout=plan.stop_timeout, margin=margin
-        )
+        ended = run_child(command, cwd=work_dir, env=env, timeout=plan.stop_timeout, margin=margin)
     except FileNotFoundError as exc:
         raise InvalidArgumentError(
             f"entrypoint: cannot run {command[0]!r} ({exc.strerror}); check the command."
@@ -396,14 +406,16 @@ def _run_script(plan: Plan, trial: TrialRun) -> int:
 
 
 def execute(plan: Plan, trial: TrialRun) -> int:
-    """Run one trial of a prepared plan in its context directory; returns the exit code (a
-    trial class's exceptions propagate)."""
+    """Run one trial of a prepared plan in its working directory (a search's trial: its own
+    copy of the context directory, made by its launcher); returns the exit code (a trial
+    class's exceptions propagate)."""
     previous = pathlib.Path.cwd()
-    os.chdir(plan.context_dir)
+    work_dir = trial.working_dir(plan)
+    os.chdir(work_dir)
     try:
-        with described(plan, trial) as run, startup_hook_environment(plan.context_dir):
+        with described(plan, trial) as run, startup_hook_environment(work_dir):
             if plan.entrypoint.trial is not None:
-                _run_trial(plan, run)
+                _run_trial(plan, run, work_dir)
                 return 0
             return _run_script(plan, trial)
     finally:

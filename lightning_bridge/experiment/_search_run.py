@@ -37,7 +37,7 @@ from lightning_bridge._errors import BridgeError
 from lightning_bridge.experiment import _runner, _warm
 from lightning_bridge.experiment._checkpoints import Source, fetch, settle_checkpoints
 from lightning_bridge.experiment._config import ResolvedConfig
-from lightning_bridge.experiment._experiments import continue_command
+from lightning_bridge.experiment._experiments import continue_command, prepare_work_dir
 from lightning_bridge.experiment._launcher import TrialProcess
 from lightning_bridge.experiment._launchers import launcher_for
 from lightning_bridge.experiment._parent import PARENT_ENV
@@ -343,6 +343,7 @@ class SearchRun:
             return
         trial.trial_dir.mkdir(parents=True, exist_ok=True)
         _runner.describe_run(plan, trial).write(trial.run_file)
+        prepare_work_dir(plan, trial)  # the trial's process starts in its own copy
         env = {k: v for k, v in os.environ.items() if k != ENV_VAR}
         env[PARENT_ENV] = str(os.getpid())
         gpus: list[str] = []
@@ -352,7 +353,8 @@ class SearchRun:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
         command = [sys.executable, "-m", "lightning_bridge", "_trial", str(trial.run_file)]
         output = str(trial.trial_dir / "output.log")
-        process = self.starter.start(command, cwd=self.context_dir, env=env, output=output)
+        cwd = trial.working_dir(plan)
+        process = self.starter.start(command, cwd=cwd, env=env, output=output)
         self._start(spec, trial, process, gpus)
 
     def _start(

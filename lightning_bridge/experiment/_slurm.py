@@ -35,7 +35,7 @@ import time
 from typing import Any
 
 from lightning_bridge._errors import InvalidArgumentError
-from lightning_bridge.experiment import _runner
+from lightning_bridge.experiment import _experiments, _runner
 from lightning_bridge.experiment._launcher import Launcher
 from lightning_bridge.record._registry import LIVE_JOB_STATES, Registry
 from lightning_bridge.record._schema import TrialState
@@ -256,6 +256,8 @@ class SlurmLauncher(Launcher):
             )
             plan = dataclasses.replace(plan, options=options)
         _runner.describe_run(plan, trial).write(trial.run_file)
+        # A search's trial runs in its own copy of the folder, there before any task starts.
+        _experiments.prepare_work_dir(plan, trial)
         script = trial.trial_dir / "job.sh"
         command = [sys.executable, "-m", "lightning_bridge.experiment._slurm_job"]
         command.append(str(trial.run_file))
@@ -279,7 +281,7 @@ class SlurmLauncher(Launcher):
             "sbatch",
             "--parsable",
             f"--job-name=lb-{trial.experiment_id}-{trial.trial_id}",
-            f"--chdir={plan.context_dir}",
+            f"--chdir={trial.working_dir(plan)}",
             f"--output={output}",
             "--open-mode=append",
             "--export=ALL",
