@@ -495,3 +495,43 @@ def test_machines_sharing_a_record_mirror_into_one_experiment(
     assert run.data.tags["lightning_bridge.trial_id"] == "1"
     assert history(uri, run, "loss") == [(4, 0.25), (8, 0.125)]
     assert history(uri, run, "validation_loss") == [(4, 0.5), (8, 0.25)]
+
+
+def _open_store_at_once(ws: str, uri: str, barrier: Any, errors: Any) -> None:
+    import mlflow  # noqa: F401 - imported before the barrier: the processes meet at the store
+
+    from lightning_bridge.tracking._mirror import Mirror
+
+    with Registry(pathlib.Path(ws)) as registry:
+        barrier.wait(120)
+        try:
+            Mirror(registry, uri).client.search_experiments()
+        except Exception as exc:  # noqa: BLE001 - reported to the test
+            errors.put(f"{type(exc).__name__}: {exc}")
+
+
+@needs_client
+def test_trials_opening_a_new_sqlite_store_at_once_all_get_it(tmp_path: pathlib.Path) -> None:
+    """The trials of a search start together and each opens the workspace's MLflow store: the
+    first creates MLflow's tables while the others wait, instead of all migrating one file."""
+    import multiprocessing
+
+    ws = tmp_path / "ws"
+    Registry(ws).close()
+    uri = f"sqlite:///{ws / 'mlflow.db'}"
+    context = multiprocessing.get_context("spawn")
+    barrier, errors = context.Barrier(3), context.Queue()
+    processes = [
+        context.Process(target=_open_store_at_once, args=(str(ws), uri, barrier, errors))
+        for _ in range(3)
+    ]
+    for process in processes:
+        process.start()
+    for process in processes:
+        process.join(300)
+    found = []
+    while not errors.empty():
+        found.append(errors.get())
+    assert not found, found
+    assert [p.exitcode for p in processes] == [0, 0, 0]
+    assert client(uri).search_experiments()  # MLflow's Default experiment: the store is whole

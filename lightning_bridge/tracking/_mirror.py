@@ -57,6 +57,7 @@ _ASHA = ("adaptive_asha", "async_halving")
 # MLflow's limits per log_batch call.
 _BATCH_METRICS = 1000
 _BATCH_PARAMS = 100
+_SQLITE = "sqlite:///"
 
 
 def bounded_requests(retries: int = 2, timeout_s: int = 5) -> None:
@@ -117,6 +118,21 @@ def searcher_stopped(experiment: Experiment, trial: Trial) -> bool:
     return trial.batches_trained < value
 
 
+@contextlib.contextmanager
+def _sqlite_store_lock(uri: str) -> Iterator[None]:
+    """For an MLflow SQLite store, a lock beside its file while it is opened: MLflow creates
+    and migrates a new store's tables on first use, and the trials of a search that start
+    together would otherwise all migrate the same file and fail. Other stores: nothing."""
+    if not uri.startswith(_SQLITE):
+        yield
+        return
+    path = pathlib.Path(uri[len(_SQLITE) :])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(f".{path.name}.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 class Mirror:
     """Sends one workspace's record to the MLflow tracking server at `uri`."""
 
@@ -127,7 +143,10 @@ class Mirror:
         self.registry = registry
         self.uri = uri
         self.workspace = registry.workspace.root
-        self.client = MlflowClient(tracking_uri=uri, registry_uri=uri)
+        with _sqlite_store_lock(uri):
+            self.client = MlflowClient(tracking_uri=uri, registry_uri=uri)
+            if uri.startswith(_SQLITE):
+                self.client.search_experiments(max_results=1)  # opens (creates) the store
 
     # ----- the link on the bridge's side -----
 
