@@ -444,6 +444,8 @@ def test_the_tracking_uri_is_the_option_then_the_environment_then_the_workspace(
     assert tracking_uri(ws) == f"sqlite:///{ws / 'mlflow.db'}"
     (ws / "mlflow.json").write_text('{"tracking_uri": "http://team:5000"}')
     assert tracking_uri(ws) == "http://team:5000"
+    (ws / "workspace.json").write_text('{"tracking_uri": "http://settings:5000"}')
+    assert tracking_uri(ws) == "http://settings:5000"  # the workspace's settings file first
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://env:5000")
     assert tracking_uri(ws) == "http://env:5000"
     assert tracking_uri(ws, "http://given:5000") == "http://given:5000"

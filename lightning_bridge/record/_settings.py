@@ -6,9 +6,11 @@
   (`local` when unset);
 - `record`: the experiment record's database; unset, the record is `registry.sqlite` in the
   workspace. A record that trials on several machines write (the Slurm launcher across nodes)
-  is a PostgreSQL server every node reaches, as a search's `--storage` is.
+  is a PostgreSQL server every node reaches, as a search's `--storage` is;
+- `tracking_uri`: where the record is mirrored in MLflow (`tracking/_settings`: after
+  `--tracking-uri` and `MLFLOW_TRACKING_URI`; `"off"` turns the mirror off).
 
-Both keys are optional; a file that is not a JSON object of these keys is refused with its
+Every key is optional; a file that is not a JSON object of these keys is refused with its
 path and the fix.
 """
 
@@ -21,7 +23,7 @@ import pathlib
 from lightning_bridge._errors import InvalidArgumentError
 
 SETTINGS_FILE = "workspace.json"
-_KEYS = ("launcher", "record")
+_KEYS = ("launcher", "record", "tracking_uri")
 _EXAMPLE = '{"launcher": "slurm", "record": "postgresql://USER:PASSWORD@HOST/DATABASE"}'
 
 
@@ -31,6 +33,7 @@ class WorkspaceSettings:
 
     launcher: str | None = None
     record: str | None = None
+    tracking_uri: str | None = None
 
     @classmethod
     def read(cls, root: pathlib.Path) -> WorkspaceSettings:
@@ -65,4 +68,8 @@ class WorkspaceSettings:
                 "the workspace's own registry.sqlite (leave record out) or a PostgreSQL "
                 "server (postgresql://USER:PASSWORD@HOST/DATABASE)."
             )
-        return cls(launcher=data.get("launcher") or None, record=record)
+        return cls(
+            launcher=data.get("launcher") or None,
+            record=record,
+            tracking_uri=data.get("tracking_uri") or None,
+        )

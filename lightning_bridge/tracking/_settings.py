@@ -2,7 +2,8 @@
 
 The URI is, first found: the run's `--tracking-uri` (kept in the experiment's record, so
 `continue` and `sync` use it too), `MLFLOW_TRACKING_URI`, the workspace's setting
-(`<workspace>/mlflow.json`: `{"tracking_uri": "http://host:5000"}`), else, when MLflow is
+(`<workspace>/workspace.json`: `{"tracking_uri": "http://host:5000"}`, or the older
+`<workspace>/mlflow.json` of the same form), else, when MLflow is
 installed, the workspace's embedded store (`sqlite:///<workspace>/mlflow.db`, artifacts in
 `<workspace>/mlartifacts`). `--tracking-uri off` (or `"off"` in the setting) turns the mirror
 off; `LIGHTNING_BRIDGE_MLFLOW=off` turns the embedded default off.
@@ -18,6 +19,7 @@ import shlex
 from typing import Any
 
 from lightning_bridge._errors import InvalidArgumentError
+from lightning_bridge.record._settings import WorkspaceSettings
 
 SETTINGS_FILE = "mlflow.json"
 EMBEDDED_DB = "mlflow.db"
@@ -44,7 +46,10 @@ def require_mlflow(what: str) -> Any:
 
 
 def workspace_setting(workspace: pathlib.Path) -> str | None:
-    """The workspace's `tracking_uri` setting (None when it has none)."""
+    """The workspace's `tracking_uri` setting (None when it has none): `workspace.json`'s,
+    else the older `mlflow.json`'s."""
+    if (uri := WorkspaceSettings.read(workspace).tracking_uri) is not None:
+        return uri
     path = workspace / SETTINGS_FILE
     if not path.is_file():
         return None
