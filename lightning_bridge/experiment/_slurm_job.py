@@ -11,8 +11,9 @@ three things of its own:
   Lightning's to start, as on any machine. A job of several tasks (a trial across nodes, one
   task per process) keeps it, and Lightning's Slurm environment gives ranks and world size.
 - SIGUSR1 (sbatch `--signal`, before the time limit) stops the trial as SIGTERM does (finish
-  the batch, checkpoint) and then requeues the job, which continues from that checkpoint. A
-  trial that failed requeues the job while its restarts are under `max_restarts`.
+  the batch, checkpoint; a signal during start-up waits until the fit catches SIGTERM) and
+  then requeues the job, which continues from that checkpoint. A trial that failed requeues
+  the job while its restarts are under `max_restarts`.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ import pathlib
 import signal
 import subprocess
 import sys
+import threading
+import time
 from typing import Any
 
 from lightning_bridge.experiment._checkpoints import fetch, settle_checkpoints
@@ -57,6 +60,17 @@ def _requeue(reason: str) -> None:
         subprocess.run(["scontrol", "requeue", job], check=False)
 
 
+def _stop_when_training(trained: threading.Event) -> None:
+    """SIGTERM to this process once the fit catches it (finish the batch, checkpoint, stop):
+    at once while it trains; a signal that came during start-up waits for the fit's handler,
+    which the process's default action (ending it at once) would otherwise forestall."""
+    while not trained.is_set():
+        if callable(signal.getsignal(signal.SIGTERM)):
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
+        time.sleep(0.05)
+
+
 def main(argv: list[str]) -> int:
     run_file = pathlib.Path(argv[0]).resolve()
     restarts = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
@@ -69,15 +83,22 @@ def main(argv: list[str]) -> int:
     if restarts and _chief():
         _continue_from_latest(run_file)
     preempted: list[int] = []
+    trained = threading.Event()  # the trial's command returned: nothing left to stop
 
     def on_usr1(signum: int, frame: Any) -> None:
-        preempted.append(signum)
-        os.kill(os.getpid(), signal.SIGTERM)  # the fit's handler: batch, checkpoint, stop
+        if not preempted:
+            preempted.append(signum)
+            threading.Thread(target=_stop_when_training, args=(trained,), daemon=True).start()
 
     signal.signal(signal.SIGUSR1, on_usr1)
     from lightning_bridge.experiment._cli import main as cli
 
-    code = cli(["_trial", str(run_file)])
+    try:
+        code = cli(["_trial", str(run_file)])
+    except SystemExit as exc:  # the fit's own exit once a signal stopped it
+        code = exc.code if isinstance(exc.code, int) else 1
+    finally:
+        trained.set()
     if not _chief():
         return code
     run = RunDescription.read(run_file)
