@@ -11,9 +11,10 @@ three things of its own:
   Lightning's to start, as on any machine. A job of several tasks (a trial across nodes, one
   task per process) keeps it, and Lightning's Slurm environment gives ranks and world size.
 - SIGUSR1 (sbatch `--signal`, before the time limit) stops the trial as SIGTERM does (finish
-  the batch, checkpoint; a signal during start-up waits until the fit catches SIGTERM) and
-  then requeues the job, which continues from that checkpoint. A trial that failed requeues
-  the job while its restarts are under `max_restarts`.
+  the batch, checkpoint) and then requeues the job, which continues from that checkpoint.
+  Either signal during start-up (`experiment pause` of a trial still importing) waits until
+  the fit catches SIGTERM: the trial stops after its first batch instead of dying unrecorded.
+  A trial that failed requeues the job while its restarts are under `max_restarts`.
 """
 
 from __future__ import annotations
@@ -60,12 +61,13 @@ def _requeue(reason: str) -> None:
         subprocess.run(["scontrol", "requeue", job], check=False)
 
 
-def _stop_when_training(trained: threading.Event) -> None:
+def _stop_when_training(trained: threading.Event, ours: Any) -> None:
     """SIGTERM to this process once the fit catches it (finish the batch, checkpoint, stop):
-    at once while it trains; a signal that came during start-up waits for the fit's handler,
-    which the process's default action (ending it at once) would otherwise forestall."""
+    at once while it trains; a signal that came during start-up (the job's own handler,
+    `ours`, took it) waits for the fit's handler instead of ending the process at once."""
     while not trained.is_set():
-        if callable(signal.getsignal(signal.SIGTERM)):
+        handler = signal.getsignal(signal.SIGTERM)
+        if callable(handler) and handler is not ours:
             os.kill(os.getpid(), signal.SIGTERM)
             return
         time.sleep(0.05)
@@ -82,15 +84,18 @@ def main(argv: list[str]) -> int:
         os.environ["LOCAL_RANK"] = os.environ.get("SLURM_LOCALID", "0")
     if restarts and _chief():
         _continue_from_latest(run_file)
-    preempted: list[int] = []
+    received: list[int] = []  # the first stop signal: SIGUSR1 (time limit) or SIGTERM
     trained = threading.Event()  # the trial's command returned: nothing left to stop
 
-    def on_usr1(signum: int, frame: Any) -> None:
-        if not preempted:
-            preempted.append(signum)
-            threading.Thread(target=_stop_when_training, args=(trained,), daemon=True).start()
+    def on_signal(signum: int, frame: Any) -> None:
+        if not received:
+            received.append(signum)
+            stop = threading.Thread(target=_stop_when_training, args=(trained, on_signal))
+            stop.daemon = True
+            stop.start()
 
-    signal.signal(signal.SIGUSR1, on_usr1)
+    for sig in (signal.SIGUSR1, signal.SIGTERM):  # the fit's own SIGTERM handler comes later
+        signal.signal(sig, on_signal)
     from lightning_bridge.experiment._cli import main as cli
 
     try:
@@ -106,7 +111,7 @@ def main(argv: list[str]) -> int:
     with Registry(run.record.workspace) as registry:
         state = registry.trial(run.record.trial_id).state
     max_restarts = int(run.raw_config.get("max_restarts", 5) or 0)
-    if preempted and state == TrialState.STOPPED.value:
+    if received == [signal.SIGUSR1] and state == TrialState.STOPPED.value:
         _requeue("its time limit is near: the trial checkpointed")
     elif code != 0 and restarts < max_restarts:
         _requeue(f"the trial failed; restart {restarts + 1} of max_restarts {max_restarts}")
