@@ -255,4 +255,5 @@ def slurm(session: nox.Session) -> None:
     (tests/_slurm_cluster.py: Debian's ``slurm-wlm`` and ``munge``, installed with apt-get when
     missing, run as root); skipped, with the reason, where Slurm cannot start."""
     _install(session, *_extra("test"))
-    _pytest(session, "-m", "slurm", "-rs")
+    # Two workers share the one cluster (its fixture starts it once): the tests mostly wait.
+    _pytest(session, "-m", "slurm", "-rs", "-n", "2", "--dist", "load")
