@@ -256,4 +256,4 @@ def slurm(session: nox.Session) -> None:
     missing, run as root); skipped, with the reason, where Slurm cannot start."""
     _install(session, *_extra("test"))
     # Two workers share the one cluster (its fixture starts it once): the tests mostly wait.
-    _pytest(session, "-m", "slurm", "-rs", "-n", "2", "--dist", "load")
+    _pytest(session, "-m", "slurm", "-rs", "-n", "2", "--dist", "worksteal")

@@ -64,10 +64,16 @@ class SlurmCluster:
         env = {**os.environ, **self.env}
         return subprocess.run(command, capture_output=True, text=True, env=env, check=check)
 
-    def jobs(self) -> list[str]:
-        """Ids of the jobs squeue lists (pending, running, completing)."""
-        out = self.run("squeue", "--noheader", "--format=%i", check=False).stdout
-        return [line.strip() for line in out.splitlines() if line.strip()]
+    def jobs(self, under: pathlib.Path | None = None) -> list[str]:
+        """Ids of the jobs squeue lists (pending, running, completing); `under`: only those
+        whose working folder is in it (a test's own, on a cluster other tests share)."""
+        out = self.run("squeue", "--noheader", "--format=%i %Z", check=False).stdout
+        rows = [line.split(maxsplit=1) for line in out.splitlines() if line.strip()]
+        return [
+            row[0]
+            for row in rows
+            if under is None or (len(row) > 1 and pathlib.Path(row[1]).is_relative_to(under))
+        ]
 
     def job(self, job_id: str) -> dict[str, str]:
         """`scontrol show job`'s fields of the job (empty when Slurm does not know it)."""
@@ -298,11 +304,24 @@ def start_cluster(root: pathlib.Path) -> SlurmCluster:
     return cluster
 
 
+def shared_folder(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
+    """The folder every xdist worker of this session sees (the session's own without xdist)."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+@contextlib.contextmanager
+def exclusive(path: pathlib.Path) -> Iterator[None]:
+    """Hold an exclusive lock on `path` (created if missing) across the session's workers."""
+    with open(path, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 @contextlib.contextmanager
 def _locked(path: pathlib.Path) -> Iterator[dict[str, Any]]:
     """The shared cluster's state file, read and written under an exclusive lock."""
-    with open(path.with_suffix(".lock"), "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with exclusive(path.with_suffix(".lock")):
         state = json.loads(path.read_text()) if path.is_file() else {}
         yield state
         path.write_text(json.dumps(state))
@@ -317,10 +336,7 @@ def slurm_cluster_fixture(tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     """The cluster for the session, its clients' `SLURM_CONF` set (skipped with the reason
     where Slurm cannot start). xdist's workers share one: the first starts it, the last
     stops it (a count of users in a state file, under a lock, beside the workers' folders)."""
-    base = tmp_path_factory.getbasetemp()
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        base = base.parent  # the folder every worker's base folder is in
-    state_file = base / "slurm-cluster.json"
+    state_file = shared_folder(tmp_path_factory) / "slurm-cluster.json"
     with _locked(state_file) as state:
         if "error" in state:
             pytest.skip(f"no Slurm test cluster: {state['error']}")

@@ -36,6 +36,8 @@ from tests._folders import (  # noqa: F401 - fixture
 from tests._folders import LINEAR_MODEL_DEF as MODEL_DEF
 from tests._slurm_cluster import (
     SlurmCluster,
+    exclusive,
+    shared_folder,
     slurm_cluster_fixture,  # noqa: F401 - fixture
 )
 
@@ -143,12 +145,21 @@ def _shown(done: subprocess.CompletedProcess[str]) -> str:
 
 @pytest.fixture(scope="module")
 def local_weights(tmp_path_factory: pytest.TempPathFactory) -> dict[str, torch.Tensor]:
-    """The trial's final weights run locally (in a subprocess, as a user runs it)."""
-    root = tmp_path_factory.mktemp("local")
-    config = _folder(root, _config())
-    done = lb("run", str(config), "--workspace", str(root / "ws"), "--accelerator", "cpu", cwd=root)
-    assert done.returncode == 0, _shown(done)
-    return _final_weights(root / "ws")
+    """The trial's final weights run locally (in a subprocess, as a user runs it), once for
+    the session's workers (the first one to need them runs it, the others read its file)."""
+    saved = shared_folder(tmp_path_factory) / "slurm-local-weights.pt"
+    with exclusive(saved.with_suffix(".lock")):
+        if saved.is_file():
+            loaded: dict[str, torch.Tensor] = torch.load(saved, weights_only=True)
+            return loaded
+        root = tmp_path_factory.mktemp("local")
+        config = _folder(root, _config())
+        args = ["run", str(config), "--workspace", str(root / "ws"), "--accelerator", "cpu"]
+        done = lb(*args, cwd=root)
+        assert done.returncode == 0, _shown(done)
+        weights = _final_weights(root / "ws")
+        torch.save(weights, saved)
+        return weights
 
 
 def _wait_for(predicate: Any, timeout: float, what: str) -> None:
@@ -235,6 +246,35 @@ def test_refused_without_sbatch(tmp_path: pathlib.Path, capsys: pytest.CaptureFi
 # ----- on the test cluster -----
 
 
+# The longest first: xdist's workers take the tests in this order.
+
+
+@pytest.mark.slurm
+def test_two_node_trial_equals_its_two_process_single_node_run(
+    tmp_path: pathlib.Path, slurm_cluster: SlurmCluster
+) -> None:
+    config = _config(resources={"slots_per_trial": 2}, slurm={"slots_per_node": 1})
+    path = _folder(tmp_path, config)
+    results = {}
+    for launcher in ("local", "slurm"):
+        ws = tmp_path / f"ws-{launcher}"
+        done = lb(*on_slurm(path, ws, "--launcher", launcher, "--force"), cwd=tmp_path)
+        assert done.returncode == 0, _shown(done)
+        with Registry(ws) as registry:
+            results[launcher] = registry.metrics(1, "validation")
+        if launcher == "slurm":
+            job = _job(ws)
+            script = (ws / "experiments/1/trials/1/job.sh").read_text()
+            assert "srun" in script and job.state == "COMPLETED"
+            # What each rank's __init__ saw: rank and size from Slurm's two tasks (local and
+            # cross sizes group ranks by host, and both test nodes are this one host).
+            seen = [json.loads((path.parent / f"init.{r}.json").read_text()) for r in (0, 1)]
+            assert [s[:2] for s in seen] == [[0, 2], [1, 2]]
+        results[launcher + "-weights"] = _final_weights(ws)  # type: ignore[assignment]
+    _same(results["local-weights"], results["slurm-weights"])  # type: ignore[arg-type]
+    assert [m.values for m in results["local"]] == [m.values for m in results["slurm"]]
+
+
 @pytest.mark.slurm
 def test_refusals_before_submitting(
     tmp_path: pathlib.Path, slurm_cluster: SlurmCluster, capsys: pytest.CaptureFixture[str]
@@ -250,7 +290,7 @@ def test_refusals_before_submitting(
         assert main([*args, "--workspace", "ws"]) == 2
         err = capsys.readouterr().err
         assert expected in err, err
-    assert not slurm_cluster.jobs()
+    assert not slurm_cluster.jobs(under=tmp_path)
     assert not (tmp_path / "ws").exists()  # nothing recorded
 
 
@@ -488,7 +528,7 @@ def test_adaptive_asha_search_of_jobs_paused_and_continued(
     paused = _search_trials(ws)
     assert paused and not any(t.state == "ACTIVE" for t in paused), paused
     assert any(0 < t.batches_trained < 16 for t in paused), paused
-    assert not slurm_cluster.jobs()
+    assert not slurm_cluster.jobs(under=tmp_path)
 
     done = lb("experiment", "continue", "1", "--workspace", str(ws), cwd=tmp_path, timeout=600)
     assert done.returncode == 0, _shown(done)
@@ -504,29 +544,3 @@ def test_adaptive_asha_search_of_jobs_paused_and_continued(
     lengths = sorted(t.batches_trained for t in trials)
     assert lengths[-1] == 16 and lengths[0] < 16, lengths  # stopped at a rung
     assert best and best[0].uuid in done.stdout  # the summary lists the best checkpoint
-
-
-@pytest.mark.slurm
-def test_two_node_trial_equals_its_two_process_single_node_run(
-    tmp_path: pathlib.Path, slurm_cluster: SlurmCluster
-) -> None:
-    config = _config(resources={"slots_per_trial": 2}, slurm={"slots_per_node": 1})
-    path = _folder(tmp_path, config)
-    results = {}
-    for launcher in ("local", "slurm"):
-        ws = tmp_path / f"ws-{launcher}"
-        done = lb(*on_slurm(path, ws, "--launcher", launcher, "--force"), cwd=tmp_path)
-        assert done.returncode == 0, _shown(done)
-        with Registry(ws) as registry:
-            results[launcher] = registry.metrics(1, "validation")
-        if launcher == "slurm":
-            job = _job(ws)
-            script = (ws / "experiments/1/trials/1/job.sh").read_text()
-            assert "srun" in script and job.state == "COMPLETED"
-            # What each rank's __init__ saw: rank and size from Slurm's two tasks (local and
-            # cross sizes group ranks by host, and both test nodes are this one host).
-            seen = [json.loads((path.parent / f"init.{r}.json").read_text()) for r in (0, 1)]
-            assert [s[:2] for s in seen] == [[0, 2], [1, 2]]
-        results[launcher + "-weights"] = _final_weights(ws)  # type: ignore[assignment]
-    _same(results["local-weights"], results["slurm-weights"])  # type: ignore[arg-type]
-    assert [m.values for m in results["local"]] == [m.values for m in results["slurm"]]
