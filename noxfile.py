@@ -267,7 +267,11 @@ def _apt_install(session: nox.Session, package: str, command: str) -> None:
     if shutil.which(command) or shutil.which("apt-get") is None or os.geteuid() != 0:
         return
     env = {"DEBIAN_FRONTEND": "noninteractive"}
-    steps = (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", package])
+    wait = ["-o", "DPkg::Lock::Timeout=600"]
+    steps = (
+        ["apt-get", *wait, "update", "-qq"],
+        ["apt-get", *wait, "install", "-y", "-qq", package],
+    )
     with open(os.path.join(tempfile.gettempdir(), "lightning-bridge-apt.lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         for step in steps:
@@ -300,4 +304,5 @@ def slurm(session: nox.Session) -> None:
     (tests/_slurm_cluster.py: Debian's ``slurm-wlm`` and ``munge``, installed with apt-get when
     missing, run as root); skipped, with the reason, where Slurm cannot start."""
     _install(session, *_extra("test"))
-    _pytest(session, "-m", "slurm", "-rs")
+    # Two workers share the one cluster (its fixture starts it once): the tests mostly wait.
+    _pytest(session, "-m", "slurm", "-rs", "-n", "2", "--dist", "worksteal")

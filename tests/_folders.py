@@ -420,6 +420,22 @@ SEARCH_CONFIG: dict[str, Any] = {
     "scheduling_unit": 4,
     "max_restarts": 0,
 }
+# adaptive_asha, aggressive: one bracket of min(max_rungs 3, int(log 16 / log 2) + 1,
+# int(log 4 / log 2) + 1) = 3 rungs at 16 / 2**2, 16 / 2, 16 batches; 2 trials at once.
+ASHA_CONFIG: dict[str, Any] = {
+    **SEARCH_CONFIG,
+    "searcher": {
+        "name": "adaptive_asha",
+        "metric": "validation_loss",
+        "max_trials": 4,
+        "max_time": 16,
+        "time_metric": "batches",
+        "divisor": 2,
+        "mode": "aggressive",
+        "max_rungs": 3,
+        "max_concurrent_trials": 2,
+    },
+}
 
 LINEAR = Trial(LINEAR_MODEL_DEF, BASE_CONFIG, LINEAR_TRAIN_PY)
 FAULT = Trial(FAULT_MODEL_DEF, FAULT_CONFIG, FAULT_TRAIN_PY)

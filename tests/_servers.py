@@ -24,7 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -38,6 +38,25 @@ def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def apt_install(packages: list[str], installed: Callable[[], bool]) -> str | None:
+    """Debian's `packages` with apt-get, unless `installed()` once the lock is held: one
+    apt-get at a time among the fixtures and the nox sessions (which run in two lanes at
+    once), under a lock file they share. None on success, else what failed."""
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    with open(os.path.join(tempfile.gettempdir(), "lightning-bridge-apt.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if installed():
+            return None
+        for command in (
+            ["apt-get", "-o", "DPkg::Lock::Timeout=600", "update", "-qq"],
+            ["apt-get", "-o", "DPkg::Lock::Timeout=600", "install", "-y", "-qq", *packages],
+        ):
+            done = subprocess.run(command, env=env, capture_output=True, text=True)
+            if done.returncode != 0:
+                return f"{' '.join(command)} failed: {done.stderr.strip()[-500:]}"
+    return None
 
 
 class PostgresServer:
@@ -92,18 +111,9 @@ class PostgresServer:
             raise Unavailable(
                 "PostgreSQL is not installed and installing it with apt-get needs root"
             )
-        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-        with open(os.path.join(tempfile.gettempdir(), "lightning-bridge-apt.lock"), "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            if (binaries := self._binaries()) is not None:
-                return binaries
-            for command in (
-                ["apt-get", "update", "-qq"],
-                ["apt-get", "install", "-y", "-qq", "postgresql"],
-            ):
-                done = subprocess.run(command, env=env, capture_output=True, text=True)
-                if done.returncode != 0:
-                    raise Unavailable(f"{' '.join(command)} failed: {done.stderr.strip()[-500:]}")
+        failed = apt_install(["postgresql"], installed=lambda: self._binaries() is not None)
+        if failed is not None:
+            raise Unavailable(failed)
         if (binaries := self._binaries()) is None:
             raise Unavailable("apt-get installed no PostgreSQL server")
         return binaries

@@ -1,21 +1,28 @@
-"""A two-node Slurm cluster on this machine, for the tests marked `slurm`.
+"""A two-node Slurm cluster on this machine (and a spare node), for the tests marked `slurm`.
 
-One `slurmctld` and two `slurmd -N n1|n2` (Debian's `slurm-wlm` is built with several slurmd
-per host), all on 127.0.0.1 with their own ports, spool folders, pid and log files, and a
-`munged` of their own (its key owned by the `munge` user, as munged requires). Slurm's clients
-find the cluster through `SLURM_CONF`, which the `slurm_cluster` fixture sets for the session.
-The test cluster is tuned to requeue at once: a requeued job waits for the credential's expiry
-(`AuthInfo=cred_expire`, 120 s by default) and the scheduler's interval, both shortened here.
-There is no accounting (`sacct`): job states come from `squeue` / `scontrol`.
+One `slurmctld` and three `slurmd -N n1|n2|n3` (Debian's `slurm-wlm` is built with several
+slurmd per host), all on 127.0.0.1 with their own ports, spool folders, pid and log files, and
+a `munged` of their own (its key owned by the `munge` user, as munged requires). `n1` and `n2`
+are the cluster the trials run on (partition `debug`, the default; `second` is `n2` alone);
+`n3` is alone in partition `spare`, for a test that takes its node down without touching the
+jobs of the others. Slurm's clients find the cluster through `SLURM_CONF`, which the
+`slurm_cluster` fixture sets for the session. The test cluster is tuned to requeue at once: a
+requeued job waits for the credential's expiry (`AuthInfo=cred_expire`, 120 s by default) and
+the scheduler's interval, both shortened here. There is no accounting (`sacct`): job states
+come from `squeue` / `scontrol`.
 
 `slurm_cluster` (session-scoped; a test module imports `slurm_cluster_fixture`) installs
 `slurm-wlm` and `munge` with apt-get when they are missing and the tests run as root, and
-skips with the reason when the cluster cannot start.
+skips with the reason when the cluster cannot start. Under pytest-xdist the workers share one
+cluster: the first to need it starts it, under a file lock, and the last one done stops it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
+import json
 import os
 import pathlib
 import pwd
@@ -25,12 +32,16 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
-NODES = ("n1", "n2")
+from tests._servers import apt_install
+
+NODES = ("n1", "n2", "n3")
 CPUS_PER_NODE = 2
-PARTITIONS = ("debug", "second")  # debug: both nodes (the default); second: n2 only
+# debug: n1 and n2 (the default); second: n2 only; spare: n3 only (a node a test may lose)
+PARTITIONS = {"debug": ("n1", "n2"), "second": ("n2",), "spare": ("n3",)}
 _DAEMONS = ("slurmctld", "slurmd", "munged", "sbatch", "squeue", "scontrol", "srun")
 
 
@@ -44,7 +55,7 @@ class SlurmCluster:
 
     root: pathlib.Path
     conf: pathlib.Path
-    processes: list[subprocess.Popen[bytes]]
+    processes: list[subprocess.Popen[bytes]]  # the daemons this process started
 
     @property
     def env(self) -> dict[str, str]:
@@ -55,10 +66,25 @@ class SlurmCluster:
         env = {**os.environ, **self.env}
         return subprocess.run(command, capture_output=True, text=True, env=env, check=check)
 
-    def jobs(self) -> list[str]:
-        """Ids of the jobs squeue lists (pending, running, completing)."""
-        out = self.run("squeue", "--noheader", "--format=%i", check=False).stdout
-        return [line.strip() for line in out.splitlines() if line.strip()]
+    def jobs(self, under: pathlib.Path | None = None) -> list[str]:
+        """Ids of the jobs squeue lists (pending, running, completing); `under`: only those
+        whose working folder is in it (a test's own, on a cluster other tests share)."""
+        out = self.run("squeue", "--noheader", "--format=%i %Z", check=False).stdout
+        rows = [line.split(maxsplit=1) for line in out.splitlines() if line.strip()]
+        return [
+            row[0]
+            for row in rows
+            if under is None or (len(row) > 1 and pathlib.Path(row[1]).is_relative_to(under))
+        ]
+
+    def job(self, job_id: str) -> dict[str, str]:
+        """`scontrol show job`'s fields of the job (empty when Slurm does not know it)."""
+        out = self.run("scontrol", "show", "job", "--oneliner", job_id, check=False).stdout
+        fields: dict[str, str] = {}
+        for word in out.split():
+            key, _, value = word.partition("=")
+            fields.setdefault(key, value)
+        return fields
 
     def cancel_all(self) -> None:
         """Cancel every job and wait until none is listed (a test's leftovers)."""
@@ -68,22 +94,65 @@ class SlurmCluster:
         while self.jobs() and time.monotonic() < deadline:
             time.sleep(0.5)
 
+    def _pid(self, daemon: str) -> int | None:
+        """The pid a daemon wrote to its pid file (None when it has none)."""
+        path = self.root / f"{daemon}.pid"
+        try:
+            return int(path.read_text().strip())
+        except (OSError, ValueError):
+            return None
+
+    def kill_node(self, name: str) -> None:
+        """SIGKILL the node's slurmd (the node is lost; its jobs' processes are the caller's
+        to end, as a machine going down ends them)."""
+        pid = self._pid(f"slurmd.{name}")
+        if pid is not None:
+            _kill(pid, 9)
+
+    def start_node(self, name: str) -> None:
+        """Start the node's slurmd again (it registers with slurmctld by itself)."""
+        command = [_binary("slurmd"), "-D", "-N", name, "-f", str(self.conf)]
+        with open(self.root / "daemons.out", "ab") as out:
+            self.processes.append(subprocess.Popen(command, stdout=out, stderr=out))
+
     def stop(self) -> None:
+        """End every daemon of the cluster, wherever it was started (by its pid file)."""
         for process in reversed(self.processes):
             if process.poll() is None:
                 process.terminate()
-        for process in reversed(self.processes):
+        pids = [self._pid(f"slurmd.{name}") for name in NODES]
+        pids += [self._pid("slurmctld"), self._pid("munge/munged")]
+        for pid in pids:
+            if pid is not None:
+                _kill(pid, 15)
+        deadline = time.monotonic() + 15
+        while any(_running(p) for p in pids if p is not None) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        for pid in pids:
+            if pid is not None and _running(pid):
+                _kill(pid, 9)
+        for process in self.processes:
             try:
-                process.wait(timeout=15)
+                process.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
-        pid_file = self.root / "munge" / "munged.pid"
-        if pid_file.is_file():
-            try:
-                os.kill(int(pid_file.read_text().strip()), 15)
-            except (OSError, ValueError):
-                pass
+
+
+def _kill(pid: int, signum: int) -> None:
+    try:
+        os.kill(pid, signum)
+    except OSError:
+        pass
+
+
+def _running(pid: int) -> bool:
+    """Whether `pid` is a live process (a zombie is not)."""
+    try:
+        stat = pathlib.Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
 
 
 def _free_ports(count: int) -> list[int]:
@@ -99,18 +168,17 @@ def _free_ports(count: int) -> list[int]:
 
 def _install() -> None:
     """apt-get the packages when a daemon is missing and this runs as root."""
-    if all(shutil.which(name) or pathlib.Path("/usr/sbin", name).exists() for name in _DAEMONS):
+
+    def installed() -> bool:
+        return all(shutil.which(n) or pathlib.Path("/usr/sbin", n).exists() for n in _DAEMONS)
+
+    if installed():
         return
     if os.geteuid() != 0:
         raise ClusterUnavailable("slurm-wlm / munge are not installed and this is not root")
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    for step in (
-        ["apt-get", "update", "-qq"],
-        ["apt-get", "install", "-y", "-qq", "slurm-wlm", "munge"],
-    ):
-        done = subprocess.run(step, capture_output=True, text=True, env=env, check=False)
-        if done.returncode != 0:
-            raise ClusterUnavailable(f"{' '.join(step)} failed: {done.stderr.strip()[-500:]}")
+    failed = apt_install(["slurm-wlm", "munge"], installed)
+    if failed is not None:
+        raise ClusterUnavailable(failed)
 
 
 def _binary(name: str) -> str:
@@ -126,6 +194,11 @@ def _config(root: pathlib.Path, ctld_port: int, node_ports: list[int], sock: pat
         f"CPUs={CPUS_PER_NODE} RealMemory=2000 State=UNKNOWN"
         for name, port in zip(NODES, node_ports, strict=True)
     )
+    partitions = "\n".join(
+        f"PartitionName={name} Nodes={','.join(nodes)} MaxTime=INFINITE State=UP"
+        + (" Default=YES" if name == "debug" else "")
+        for name, nodes in PARTITIONS.items()
+    )
     return f"""\
 ClusterName=lbtest
 SlurmctldHost=localhost(127.0.0.1)
@@ -134,7 +207,7 @@ SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
 CredType=cred/munge
-AuthInfo=socket={sock},cred_expire=10
+AuthInfo=socket={sock},cred_expire=5
 StateSaveLocation={root}/state
 SlurmdSpoolDir={root}/spool/%n
 SlurmctldPidFile={root}/slurmctld.pid
@@ -162,8 +235,7 @@ MinJobAge=600
 InactiveLimit=0
 MessageTimeout=10
 {nodes}
-PartitionName=debug Nodes={",".join(NODES)} Default=YES MaxTime=INFINITE State=UP
-PartitionName=second Nodes={NODES[1]} MaxTime=INFINITE State=UP
+{partitions}
 """
 
 
@@ -212,7 +284,7 @@ def _wait_nodes(cluster: SlurmCluster, timeout: float = 60) -> None:
 def start_cluster(root: pathlib.Path) -> SlurmCluster:
     """Start munged, slurmctld and the two slurmd in `root` (ClusterUnavailable on failure)."""
     _install()
-    for sub in ("state", "spool/n1", "spool/n2"):
+    for sub in ("state", *(f"spool/{name}" for name in NODES)):
         (root / sub).mkdir(parents=True)
     sock = _start_munge(root)
     ctld_port, *node_ports = _free_ports(1 + len(NODES))
@@ -233,26 +305,69 @@ def start_cluster(root: pathlib.Path) -> SlurmCluster:
     return cluster
 
 
+def shared_folder(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
+    """The folder every xdist worker of this session sees (the session's own without xdist)."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+@contextlib.contextmanager
+def exclusive(path: pathlib.Path) -> Iterator[None]:
+    """Hold an exclusive lock on `path` (created if missing) across the session's workers."""
+    with open(path, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+@contextlib.contextmanager
+def _locked(path: pathlib.Path) -> Iterator[dict[str, Any]]:
+    """The shared cluster's state file, read and written under an exclusive lock."""
+    with exclusive(path.with_suffix(".lock")):
+        state = json.loads(path.read_text()) if path.is_file() else {}
+        yield state
+        path.write_text(json.dumps(state))
+
+
+def _shared(root: pathlib.Path) -> SlurmCluster:
+    return SlurmCluster(root, root / "slurm.conf", [])
+
+
 @pytest.fixture(scope="session", name="slurm_cluster")
-def slurm_cluster_fixture() -> Iterator[SlurmCluster]:
-    """The two-node cluster for the session, its clients' `SLURM_CONF` set (skipped with the
-    reason where Slurm cannot start)."""
-    root = pathlib.Path(tempfile.mkdtemp(prefix="lb-slurm-"))
-    root.chmod(0o755)
-    try:
-        cluster = start_cluster(root)
-    except (ClusterUnavailable, OSError) as exc:
-        shutil.rmtree(root, ignore_errors=True)
-        pytest.skip(f"no Slurm test cluster: {exc}")
+def slurm_cluster_fixture(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
+    """The cluster for the session, its clients' `SLURM_CONF` set (skipped with the reason
+    where Slurm cannot start). xdist's workers share one: the first starts it, the last
+    stops it (a count of users in a state file, under a lock, beside the workers' folders)."""
+    state_file = shared_folder(tmp_path_factory) / "slurm-cluster.json"
+    with _locked(state_file) as state:
+        if "error" in state:
+            pytest.skip(f"no Slurm test cluster: {state['error']}")
+        if "root" in state:
+            cluster = _shared(pathlib.Path(state["root"]))
+        else:
+            root = pathlib.Path(tempfile.mkdtemp(prefix="lb-slurm-"))
+            root.chmod(0o755)
+            try:
+                cluster = start_cluster(root)
+            except (ClusterUnavailable, OSError) as exc:
+                shutil.rmtree(root, ignore_errors=True)
+                state["error"] = str(exc)
+                state_file.write_text(json.dumps(state))
+                pytest.skip(f"no Slurm test cluster: {exc}")
+            state.update(root=str(root), users=0)
+        state["users"] += 1
     previous = os.environ.get("SLURM_CONF")
     os.environ["SLURM_CONF"] = str(cluster.conf)
     try:
         yield cluster
     finally:
-        cluster.cancel_all()
-        cluster.stop()
+        with _locked(state_file) as state:
+            state["users"] -= 1
+            if state["users"] == 0:
+                cluster.cancel_all()
+                cluster.stop()
+                shutil.rmtree(cluster.root, ignore_errors=True)
+                state.clear()
         if previous is None:
             os.environ.pop("SLURM_CONF", None)
         else:
             os.environ["SLURM_CONF"] = previous
-        shutil.rmtree(root, ignore_errors=True)

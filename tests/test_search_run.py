@@ -26,22 +26,7 @@ from tests import _folders as sf
 pytest.importorskip("optuna")
 pytestmark = [pytest.mark.slow, pytest.mark.search]
 
-# adaptive_asha, aggressive: one bracket of min(max_rungs 3, int(log 16 / log 2) + 1,
-# int(log 4 / log 2) + 1) = 3 rungs at 16 / 2**2, 16 / 2, 16 batches; 2 trials at once.
-ASHA = {
-    **sf.SEARCH_CONFIG,
-    "searcher": {
-        "name": "adaptive_asha",
-        "metric": "validation_loss",
-        "max_trials": 4,
-        "max_time": 16,
-        "time_metric": "batches",
-        "divisor": 2,
-        "mode": "aggressive",
-        "max_rungs": 3,
-        "max_concurrent_trials": 2,
-    },
-}
+ASHA = sf.ASHA_CONFIG  # 3 rungs at 4, 8, 16 batches; 2 trials at once
 RUNGS = [4, 8, 16]
 
 

@@ -8,6 +8,7 @@ locally (the local launcher, in this process): same final weights, bit for bit.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import pathlib
@@ -26,6 +27,7 @@ from lightning_bridge.experiment._runner import Options, prepare
 from lightning_bridge.experiment._slurm import SlurmSettings
 from lightning_bridge.record._registry import Registry
 from lightning_bridge.record._workspace import Workspace
+from tests import _folders as sf
 from tests._folders import (  # noqa: F401 - fixture
     BASE_CONFIG,
     checkpoint_weights,
@@ -34,6 +36,8 @@ from tests._folders import (  # noqa: F401 - fixture
 from tests._folders import LINEAR_MODEL_DEF as MODEL_DEF
 from tests._slurm_cluster import (
     SlurmCluster,
+    exclusive,
+    shared_folder,
     slurm_cluster_fixture,  # noqa: F401 - fixture
 )
 
@@ -89,21 +93,76 @@ def _env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": root + (os.pathsep + path if path else "")}
 
 
-@pytest.fixture(scope="module")
-def local_weights(tmp_path_factory: pytest.TempPathFactory) -> dict[str, torch.Tensor]:
-    """The trial's final weights run locally (in a subprocess, as a user runs it)."""
-    root = tmp_path_factory.mktemp("local")
-    config = _folder(root, _config())
-    done = subprocess.run(
-        _cli("run", str(config), "--workspace", str(root / "ws"), "--accelerator", "cpu"),
-        cwd=root,
-        env=_env(),
+def on_slurm(config: pathlib.Path, workspace: pathlib.Path, *extra: str) -> list[str]:
+    """`run CONFIG --launcher slurm` on CPUs into `workspace` (`extra`: more options)."""
+    return ["run", str(config), "--launcher", "slurm", "--accelerator", "cpu"] + [
+        "--workspace",
+        str(workspace),
+        *extra,
+    ]
+
+
+def lb(
+    *args: str, cwd: pathlib.Path, timeout: float = 400, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """`lightning-bridge ARGS` run to its end, as a user runs it (its output captured; `env`:
+    more environment)."""
+    return subprocess.run(
+        _cli(*args),
+        cwd=cwd,
+        env={**_env(), **(env or {})},
         capture_output=True,
         text=True,
         check=False,
+        timeout=timeout,
     )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return _final_weights(root / "ws")
+
+
+def lb_start(*args: str, cwd: pathlib.Path) -> subprocess.Popen[str]:
+    """`lightning-bridge ARGS` started (stdout and stderr together), for a test to act on
+    while it runs; `finish` waits for it."""
+    return subprocess.Popen(
+        _cli(*args),
+        cwd=cwd,
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def finish(process: subprocess.Popen[str], timeout: float = 240) -> str:
+    """Wait for a started command (killed if it outlives `timeout`); its output."""
+    try:
+        out, _ = process.communicate(timeout=timeout)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    return out
+
+
+def _shown(done: subprocess.CompletedProcess[str]) -> str:
+    return done.stdout[-3000:] + done.stderr[-3000:]
+
+
+@pytest.fixture(scope="module")
+def local_weights(tmp_path_factory: pytest.TempPathFactory) -> dict[str, torch.Tensor]:
+    """The trial's final weights run locally (in a subprocess, as a user runs it), once for
+    the session's workers (the first one to need them runs it, the others read its file)."""
+    saved = shared_folder(tmp_path_factory) / "slurm-local-weights.pt"
+    with exclusive(saved.with_suffix(".lock")):
+        if saved.is_file():
+            loaded: dict[str, torch.Tensor] = torch.load(saved, weights_only=True)
+            return loaded
+        root = tmp_path_factory.mktemp("local")
+        config = _folder(root, _config())
+        args = ["run", str(config), "--workspace", str(root / "ws"), "--accelerator", "cpu"]
+        done = lb(*args, cwd=root)
+        assert done.returncode == 0, _shown(done)
+        weights = _final_weights(root / "ws")
+        torch.save(weights, saved)
+        return weights
 
 
 def _wait_for(predicate: Any, timeout: float, what: str) -> None:
@@ -129,6 +188,28 @@ def _trial_batches(workspace: pathlib.Path) -> int:
 def _job(workspace: pathlib.Path, trial_id: int = 1) -> Any:
     with Registry(workspace) as registry:
         return registry.job(trial_id)
+
+
+def _trial(workspace: pathlib.Path, trial_id: int = 1) -> Any:
+    with Registry(workspace) as registry:
+        return registry.trial(trial_id)
+
+
+def _ends_as_uninterrupted(
+    workspace: pathlib.Path,
+    local_weights: dict[str, torch.Tensor],
+    restarts: int,
+    runs: int | None = None,
+) -> None:
+    """The trial's (last) job COMPLETED after `restarts` requeues, the trial trained its 24
+    batches in `runs` runs (`restarts + 1`: one job), and its weights are the uninterrupted
+    local run's, bit for bit."""
+    job = _job(workspace)
+    assert job.state == "COMPLETED" and job.restarts == restarts, job
+    trial = _trial(workspace)
+    assert trial.state == "COMPLETED" and trial.batches_trained == 24, trial
+    assert trial.runs == (restarts + 1 if runs is None else runs), trial
+    _same(_final_weights(workspace), local_weights)
 
 
 # ----- no cluster needed -----
@@ -168,261 +249,7 @@ def test_refused_without_sbatch(tmp_path: pathlib.Path, capsys: pytest.CaptureFi
 # ----- on the test cluster -----
 
 
-@pytest.mark.slurm
-def test_refusals_before_submitting(
-    tmp_path: pathlib.Path, slurm_cluster: SlurmCluster, capsys: pytest.CaptureFixture[str]
-) -> None:
-    cases = [
-        (_config(resources={"resource_pool": "nowhere"}), "'nowhere' is not a partition"),
-        (_config(slurm={"slots_per_node": 64}), "no node of partition debug has that many"),
-        (_config(slurm={"sbatch_args": ["--time=bogus"]}), "Slurm refuses the trial's job"),
-    ]
-    for number, (config, expected) in enumerate(cases):
-        path = _folder(tmp_path, config, f"exp{number}")
-        args = ["run", str(path), "--launcher", "slurm", "--accelerator", "cpu"]
-        assert main([*args, "--workspace", "ws"]) == 2
-        err = capsys.readouterr().err
-        assert expected in err, err
-    assert not slurm_cluster.jobs()
-    assert not (tmp_path / "ws").exists()  # nothing recorded
-
-
-@pytest.mark.slurm
-def test_single_trial_is_a_job_with_the_local_weights(
-    tmp_path: pathlib.Path,
-    slurm_cluster: SlurmCluster,
-    local_weights: dict[str, torch.Tensor],
-) -> None:
-    config = _folder(tmp_path, _config())
-    ws = str(tmp_path / "ws")
-    done = subprocess.run(
-        _cli("run", str(config), "--launcher", "slurm", "--accelerator", "cpu", "--workspace", ws),
-        cwd=tmp_path,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
-    assert "Slurm job" in done.stdout
-    job = _job(tmp_path / "ws")
-    assert job.state == "COMPLETED" and job.restarts == 0
-    _same(_final_weights(tmp_path / "ws"), local_weights)
-    describe = subprocess.run(
-        _cli("experiment", "describe", "1", "--workspace", ws),
-        env=_env(),
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    assert f"slurm job {job.job_id} COMPLETED" in describe
-    logs = subprocess.run(
-        _cli("trial", "logs", "1", "--workspace", ws),
-        env=_env(),
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    assert f"slurm job {job.job_id} (COMPLETED)" in logs and "Training" in logs
-
-
-@pytest.mark.slurm
-def test_requeued_job_continues_to_the_same_weights(
-    tmp_path: pathlib.Path,
-    slurm_cluster: SlurmCluster,
-    local_weights: dict[str, torch.Tensor],
-) -> None:
-    config = _folder(tmp_path, _config(hyperparameters={**_config()["hyperparameters"]}))
-    ws = tmp_path / "ws"
-    args = ["run", str(config), "--launcher", "slurm", "--accelerator", "cpu"]
-    slow = ["--set", "hyperparameters.delay=0.4"]
-    # The delay does not change the weights: the local run (delay 0) is the reference.
-    coordinator = subprocess.Popen(
-        _cli(*args, *slow, "--workspace", str(ws)),
-        cwd=tmp_path,
-        env=_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    try:
-        _wait_for(lambda: _trial_batches(ws) >= 6, 180, "the trial to train 6 batches")
-        job = _job(ws)
-        slurm_cluster.run("scontrol", "requeue", job.job_id)
-        out, _ = coordinator.communicate(timeout=240)
-    finally:
-        if coordinator.poll() is None:
-            coordinator.kill()
-    assert coordinator.returncode == 0, out[-4000:]
-    job = _job(ws)
-    assert job.state == "COMPLETED" and job.restarts == 1, job
-    with Registry(ws) as registry:
-        trial = registry.trial(1)
-    assert trial.state == "COMPLETED" and trial.batches_trained == 24 and trial.runs == 2
-    _same(_final_weights(ws), local_weights)
-
-
-@pytest.mark.slurm
-def test_crashing_job_is_restarted_then_recorded_error(
-    tmp_path: pathlib.Path, slurm_cluster: SlurmCluster
-) -> None:
-    hparams = {**_config()["hyperparameters"], "fail": "init"}
-    config = _folder(tmp_path, _config(hyperparameters=hparams, max_restarts=1))
-    ws = str(tmp_path / "ws")
-    done = subprocess.run(
-        _cli("run", str(config), "--launcher", "slurm", "--accelerator", "cpu", "--workspace", ws),
-        cwd=tmp_path,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
-    job = _job(tmp_path / "ws")
-    assert job.restarts == 1  # max_restarts: 1
-    with Registry(tmp_path / "ws") as registry:
-        trial = registry.trial(1)
-    assert trial.state == "ERROR" and "deliberate failure in __init__" in trial.message
-    output = pathlib.Path(job.output).read_text()
-    assert output.count("deliberate failure in __init__") >= 2  # both runs' tracebacks
-
-
-@pytest.mark.slurm
-def test_coordinator_signal_pauses_and_continue_resumes(
-    tmp_path: pathlib.Path,
-    slurm_cluster: SlurmCluster,
-    local_weights: dict[str, torch.Tensor],
-) -> None:
-    config = _folder(tmp_path, _config())
-    ws = tmp_path / "ws"
-    args = ["run", str(config), "--launcher", "slurm", "--accelerator", "cpu"]
-    coordinator = subprocess.Popen(
-        _cli(*args, "--set", "hyperparameters.delay=0.4", "--workspace", str(ws)),
-        cwd=tmp_path,
-        env=_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    try:
-        _wait_for(lambda: _trial_batches(ws) >= 4, 180, "the trial to train 4 batches")
-        coordinator.send_signal(signal.SIGTERM)
-        out, _ = coordinator.communicate(timeout=120)
-    finally:
-        if coordinator.poll() is None:
-            coordinator.kill()
-    assert coordinator.returncode == 0, out[-4000:]
-    assert "Pausing Slurm job" in out
-    with Registry(ws) as registry:
-        trial = registry.trial(1)
-    assert trial.state == "STOPPED" and 4 <= trial.batches_trained < 24, trial
-    done = subprocess.run(
-        _cli("experiment", "continue", "1", "--workspace", str(ws)),
-        cwd=tmp_path,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
-    assert "Slurm job" in done.stdout  # continued through the recorded launcher
-    with Registry(ws) as registry:
-        trial = registry.trial(1)
-    assert trial.state == "COMPLETED" and trial.batches_trained == 24
-    _same(_final_weights(ws), local_weights)
-
-
-@pytest.mark.slurm
-def test_adaptive_asha_search_runs_its_trials_as_jobs(
-    tmp_path: pathlib.Path, slurm_cluster: SlurmCluster
-) -> None:
-    from tests import _folders as sf
-
-    config = {
-        **sf.SEARCH_CONFIG,
-        "searcher": {
-            "name": "adaptive_asha",
-            "metric": "validation_loss",
-            "max_trials": 4,
-            "max_time": 16,
-            "time_metric": "batches",
-            "divisor": 2,
-            "mode": "aggressive",
-            "max_rungs": 3,
-            "max_concurrent_trials": 2,
-        },
-    }
-    path = sf.write_folder(tmp_path, config, "exp", sf.TINY)
-    ws = tmp_path / "ws"
-    done = subprocess.run(
-        _cli(
-            "run", str(path), "--launcher", "slurm", "--accelerator", "cpu", "--workspace", str(ws)
-        ),
-        cwd=tmp_path,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    with Registry(ws) as registry:
-        trials = registry.trials(1)
-        jobs = {j.trial_id: j for j in registry.jobs(1)}
-        best = registry.best_checkpoints(1, 1)
-    assert len(trials) == 4 and set(jobs) == {t.id for t in trials}
-    assert len({j.job_id for j in jobs.values()}) == 4  # one job per trial
-    assert all(j.state == "COMPLETED" for j in jobs.values()), jobs
-    assert all(t.state == "COMPLETED" for t in trials), trials
-    lengths = sorted(t.batches_trained for t in trials)
-    assert lengths[-1] == 16 and lengths[0] < 16, lengths  # stopped at a rung
-    assert best and best[0].uuid in done.stdout  # the summary lists the best checkpoint
-
-
-@pytest.mark.slurm
-def test_experiment_pause_and_kill_commands(
-    tmp_path: pathlib.Path, slurm_cluster: SlurmCluster, capsys: pytest.CaptureFixture[str]
-) -> None:
-    config = _folder(tmp_path, _config())
-    ws = tmp_path / "ws"
-    slow = ["--set", "hyperparameters.delay=0.4", "--workspace", str(ws)]
-
-    def start(*args: str) -> subprocess.Popen[str]:
-        return subprocess.Popen(
-            _cli(*args, "--launcher", "slurm", *slow[2:] if args[0] == "experiment" else slow),
-            cwd=tmp_path,
-            env=_env(),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-
-    coordinator = start("run", str(config), "--accelerator", "cpu")
-    try:
-        _wait_for(lambda: _trial_batches(ws) >= 4, 180, "the trial to train 4 batches")
-        assert main(["experiment", "pause", "1", "--workspace", str(ws)]) == 0
-        assert "checkpoints and stops" in capsys.readouterr().out
-        out, _ = coordinator.communicate(timeout=120)
-        assert coordinator.returncode == 0, out[-3000:]
-        with Registry(ws) as registry:
-            paused = registry.trial(1)
-        assert paused.state == "STOPPED" and paused.batches_trained < 24, paused
-        coordinator = start("experiment", "continue", "1")
-        _wait_for(
-            lambda: _trial_batches(ws) > paused.batches_trained + 1, 180, "the trial to go on"
-        )
-        assert main(["experiment", "kill", "1", "--workspace", str(ws)]) == 0
-        assert "killed" in capsys.readouterr().out
-        out, _ = coordinator.communicate(timeout=120)
-    finally:
-        if coordinator.poll() is None:
-            coordinator.kill()
-    job = _job(ws)
-    with Registry(ws) as registry:
-        killed = registry.trial(1)
-    assert killed.state == "STOPPED" and "killed" in killed.message, killed
-    assert killed.batches_trained < 24 and job.state == "CANCELLED", job
-    _wait_for(lambda: not slurm_cluster.jobs(), 30, "squeue to list no job")
+# The longest first: xdist's workers take the tests in this order.
 
 
 @pytest.mark.slurm
@@ -434,17 +261,8 @@ def test_two_node_trial_equals_its_two_process_single_node_run(
     results = {}
     for launcher in ("local", "slurm"):
         ws = tmp_path / f"ws-{launcher}"
-        done = subprocess.run(
-            _cli("run", str(path), "--launcher", launcher, "--accelerator", "cpu")
-            + ["--workspace", str(ws), "--force"],
-            cwd=tmp_path,
-            env=_env(),
-            capture_output=True,
-            text=True,
-            check=False,
-            timeout=400,
-        )
-        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        done = lb(*on_slurm(path, ws, "--launcher", launcher, "--force"), cwd=tmp_path)
+        assert done.returncode == 0, _shown(done)
         with Registry(ws) as registry:
             results[launcher] = registry.metrics(1, "validation")
         if launcher == "slurm":
@@ -461,6 +279,277 @@ def test_two_node_trial_equals_its_two_process_single_node_run(
 
 
 @pytest.mark.slurm
+def test_refusals_before_submitting(
+    tmp_path: pathlib.Path, slurm_cluster: SlurmCluster, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cases = [
+        (_config(resources={"resource_pool": "nowhere"}), "'nowhere' is not a partition"),
+        (_config(slurm={"slots_per_node": 64}), "no node of partition debug has that many"),
+        (_config(slurm={"sbatch_args": ["--time=bogus"]}), "Slurm refuses the trial's job"),
+    ]
+    for number, (config, expected) in enumerate(cases):
+        path = _folder(tmp_path, config, f"exp{number}")
+        args = ["run", str(path), "--launcher", "slurm", "--accelerator", "cpu"]
+        assert main([*args, "--workspace", "ws"]) == 2
+        err = capsys.readouterr().err
+        assert expected in err, err
+    assert not slurm_cluster.jobs(under=tmp_path)
+    assert not (tmp_path / "ws").exists()  # nothing recorded
+
+
+@pytest.mark.slurm
+def test_single_trial_is_a_job_with_the_local_weights(
+    tmp_path: pathlib.Path,
+    slurm_cluster: SlurmCluster,
+    local_weights: dict[str, torch.Tensor],
+) -> None:
+    ws = tmp_path / "ws"
+    done = lb(*on_slurm(_folder(tmp_path, _config()), ws), cwd=tmp_path)
+    assert done.returncode == 0, _shown(done)
+    assert "Slurm job" in done.stdout
+    _ends_as_uninterrupted(ws, local_weights, restarts=0)
+    job = _job(ws)
+    describe = lb("experiment", "describe", "1", "--workspace", str(ws), cwd=tmp_path).stdout
+    assert f"slurm job {job.job_id} COMPLETED" in describe
+    logs = lb("trial", "logs", "1", "--workspace", str(ws), cwd=tmp_path).stdout
+    assert f"slurm job {job.job_id} (COMPLETED)" in logs and "Training" in logs
+
+
+# The delay (seconds per batch) does not change the weights: the local run (delay 0) is the
+# reference of every interrupted run.
+
+
+@pytest.mark.slurm
+def test_requeued_job_continues_to_the_same_weights(
+    tmp_path: pathlib.Path,
+    slurm_cluster: SlurmCluster,
+    local_weights: dict[str, torch.Tensor],
+) -> None:
+    ws = tmp_path / "ws"
+    config = _folder(tmp_path, _config())
+    coordinator = lb_start(
+        *on_slurm(config, ws, "--set", "hyperparameters.delay=0.4"), cwd=tmp_path
+    )
+    try:
+        _wait_for(lambda: _trial_batches(ws) >= 6, 180, "the trial to train 6 batches")
+        slurm_cluster.run("scontrol", "requeue", _job(ws).job_id)
+    finally:
+        out = finish(coordinator)
+    assert coordinator.returncode == 0, out[-4000:]
+    _ends_as_uninterrupted(ws, local_weights, restarts=1)
+
+
+@pytest.mark.slurm
+def test_job_signalled_before_its_time_limit_requeues_to_the_same_weights(
+    tmp_path: pathlib.Path,
+    slurm_cluster: SlurmCluster,
+    local_weights: dict[str, torch.Tensor],
+) -> None:
+    """The launcher's default `--signal` (SIGUSR1, 120 s before the limit): once the trial
+    trains, its job's limit is brought within those 120 s, as if it had been submitted with a
+    short `--time`; Slurm signals it at its next time-limit check (every 30 s), the trial
+    checkpoints at its batch and the job requeues itself. The requeued job is given time
+    again (a job keeps its limit across requeues), and continues from that checkpoint."""
+    ws = tmp_path / "ws"
+    config = _folder(tmp_path, _config(slurm={"sbatch_args": ["--time=10"]}))
+    # 24 batches of 1.5 s: after the 2nd batch, the trial trains longer than Slurm's 30 s.
+    coordinator = lb_start(
+        *on_slurm(config, ws, "--set", "hyperparameters.delay=1.5"), cwd=tmp_path
+    )
+    try:
+        _wait_for(lambda: _trial_batches(ws) >= 2, 180, "the trial to train 2 batches")
+        job_id = _job(ws).job_id
+        slurm_cluster.run("scontrol", "update", f"JobId={job_id}", "TimeLimit=2")
+        requeued = lambda: slurm_cluster.job(job_id).get("Restarts") == "1"  # noqa: E731
+        _wait_for(requeued, 120, "the job to requeue itself")
+        slurm_cluster.run("scontrol", "update", f"JobId={job_id}", "TimeLimit=10")
+    finally:
+        out = finish(coordinator)
+    assert coordinator.returncode == 0, out[-4000:]
+    _ends_as_uninterrupted(ws, local_weights, restarts=1)
+    output = pathlib.Path(_job(ws).output).read_text()
+    assert "its time limit is near: the trial checkpointed" in output, output[-3000:]
+
+
+def _parent(pid: int) -> int:
+    stat = pathlib.Path(f"/proc/{pid}/stat").read_text()
+    return int(stat.rsplit(")", 1)[-1].split()[1])
+
+
+@pytest.mark.slurm
+def test_job_of_a_lost_node_is_requeued_to_the_same_weights(
+    tmp_path: pathlib.Path,
+    slurm_cluster: SlurmCluster,
+    local_weights: dict[str, torch.Tensor],
+) -> None:
+    """The node of a running trial is lost: its slurmd and the job's processes are killed at
+    once (as the machine going down kills them), Slurm is told the node is down. Slurm requeues
+    the job; when the node is back it runs again and continues from the trial's latest durable
+    checkpoint (the batches after it are trained again, as they were the first time). The
+    trial runs on the spare partition, the node no other test uses."""
+    ws = tmp_path / "ws"
+    config = _folder(tmp_path, _config(resources={"resource_pool": "spare"}))
+    coordinator = lb_start(
+        *on_slurm(config, ws, "--set", "hyperparameters.delay=0.4"), cwd=tmp_path
+    )
+    try:
+        _wait_for(lambda: _trial_batches(ws) >= 7, 180, "the trial to train 7 batches")
+        trial = _trial(ws)
+        assert trial.pid is not None
+        step = _parent(trial.pid)  # the job's slurmstepd
+        slurm_cluster.kill_node("n3")
+        for pid in (step, trial.pid):
+            os.kill(pid, signal.SIGKILL)
+        slurm_cluster.run("scontrol", "update", "NodeName=n3", "State=DOWN", "Reason=lost")
+        job_id = _job(ws).job_id
+        pending = lambda: slurm_cluster.job(job_id).get("JobState") == "PENDING"  # noqa: E731
+        _wait_for(pending, 60, "Slurm to requeue the job")
+        slurm_cluster.start_node("n3")
+        slurm_cluster.run("scontrol", "update", "NodeName=n3", "State=RESUME", check=False)
+    finally:
+        out = finish(coordinator)
+    assert coordinator.returncode == 0, out[-4000:]
+    _ends_as_uninterrupted(ws, local_weights, restarts=1)
+
+
+@pytest.mark.slurm
+def test_crashing_job_is_restarted_then_recorded_error(
+    tmp_path: pathlib.Path, slurm_cluster: SlurmCluster
+) -> None:
+    hparams = {**_config()["hyperparameters"], "fail": "init"}
+    ws = tmp_path / "ws"
+    done = lb(
+        *on_slurm(_folder(tmp_path, _config(hyperparameters=hparams, max_restarts=1)), ws),
+        cwd=tmp_path,
+    )
+    assert done.returncode == 1, _shown(done)
+    job = _job(ws)
+    assert job.restarts == 1  # max_restarts: 1
+    trial = _trial(ws)
+    assert trial.state == "ERROR" and "deliberate failure in __init__" in trial.message
+    output = pathlib.Path(job.output).read_text()
+    assert output.count("deliberate failure in __init__") >= 2  # both runs' tracebacks
+
+
+@pytest.mark.slurm
+def test_paused_twice_then_continued_to_the_same_weights(
+    tmp_path: pathlib.Path,
+    slurm_cluster: SlurmCluster,
+    local_weights: dict[str, torch.Tensor],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Paused by a signal to the coordinator (Ctrl-C / SIGTERM), continued; paused by
+    `experiment pause`, continued to the end: the uninterrupted run's weights."""
+    ws = tmp_path / "ws"
+    config = _folder(tmp_path, _config())
+    coordinator = lb_start(
+        *on_slurm(config, ws, "--set", "hyperparameters.delay=0.4"), cwd=tmp_path
+    )
+    try:
+        _wait_for(lambda: _trial_batches(ws) >= 4, 180, "the trial to train 4 batches")
+        coordinator.send_signal(signal.SIGTERM)
+    finally:
+        out = finish(coordinator)
+    assert coordinator.returncode == 0, out[-4000:]
+    assert "Pausing Slurm job" in out
+    first = _trial(ws)
+    assert first.state == "STOPPED" and 4 <= first.batches_trained < 24, first
+
+    resume = ["experiment", "continue", "1", "--workspace", str(ws)]
+    coordinator = lb_start(*resume, cwd=tmp_path)
+    try:
+        goes_on = lambda: _trial_batches(ws) >= first.batches_trained + 2  # noqa: E731
+        _wait_for(goes_on, 180, "the trial to go on")
+        assert main(["experiment", "pause", "1", "--workspace", str(ws)]) == 0
+        assert "checkpoints and stops" in capsys.readouterr().out
+    finally:
+        out = finish(coordinator)
+    assert coordinator.returncode == 0, out[-4000:]
+    assert "Slurm job" in out  # continued through the recorded launcher
+    second = _trial(ws)
+    assert second.state == "STOPPED" and first.batches_trained < second.batches_trained < 24
+
+    done = lb(*resume, cwd=tmp_path)
+    assert done.returncode == 0, _shown(done)
+    _ends_as_uninterrupted(ws, local_weights, restarts=0, runs=3)  # a job per run
+
+
+@pytest.mark.slurm
+def test_experiment_kill_cancels_the_job(
+    tmp_path: pathlib.Path, slurm_cluster: SlurmCluster, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ws = tmp_path / "ws"
+    config = _folder(tmp_path, _config())
+    coordinator = lb_start(
+        *on_slurm(config, ws, "--set", "hyperparameters.delay=0.4"), cwd=tmp_path
+    )
+    try:
+        _wait_for(lambda: _trial_batches(ws) >= 1, 180, "the trial to train")
+        assert main(["experiment", "kill", "1", "--workspace", str(ws)]) == 0
+        assert "killed" in capsys.readouterr().out
+    finally:
+        finish(coordinator)
+    job = _job(ws)
+    killed = _trial(ws)
+    assert killed.state == "STOPPED" and "killed" in killed.message, killed
+    assert killed.batches_trained < 24 and job.state == "CANCELLED", job
+    _wait_for(lambda: job.job_id not in slurm_cluster.jobs(), 30, "squeue to list no job")
+
+
+def _search_trials(workspace: pathlib.Path) -> list[Any]:
+    if not Workspace(workspace).registry_path.exists():
+        return []
+    try:
+        with Registry(workspace) as registry:
+            return registry.trials()
+    except Exception:  # noqa: BLE001 - the registry being created
+        return []
+
+
+@pytest.mark.slurm
+def test_adaptive_asha_search_of_jobs_paused_and_continued(
+    tmp_path: pathlib.Path, slurm_cluster: SlurmCluster, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An adaptive_asha search whose trials are jobs, paused with `experiment pause` while
+    its first trials train (they checkpoint and stop; the coordinator starts no other and
+    ends), continued with `experiment continue`: the paused trials go on from their
+    checkpoints, ASHA stops some at a rung, the best checkpoint is listed."""
+    config = copy.deepcopy(sf.ASHA_CONFIG)
+    config["hyperparameters"]["delay"] = 0.3
+    path = sf.write_folder(tmp_path, config, "exp", sf.TINY)
+    ws = tmp_path / "ws"
+    coordinator = lb_start(*on_slurm(path, ws), cwd=tmp_path)
+    try:
+        training = lambda: any(t.batches_trained >= 1 for t in _search_trials(ws))  # noqa: E731
+        _wait_for(training, 180, "a trial to train")
+        assert main(["experiment", "pause", "1", "--workspace", str(ws)]) == 0
+        assert "checkpoints and stops" in capsys.readouterr().out
+    finally:
+        out = finish(coordinator)
+    assert coordinator.returncode == 0, out[-4000:]
+    assert "The search stopped" in out, out[-4000:]
+    paused = _search_trials(ws)
+    assert paused and not any(t.state == "ACTIVE" for t in paused), paused
+    assert any(0 < t.batches_trained < 16 for t in paused), paused
+    assert not slurm_cluster.jobs(under=tmp_path)
+
+    done = lb("experiment", "continue", "1", "--workspace", str(ws), cwd=tmp_path, timeout=600)
+    assert done.returncode == 0, _shown(done)
+    with Registry(ws) as registry:
+        trials = registry.trials(1)
+        jobs = {j.trial_id: j for j in registry.jobs(1)}
+        best = registry.best_checkpoints(1, 1)
+    assert len(trials) == 4 and set(jobs) == {t.id for t in trials}  # the paused ones went on
+    assert all(j.state == "COMPLETED" for j in jobs.values()), jobs
+    assert all(t.state == "COMPLETED" for t in trials), trials
+    stopped = {t.id for t in paused if t.state == "STOPPED"}
+    assert stopped and all(t.runs == 2 for t in trials if t.id in stopped), trials
+    lengths = sorted(t.batches_trained for t in trials)
+    assert lengths[-1] == 16 and lengths[0] < 16, lengths  # stopped at a rung
+    assert best and best[0].uuid in done.stdout  # the summary lists the best checkpoint
+
+
+@pytest.mark.slurm
 @pytest.mark.postgres
 def test_a_record_the_nodes_cannot_reach_stops_a_search_at_its_first_job(
     tmp_path: pathlib.Path, slurm_cluster: SlurmCluster, postgres: Any
@@ -471,17 +560,7 @@ def test_a_record_the_nodes_cannot_reach_stops_a_search_at_its_first_job(
     that message."""
     import socket
 
-    import sqlalchemy
-
-    name = f"record_{os.getpid()}"
-    engine = sqlalchemy.create_engine(
-        postgres.url.replace("postgresql://", "postgresql+psycopg://"),
-        isolation_level="AUTOCOMMIT",
-    )
-    with engine.connect() as connection:
-        connection.exec_driver_sql(f"DROP DATABASE IF EXISTS {name}")
-        connection.exec_driver_sql(f"CREATE DATABASE {name}")
-    engine.dispose()
+    name = postgres.new_database().rsplit("/", 1)[1]
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         closed = sock.getsockname()[1]
@@ -493,26 +572,18 @@ def test_a_record_the_nodes_cannot_reach_stops_a_search_at_its_first_job(
     searcher.update(max_concurrent_trials=1, max_length={"batches": 8})
     slurm = {"sbatch_args": [f"--export=ALL,PGPORT={closed}"]}
     config = _folder(tmp_path, _config(slurm=slurm, searcher=searcher))
-    env = {**_env(), "PGHOST": "127.0.0.1", "PGPORT": str(postgres.port)}
-    args = ("run", str(config), "--launcher", "slurm", "--accelerator", "cpu")
-    done = subprocess.run(
-        _cli(*args, "--workspace", str(ws)),
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=300,
-    )
-    assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
+    server = {"PGHOST": "127.0.0.1", "PGPORT": str(postgres.port)}
+    done = lb(*on_slurm(config, ws), cwd=tmp_path, timeout=300, env=server)
+    assert done.returncode == 1, _shown(done)
     said = f"lightning-bridge: error: unreachable from node {socket.gethostname()}: "
     assert said + f"the experiment record {url}" in done.stderr
-    os.environ["PGHOST"], os.environ["PGPORT"] = "127.0.0.1", str(postgres.port)
+    os.environ.update(server)
     try:
         with Registry(ws) as registry:
             trials, job = registry.trials(), registry.job(1)
     finally:
-        del os.environ["PGHOST"], os.environ["PGPORT"]
+        for key in server:
+            del os.environ[key]
     (trial,) = trials  # no second trial submitted
     assert trial.state == "ERROR" and f"the experiment record {url}" in trial.message
     assert trial.batches_trained == 0 and job is not None and job.state == "FAILED"

@@ -133,6 +133,7 @@ class SearchRun:
         self._unhandled: list[tuple[int, int]] = []
         self._signals = 0
         self.unreachable: str | None = None  # a trial's node could not reach a service
+        self._paused = False  # a trial was stopped from outside (`experiment pause`)
         self._next_beat = 0.0
         self._away_since: float | None = None
         self._reopen = False
@@ -177,7 +178,13 @@ class SearchRun:
                 signal.signal(sig, handler)
         if self.unreachable is not None:
             raise SearchStorageUnavailable(self.unreachable)
-        return not self._signals
+        return not self._stopping
+
+    @property
+    def _stopping(self) -> bool:
+        """This worker was signalled, or the experiment paused: it starts no trial and ends
+        once its running trials have."""
+        return bool(self._signals) or self._paused
 
     def _step(self) -> bool:
         """One turn of the loop: start trials while there is room, handle the trials that
@@ -185,11 +192,11 @@ class SearchRun:
         if self._reopen:
             self.driver = SearchDriver(self.storage, self.driver.name)
             self._reopen = False
-        if not self._signals:
+        if not self._stopping:
             self._fill()
-        if not self.running and (self._signals or self.driver.is_finished()):
+        if not self.running and (self._stopping or self.driver.is_finished()):
             return True
-        room = len(self.running) < self.capacity and not self._signals
+        room = len(self.running) < self.capacity and not self._stopping
         wait = POLL_S if room else max(self._next_beat - time.monotonic(), 0.0)
         self._handle_ended()  # ends whose handling the storage interrupted come first
         try:
@@ -282,9 +289,15 @@ class SearchRun:
             self.say(f"Search trial {number}: its worker was not heard of; pending again")
 
     def _fill(self) -> None:
-        while len(self.running) < self.capacity and not self._signals:
+        while len(self.running) < self.capacity and not self._stopping:
             spec = self.driver.next_trial()
             if spec is None:
+                return
+            if any(launched.spec.number == spec.number for launched in self.running.values()):
+                # A trial of this worker gave itself back (a signal not this worker's stopped
+                # it: `experiment pause`) before its process or job ended: it stays pending
+                # and nothing else starts until that end is handled (`_ended`).
+                self.driver.pause(spec)
                 return
             self._launch(spec)
 
@@ -375,7 +388,13 @@ class SearchRun:
 
     def _ended(self, trial_id: int, code: int) -> None:
         launched = self.running[trial_id]  # removed once handled: a retry finds it
-        stopping = bool(self._signals)
+        paused = self.registry.trial(trial_id).state == TrialState.STOPPED.value
+        if paused and not self._stopping:
+            # It checkpointed and stopped on a signal not this worker's (`experiment pause`):
+            # the experiment is paused; the trial is given back, to go on when continued.
+            self.say("The experiment is paused: no other trial starts")
+            self._paused = True
+        stopping = bool(self._signals) or paused
         crashed = self.driver.lost(launched.spec, give_back=stopping)
         recorded = self.registry.trial(trial_id)
         if recorded.state == TrialState.ACTIVE.value:

@@ -15,8 +15,10 @@ three things of its own:
   once with a message naming it (`UNREACHABLE`), which the coordinator shows; it stops
   submitting (`SlurmLauncher.unreachable`).
 - SIGUSR1 (sbatch `--signal`, before the time limit) stops the trial as SIGTERM does (finish
-  the batch, checkpoint) and then requeues the job, which continues from that checkpoint. A
-  trial that failed requeues the job while its restarts are under `max_restarts`.
+  the batch, checkpoint) and then requeues the job, which continues from that checkpoint.
+  Either signal during start-up (`experiment pause` of a trial still importing) waits until
+  the fit catches SIGTERM: the trial stops after its first batch instead of dying unrecorded.
+  A trial that failed requeues the job while its restarts are under `max_restarts`.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -127,6 +131,18 @@ def _requeue(reason: str) -> None:
         subprocess.run(["scontrol", "requeue", job], check=False)
 
 
+def _stop_when_training(trained: threading.Event, ours: Any) -> None:
+    """SIGTERM to this process once the fit catches it (finish the batch, checkpoint, stop):
+    at once while it trains; a signal that came during start-up (the job's own handler,
+    `ours`, took it) waits for the fit's handler instead of ending the process at once."""
+    while not trained.is_set():
+        handler = signal.getsignal(signal.SIGTERM)
+        if callable(handler) and handler is not ours:
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
+        time.sleep(0.05)
+
+
 def main(argv: list[str]) -> int:
     run_file = pathlib.Path(argv[0]).resolve()
     restarts = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
@@ -142,16 +158,26 @@ def main(argv: list[str]) -> int:
             return EXIT_UNREACHABLE  # not requeued: the next run would fail the same way
     if restarts and _chief():
         _continue_from_latest(run_file)
-    preempted: list[int] = []
+    received: list[int] = []  # the first stop signal: SIGUSR1 (time limit) or SIGTERM
+    trained = threading.Event()  # the trial's command returned: nothing left to stop
 
-    def on_usr1(signum: int, frame: Any) -> None:
-        preempted.append(signum)
-        os.kill(os.getpid(), signal.SIGTERM)  # the fit's handler: batch, checkpoint, stop
+    def on_signal(signum: int, frame: Any) -> None:
+        if not received:
+            received.append(signum)
+            stop = threading.Thread(target=_stop_when_training, args=(trained, on_signal))
+            stop.daemon = True
+            stop.start()
 
-    signal.signal(signal.SIGUSR1, on_usr1)
+    for sig in (signal.SIGUSR1, signal.SIGTERM):  # the fit's own SIGTERM handler comes later
+        signal.signal(sig, on_signal)
     from lightning_bridge.experiment._cli import main as cli
 
-    code = cli(["_trial", str(run_file)])
+    try:
+        code = cli(["_trial", str(run_file)])
+    except SystemExit as exc:  # the fit's own exit once a signal stopped it
+        code = exc.code if isinstance(exc.code, int) else 1
+    finally:
+        trained.set()
     if not _chief():
         return code
     run = RunDescription.read(run_file)
@@ -159,7 +185,7 @@ def main(argv: list[str]) -> int:
     with Registry(run.record.workspace) as registry:
         state = registry.trial(run.record.trial_id).state
     max_restarts = int(run.raw_config.get("max_restarts", 5) or 0)
-    if preempted and state == TrialState.STOPPED.value:
+    if received == [signal.SIGUSR1] and state == TrialState.STOPPED.value:
         _requeue("its time limit is near: the trial checkpointed")
     elif code != 0 and restarts < max_restarts:
         _requeue(f"the trial failed; restart {restarts + 1} of max_restarts {max_restarts}")
