@@ -496,6 +496,33 @@ def test_experiment_kill_cancels_the_job(
     _wait_for(lambda: job.job_id not in slurm_cluster.jobs(), 30, "squeue to list no job")
 
 
+@pytest.mark.slurm
+def test_pausing_a_pending_job_cancels_it_and_records_the_trial_paused(
+    tmp_path: pathlib.Path, slurm_cluster: SlurmCluster, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A job Slurm has not started (held here: `--hold`) has no trial to checkpoint: pausing
+    cancels it and records the trial paused, and its coordinator ends as paused."""
+    ws = tmp_path / "ws"
+    config = _folder(tmp_path, _config(slurm={"sbatch_args": ["--hold"]}))
+    coordinator = lb_start(*on_slurm(config, ws), cwd=tmp_path)
+    try:
+
+        def submitted() -> bool:
+            return Workspace(ws).registry_path.exists() and _job(ws) is not None
+
+        _wait_for(submitted, 120, "the job's submission")
+        job = _job(ws)
+        assert main(["experiment", "pause", "1", "--workspace", str(ws)]) == 0
+        assert f"Slurm job {job.job_id}, pending: cancelled" in capsys.readouterr().out
+    finally:
+        out = finish(coordinator)
+    assert coordinator.returncode == 0, out
+    paused = _trial(ws)
+    assert paused.state == "STOPPED" and paused.batches_trained == 0, paused
+    assert paused.message == f"paused while its Slurm job {job.job_id} was pending"
+    _wait_for(lambda: job.job_id not in slurm_cluster.jobs(), 30, "squeue to list no job")
+
+
 def _search_trials(workspace: pathlib.Path) -> list[Any]:
     if not Workspace(workspace).registry_path.exists():
         return []

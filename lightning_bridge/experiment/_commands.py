@@ -288,10 +288,24 @@ def _stop_trials(args: argparse.Namespace, kill: bool) -> int:
         for trial in registry.trials(args.id):
             job = jobs.get(trial.id)
             if job is not None and job.state in LIVE_JOB_STATES:
-                from lightning_bridge.experiment._slurm import signal_job
+                from lightning_bridge.experiment._slurm import job_info, signal_job
 
-                signal_job(job.job_id, None if kill else signal.SIGTERM)
-                where = f"Slurm job {job.job_id}"
+                info = job_info(job.job_id)
+                if not kill and info is not None and info.state == "PENDING":
+                    # Nothing runs yet that could checkpoint: the trial is recorded paused
+                    # first (so its coordinator takes the job's end for a pause), then its job
+                    # is cancelled; `continue` submits it again.
+                    registry.trial_ended(
+                        trial.id,
+                        TrialState.STOPPED,
+                        f"paused while its Slurm job {job.job_id} was pending",
+                        if_active=True,
+                    )
+                    signal_job(job.job_id, None)
+                    where = f"Slurm job {job.job_id}, pending: cancelled"
+                else:
+                    signal_job(job.job_id, None if kill else signal.SIGTERM)
+                    where = f"Slurm job {job.job_id}"
             elif trial.state == TrialState.ACTIVE.value and trial.pid is not None:
                 if trial.host != socket.gethostname() or not pid_alive(trial.pid):
                     continue
