@@ -389,11 +389,13 @@ def test_a_search_whose_postgresql_server_restarts_mid_trial_finishes_with_every
         searcher={**SEARCH, "max_trials": 1, "max_length": {"batches": 80}},
     )
     proc = ff.start_run(folder, "--storage", postgres.url)
-    ff.wait_for(folder / "training.0", proc, timeout=300)
+    # A search trial writes its cues in its own copy of the folder.
+    workdir = ff.workspace(folder) / "experiments" / "1" / "trials" / "1" / "workdir"
+    ff.wait_for(workdir / "training.0", proc, timeout=300)
     postgres.stop()
     before = _validations(ff.workspace(folder))
     try:
-        trained_meanwhile = _validations_while_away(folder, proc)
+        trained_meanwhile = _validations_while_away(workdir, proc)
     finally:
         postgres.start()
     code, out, err, _ = ff.finish(proc, timeout=300)
