@@ -247,7 +247,13 @@ def examples(session: nox.Session) -> None:
             "not an example with '_'."
         )
     _install(session)
-    env = _env(session)
+    # The session's environment as `session.run` gives it: its bin first on PATH (the ported
+    # example's startup hook runs `pip`, which must be the session's).
+    env = {
+        **_env(session),
+        "PATH": os.pathsep.join([session.bin, os.environ.get("PATH", "")]),
+        "VIRTUAL_ENV": os.path.dirname(session.bin),
+    }
     python = os.path.join(session.bin, "python")
     # The folder with the most commands first, so that the two lanes end together.
     work = sorted(((f, _example_commands(f, python)) for f in folders), key=lambda w: -len(w[1]))
