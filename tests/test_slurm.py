@@ -340,6 +340,36 @@ def test_requeued_job_continues_to_the_same_weights(
 
 
 @pytest.mark.slurm
+def test_a_search_trial_whose_job_is_requeued_ends_with_the_same_weights(
+    tmp_path: pathlib.Path,
+    slurm_cluster: SlurmCluster,
+    local_weights: dict[str, torch.Tensor],
+) -> None:
+    """The same requeue in a search (one trial of the same hyperparameters). The stopped trial
+    gives its search trial back, so the requeued job is told to stop and the coordinator
+    submits the trial again (a second job, docs/cluster.md); the search still ends with the
+    uninterrupted weights, nothing trained twice from scratch."""
+    ws = tmp_path / "ws"
+    searcher = {**_config()["searcher"], "name": "random", "max_trials": 1}
+    config = _folder(tmp_path, _config(searcher=searcher))
+    coordinator = lb_start(
+        *on_slurm(config, ws, "--set", "hyperparameters.delay=0.4"), cwd=tmp_path
+    )
+    try:
+        _wait_for(lambda: _trial_batches(ws) >= 6, 180, "the trial to train 6 batches")
+        first = _job(ws).job_id
+        slurm_cluster.run("scontrol", "requeue", first)
+    finally:
+        out = finish(coordinator)
+    assert coordinator.returncode == 0, out[-4000:]
+    assert "finished, 1 trials in all" in out, out[-4000:]
+    trial = _trial(ws)
+    assert trial.state == "COMPLETED" and trial.batches_trained == 24, trial
+    assert _job(ws).job_id != first and _job(ws).state == "COMPLETED"
+    _same(_final_weights(ws), local_weights)
+
+
+@pytest.mark.slurm
 def test_job_signalled_before_its_time_limit_requeues_to_the_same_weights(
     tmp_path: pathlib.Path,
     slurm_cluster: SlurmCluster,
