@@ -16,7 +16,7 @@ from typing import Any
 from sqlalchemy import create_engine, event
 from sqlalchemy.engine import Engine, make_url
 
-from lightning_bridge._errors import InvalidArgumentError
+from lightning_bridge import _postgres as _driver
 
 _KEY = int.from_bytes(hashlib.sha256(b"lightning-bridge:record").digest()[:8], "big", signed=True)
 CONNECT_TIMEOUT_S = 10
@@ -31,20 +31,8 @@ def shown(url: str) -> str:
 
 
 def with_driver(url: str) -> str:
-    """`postgresql://` with an installed driver named (psycopg 3, else psycopg2)."""
-    scheme, rest = url.split("://", 1)
-    if "+" in scheme:
-        return url
-    for module, driver in (("psycopg", "psycopg"), ("psycopg2", "psycopg2")):
-        try:
-            __import__(module)
-        except ImportError:
-            continue
-        return f"postgresql+{driver}://{rest}"
-    raise InvalidArgumentError(
-        f"the record {shown(url)} is a PostgreSQL server, and no PostgreSQL driver for Python "
-        "is installed; install the postgres extra: pip install 'lightning-bridge[postgres]'"
-    )
+    """The record's URL with its driver named (`_postgres.with_driver`)."""
+    return _driver.with_driver(url, f"the record {shown(url)}")
 
 
 def postgres_engine(url: str, busy_timeout_s: float) -> Engine:

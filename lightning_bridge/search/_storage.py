@@ -25,6 +25,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from lightning_bridge._errors import InvalidArgumentError
+from lightning_bridge._postgres import with_driver
 
 EXTRA = "search"
 
@@ -168,22 +169,8 @@ def search_exists(url: str, name: str) -> bool:
 
 
 def postgresql_url(url: str) -> str:
-    """`postgresql://` / `postgres://` with an installed driver named (psycopg 3, else
-    psycopg2), or one message naming the extra that installs one; a URL naming its driver
-    (`postgresql+DRIVER://`) is kept."""
-    scheme, rest = url.split("://", 1)
-    if "+" in scheme:
-        return url
-    for module, driver in (("psycopg", "psycopg"), ("psycopg2", "psycopg2")):
-        try:
-            __import__(module)
-        except ImportError:
-            continue
-        return f"postgresql+{driver}://{rest}"
-    raise InvalidArgumentError(
-        "--storage postgresql://...: no PostgreSQL driver for Python is installed; install "
-        "the postgres extra: pip install 'lightning-bridge[postgres]'"
-    )
+    """A `--storage` PostgreSQL URL with its driver named (`_postgres.with_driver`)."""
+    return with_driver(url, "--storage postgresql://...")
 
 
 def _write_ahead(engine: Any) -> None:
