@@ -43,12 +43,10 @@ print("done", flush=True)
 """
 
 
-def test_concurrent_writers_and_a_killed_one(tmp_path: pathlib.Path) -> None:
-    """Four processes write at once, one is killed half way: every committed row is there,
-    ids are unique, the database is intact."""
-    script = tmp_path / "writer.py"
+def write_at_once_one_killed(workspace: pathlib.Path, script: pathlib.Path) -> None:
+    """Four processes write `WRITER`'s experiments into `workspace`'s record at once; the
+    fourth is SIGKILLed half way. The three others ended, each having said "done"."""
     script.write_text(textwrap.dedent(WRITER))
-    workspace = tmp_path / "ws"
     env = {"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}
     writers = [
         subprocess.Popen(
@@ -67,6 +65,13 @@ def test_concurrent_writers_and_a_killed_one(tmp_path: pathlib.Path) -> None:
         out, _ = writer.communicate(timeout=120)
         assert writer.returncode == 0 and out == "done\n"
     crashing.wait(timeout=30)
+
+
+def test_concurrent_writers_and_a_killed_one(tmp_path: pathlib.Path) -> None:
+    """Four processes write at once, one is killed half way: every committed row is there,
+    ids are unique, the database is intact."""
+    workspace = tmp_path / "ws"
+    write_at_once_one_killed(workspace, tmp_path / "writer.py")
 
     with sqlite3.connect(workspace / "registry.sqlite") as db:
         assert db.execute("PRAGMA integrity_check").fetchone() == ("ok",)

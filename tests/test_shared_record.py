@@ -12,10 +12,7 @@ import logging
 import os
 import pathlib
 import shutil
-import signal
 import socket
-import subprocess
-import sys
 from typing import Any
 
 import pytest
@@ -40,7 +37,7 @@ from tests._folders import (  # isolated_imports: an autouse fixture
     write_folder,
 )
 from tests._servers import PostgresServer
-from tests.test_record import REPO, WRITER
+from tests.test_record import write_at_once_one_killed
 
 MOUNTS = """\
 sysfs /sys sysfs rw,nosuid 0 0
@@ -300,28 +297,9 @@ def test_concurrent_writers_and_a_killed_one_on_postgresql(
 ) -> None:
     """Four processes open a new PostgreSQL record at once (creating its tables) and write, one
     is killed half way: every committed row is there and the ids are unique."""
-    script = tmp_path / "writer.py"
-    script.write_text(WRITER)
     workspace = tmp_path / "ws"
     _settings(workspace, record=postgres.new_database())
-    env = {"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}
-    writers = [
-        subprocess.Popen(
-            [sys.executable, str(script), str(workspace), mode],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-            env=env,
-        )
-        for mode in ("ok", "ok", "ok", "crash")
-    ]
-    crashing = writers[-1]
-    assert crashing.stdout is not None and crashing.stdout.readline() == "half\n"
-    crashing.send_signal(signal.SIGKILL)
-    for writer in writers[:-1]:
-        out, _ = writer.communicate(timeout=120)
-        assert writer.returncode == 0 and out == "done\n"
-    crashing.wait(timeout=30)
+    write_at_once_one_killed(workspace, tmp_path / "writer.py")
     with Registry(workspace) as registry:
         assert sorted(e.id for e in registry.experiments()) == [1, 2, 3, 4]
         counts = sorted(len(registry.metrics(t.id)) for t in registry.trials())
