@@ -319,6 +319,24 @@ def test_single_trial_is_a_job_with_the_local_weights(
 # reference of every interrupted run.
 
 
+def _requeued_mid_trial(
+    cluster: SlurmCluster, config: pathlib.Path, ws: pathlib.Path
+) -> tuple[str, str]:
+    """Run `config` on Slurm into `ws` and `scontrol requeue` its job once the trial trained 6
+    batches; the coordinator ended with 0. Its output and the requeued job's id."""
+    coordinator = lb_start(
+        *on_slurm(config, ws, "--set", "hyperparameters.delay=0.4"), cwd=config.parent.parent
+    )
+    try:
+        _wait_for(lambda: _trial_batches(ws) >= 6, 180, "the trial to train 6 batches")
+        job_id = _job(ws).job_id
+        cluster.run("scontrol", "requeue", job_id)
+    finally:
+        out = finish(coordinator)
+    assert coordinator.returncode == 0, out[-4000:]
+    return out, job_id
+
+
 @pytest.mark.slurm
 def test_requeued_job_continues_to_the_same_weights(
     tmp_path: pathlib.Path,
@@ -326,16 +344,7 @@ def test_requeued_job_continues_to_the_same_weights(
     local_weights: dict[str, torch.Tensor],
 ) -> None:
     ws = tmp_path / "ws"
-    config = _folder(tmp_path, _config())
-    coordinator = lb_start(
-        *on_slurm(config, ws, "--set", "hyperparameters.delay=0.4"), cwd=tmp_path
-    )
-    try:
-        _wait_for(lambda: _trial_batches(ws) >= 6, 180, "the trial to train 6 batches")
-        slurm_cluster.run("scontrol", "requeue", _job(ws).job_id)
-    finally:
-        out = finish(coordinator)
-    assert coordinator.returncode == 0, out[-4000:]
+    _requeued_mid_trial(slurm_cluster, _folder(tmp_path, _config()), ws)
     _ends_as_uninterrupted(ws, local_weights, restarts=1)
 
 
@@ -352,16 +361,7 @@ def test_a_search_trial_whose_job_is_requeued_ends_with_the_same_weights(
     ws = tmp_path / "ws"
     searcher = {**_config()["searcher"], "name": "random", "max_trials": 1}
     config = _folder(tmp_path, _config(searcher=searcher))
-    coordinator = lb_start(
-        *on_slurm(config, ws, "--set", "hyperparameters.delay=0.4"), cwd=tmp_path
-    )
-    try:
-        _wait_for(lambda: _trial_batches(ws) >= 6, 180, "the trial to train 6 batches")
-        first = _job(ws).job_id
-        slurm_cluster.run("scontrol", "requeue", first)
-    finally:
-        out = finish(coordinator)
-    assert coordinator.returncode == 0, out[-4000:]
+    out, first = _requeued_mid_trial(slurm_cluster, config, ws)
     assert "finished, 1 trials in all" in out, out[-4000:]
     trial = _trial(ws)
     assert trial.state == "COMPLETED" and trial.batches_trained == 24, trial
