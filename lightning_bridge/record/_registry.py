@@ -101,8 +101,9 @@ class Registry:
 
     @property
     def location(self) -> str:
-        """Where the record is, as messages name it: its file, or its server's URL."""
-        return record_location(self.workspace)
+        """Where the record is, as messages name it: its file, or its server's URL (the
+        setting read when the registry opened, not the file again)."""
+        return shown(self.url) if self.url is not None else str(self.workspace.registry_path)
 
     def _open(self) -> None:
         with self._session() as session:
