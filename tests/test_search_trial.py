@@ -21,21 +21,13 @@ from lightning_bridge.translation._run_description import (
     RunDescription,
     SearchConnection,
 )
+from tests._folders import ASHA_CONFIG
 from tests._trials import LinearTrial, fit
 
 pytest.importorskip("optuna")
 
-SEARCHER_CONFIG = {
-    "name": "adaptive_asha",
-    "metric": "val_loss",
-    "max_trials": 4,
-    "max_time": 16,
-    "time_metric": "batches",
-    "divisor": 2,
-    "mode": "aggressive",
-    "max_rungs": 3,
-    "max_concurrent_trials": 2,
-}
+# The searcher of the end-to-end ASHA tests, on the metric these trials report.
+SEARCHER_CONFIG = {**ASHA_CONFIG["searcher"], "metric": "val_loss"}
 
 
 def _as_search_trial(
