@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -461,6 +462,28 @@ def test_crashing_job_is_restarted_then_recorded_error(
     assert output.count("deliberate failure in __init__") >= 2  # both runs' tracebacks
 
 
+def _paused_once(
+    ready: Callable[[], bool],
+    what: str,
+    args: list[str],
+    cwd: pathlib.Path,
+    capsys: pytest.CaptureFixture[str],
+) -> str:
+    """Start `lightning-bridge ARGS` on experiment 1; once `ready()` (`what`), `experiment
+    pause 1`, which says its trials checkpoint and stop. The command's output, once it ended
+    with 0."""
+    ws = args[args.index("--workspace") + 1]
+    coordinator = lb_start(*args, cwd=cwd)
+    try:
+        _wait_for(ready, 180, what)
+        assert main(["experiment", "pause", "1", "--workspace", ws]) == 0
+        assert "checkpoints and stops" in capsys.readouterr().out
+    finally:
+        out = finish(coordinator)
+    assert coordinator.returncode == 0, out[-4000:]
+    return out
+
+
 @pytest.mark.slurm
 def test_paused_twice_then_continued_to_the_same_weights(
     tmp_path: pathlib.Path,
@@ -486,15 +509,13 @@ def test_paused_twice_then_continued_to_the_same_weights(
     assert first.state == "STOPPED" and 4 <= first.batches_trained < 24, first
 
     resume = ["experiment", "continue", "1", "--workspace", str(ws)]
-    coordinator = lb_start(*resume, cwd=tmp_path)
-    try:
-        goes_on = lambda: _trial_batches(ws) >= first.batches_trained + 2  # noqa: E731
-        _wait_for(goes_on, 180, "the trial to go on")
-        assert main(["experiment", "pause", "1", "--workspace", str(ws)]) == 0
-        assert "checkpoints and stops" in capsys.readouterr().out
-    finally:
-        out = finish(coordinator)
-    assert coordinator.returncode == 0, out[-4000:]
+    out = _paused_once(
+        lambda: _trial_batches(ws) >= first.batches_trained + 2,
+        "the trial to go on",
+        resume,
+        tmp_path,
+        capsys,
+    )
     assert "Slurm job" in out  # continued through the recorded launcher
     second = _trial(ws)
     assert second.state == "STOPPED" and first.batches_trained < second.batches_trained < 24
@@ -575,15 +596,13 @@ def test_adaptive_asha_search_of_jobs_paused_and_continued(
     config["hyperparameters"]["delay"] = 0.3
     path = sf.write_folder(tmp_path, config, "exp", sf.TINY)
     ws = tmp_path / "ws"
-    coordinator = lb_start(*on_slurm(path, ws), cwd=tmp_path)
-    try:
-        training = lambda: any(t.batches_trained >= 1 for t in _search_trials(ws))  # noqa: E731
-        _wait_for(training, 180, "a trial to train")
-        assert main(["experiment", "pause", "1", "--workspace", str(ws)]) == 0
-        assert "checkpoints and stops" in capsys.readouterr().out
-    finally:
-        out = finish(coordinator)
-    assert coordinator.returncode == 0, out[-4000:]
+    out = _paused_once(
+        lambda: any(t.batches_trained >= 1 for t in _search_trials(ws)),
+        "a trial to train",
+        on_slurm(path, ws),
+        tmp_path,
+        capsys,
+    )
     assert "The search stopped" in out, out[-4000:]
     paused = _search_trials(ws)
     assert paused and not any(t.state == "ACTIVE" for t in paused), paused
