@@ -74,8 +74,18 @@ def test_code_copy_honours_detignore_and_the_cap(
     (src / "notes.log").write_text("log\n")
     (src / ".detignore").write_text("data/\n*.log\n")
     (src / "checkpoints").mkdir()
+    # A folder tagged as a cache (nox, pytest, mypy tag theirs) holds no code; a file of
+    # that name without the specification's signature tags nothing.
+    for name, tag in (("cache", "Signature: 8a477f597d28d172789f06886806bc55\n"), ("tool", "x")):
+        (src / name).mkdir()
+        (src / name / "CACHEDIR.TAG").write_text(tag)
+        (src / name / "mod.py").write_text("z = 3\n")
     files = code_files(src, exclude=[src / "checkpoints"])
-    assert [str(f) for f in files] == ["model_def.py", "pkg/util.py"]
+    assert [str(f) for f in files] == [
+        "model_def.py", "pkg/util.py", "tool/CACHEDIR.TAG", "tool/mod.py"
+    ]  # fmt: skip
+    for name in ("cache", "tool"):
+        shutil.rmtree(src / name)
     assert copy_code(src, tmp_path / "code")
     assert (tmp_path / "code" / "pkg" / "util.py").read_text() == "y = 2\n"
     (src / ".detignore").unlink()

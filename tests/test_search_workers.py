@@ -7,6 +7,7 @@ their own: `lightning-bridge run --storage URL` on one, `lightning-bridge search
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 import pathlib
@@ -69,6 +70,13 @@ def _two_workers(tmp_path: pathlib.Path, storage: str, kill: bool) -> None:
                 "the second worker's trial to train",
                 tmp_path / "b.log",
             )
+            # Each trial runs in a process group of its own: the worker's group is frozen
+            # first (nothing of it sees its trials end), then the trials and the worker die.
+            running = [t.pid for t in _trials(second) if t.state == "RUNNING" and t.pid]  # type: ignore[attr-defined]
+            os.killpg(worker.pid, signal.SIGSTOP)
+            for pid in running:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pid, signal.SIGKILL)
             os.killpg(worker.pid, signal.SIGKILL)
             worker.wait(30)
         out_a = sf.finish_logged(run, tmp_path / "a.log")

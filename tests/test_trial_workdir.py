@@ -39,7 +39,13 @@ def _folder(root: pathlib.Path) -> pathlib.Path:
     (root / "datasets").mkdir()  # data kept elsewhere, linked into the folder
     (root / "datasets" / "test.bin").write_bytes(b"1")
     (folder / "test-data").symlink_to(root / "datasets")
+    (folder / ".nox" / "venv").mkdir(parents=True)  # a tool's cache, tagged as one
+    (folder / ".nox" / "CACHEDIR.TAG").write_text(TAG)
+    (folder / ".nox" / "venv" / "site.py").write_text("")
     return folder
+
+
+TAG = "Signature: 8a477f597d28d172789f06886806bc55\n# a cache\n"
 
 
 def test_a_working_copy_is_made_as_determined_makes_a_context(tmp_path: pathlib.Path) -> None:
@@ -58,10 +64,11 @@ def test_a_working_copy_is_made_as_determined_makes_a_context(tmp_path: pathlib.
     assert (dest / "data").is_symlink() and (dest / "notes.log").is_symlink()
     assert (dest / "data" / "train.bin").read_bytes() == b"\0" * 4096
     assert (dest / "test-data" / "test.bin").read_bytes() == b"1"  # a linked folder too
+    assert (dest / ".nox").is_symlink()  # a cache: linked as it is, never walked
     assert (done.copied, done.unchanged) == (2, 0)
     assert (
-        "linked, not copied (.detignore leaves them out, or a link): data, test-data, notes.log"
-        in (done.describe())
+        "linked, not copied (.detignore leaves them out, a link or a cache): .nox, data, "
+        "test-data, notes.log" in (done.describe())
     )
 
     # The copy is the trial's: what it changes there leaves the folder as it was.

@@ -1,4 +1,4 @@
-"""Warm trial processes: a forked trial's process is a cold one's (pid, parent, group,
+"""Warm trial processes: a forked trial's process is a cold one's (pid, parent, own group,
 signals, exit codes, environment, working directory, output file), a crash ends only it, and
 a trial whose environment differs from the warm process's starts cold.
 
@@ -56,8 +56,10 @@ if what == "wait":
         print("stopping on", signal.Signals(signum).name, flush=True)
         sys.exit(0)
     signal.signal(signal.SIGTERM, stop)
+    # A process of its own (as a rank or a data loader worker would be): its pid is the cue.
+    helper = __import__("subprocess").Popen(["sleep", "60"])
     pathlib = __import__("pathlib")
-    pathlib.Path(sys.argv[2]).write_text("ready")
+    pathlib.Path(sys.argv[2]).write_text(str(helper.pid))
     time.sleep(60)
 """
 
@@ -97,17 +99,17 @@ def _start(
     return starter.start(command, cwd=folder, env=environment, output=str(output))
 
 
-def _cold(folder: pathlib.Path, output: pathlib.Path, *args: str, **env: str) -> int:
+def _cold_start(
+    folder: pathlib.Path, output: pathlib.Path, *args: str, **env: str
+) -> _warm.ColdTrial:
+    """The trial started as a worker starts it cold (a new interpreter)."""
     environment = {**os.environ, **env}
     with output.open("ab") as out:
-        return subprocess.run(
-            [sys.executable, "-m", "probe", *args],
-            cwd=folder,
-            env=environment,
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        ).returncode
+        return _warm._cold([sys.executable, "-m", "probe", *args], folder, environment, out)
+
+
+def _cold(folder: pathlib.Path, output: pathlib.Path, *args: str, **env: str) -> int:
+    return _cold_start(folder, output, *args, **env).wait()
 
 
 def _seen(output: pathlib.Path) -> dict[str, Any]:
@@ -130,10 +132,13 @@ def test_a_forked_trial_is_a_cold_one(
     # Its parent is the warm process, which the trial follows (named as its worker).
     assert warm["ppid"] == starter._proc.pid  # type: ignore[union-attr]
     assert warm["worker"] == str(warm["ppid"])
-    same = ("pgid", "cwd", "argv", "path0", "env", "cuda", "sigint", "sigterm", "stdin")
+    same = ("cwd", "argv", "path0", "env", "cuda", "sigint", "sigterm", "stdin")
     assert {k: warm[k] for k in same} == {k: cold[k] for k in same}
     assert warm["main"] == cold["main"] == "__main__"
-    assert warm["pgid"] == os.getpgrp()
+    # Each in a process group of its own, not the worker's (a terminal's Ctrl-C goes to the
+    # worker, which asks its trials to stop).
+    assert warm["pgid"] == warm["pid"] and cold["pgid"] == cold["pid"]
+    assert os.getpgrp() not in (warm["pgid"], cold["pgid"])
     assert warm_out.read_text().splitlines()[1:] == cold_out.read_text().splitlines()[1:]
 
 
@@ -155,24 +160,52 @@ def test_exit_codes_and_crashes_are_a_cold_trial_s(
     assert isinstance(after, _warm.WarmTrial) and after.wait() == 0
 
 
-def test_signals_reach_the_forked_trial(
-    starter: _warm.WarmStarter, folder: pathlib.Path, tmp_path: pathlib.Path
-) -> None:
-    ready, output = tmp_path / "ready", tmp_path / "out.log"
-    process = _start(starter, folder, output, "wait", str(ready))
+def _helper_pid(ready: pathlib.Path) -> int:
+    """The pid the probe's helper process writes once the probe waits for its signal."""
     deadline = time.monotonic() + 30
-    while not ready.exists() and time.monotonic() < deadline:
+    while not (ready.exists() and ready.read_text()) and time.monotonic() < deadline:
         time.sleep(0.02)
-    process.send_signal(signal.SIGTERM)
+    return int(ready.read_text())
+
+
+def _gone(pid: int, within_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.02)
+    return False
+
+
+@pytest.mark.parametrize("start", ["forked", "cold"])
+def test_signals_reach_the_trial_and_sigkill_ends_its_processes(
+    starter: _warm.WarmStarter, folder: pathlib.Path, tmp_path: pathlib.Path, start: str
+) -> None:
+    def launch(output: pathlib.Path, ready: pathlib.Path) -> _warm.TrialProcess:
+        if start == "cold":
+            return _cold_start(folder, output, "wait", str(ready))
+        process = _start(starter, folder, output, "wait", str(ready))
+        assert isinstance(process, _warm.WarmTrial)
+        return process
+
+    ready, output = tmp_path / "ready", tmp_path / "out.log"
+    process = launch(output, ready)
+    helper = _helper_pid(ready)
+    process.send_signal(signal.SIGTERM)  # the trial itself: it stops as it chooses
     assert process.wait() == 0
     assert "stopping on SIGTERM" in output.read_text()
-    # Without a handler of its own, SIGINT ends it as Python does (KeyboardInterrupt).
+    os.kill(helper, signal.SIGKILL)  # left running by the trial's own exit
+    # SIGKILL ends the trial and every process it started (its group), as for a rank that
+    # would otherwise wait on a dead peer.
     ready.unlink()
-    killed = _start(starter, folder, tmp_path / "killed.log", "wait", str(ready))
-    while not ready.exists() and time.monotonic() < deadline:
-        time.sleep(0.02)
+    killed = launch(tmp_path / "killed.log", ready)
+    helper = _helper_pid(ready)
+    assert os.getpgid(helper) == killed.pid
     killed.send_signal(signal.SIGKILL)
     assert killed.wait() == -signal.SIGKILL
+    assert _gone(helper)
 
 
 def test_state_read_at_import_behaves_as_cold(

@@ -5,8 +5,11 @@ class from the checkpoint on any machine. The copy honours `.detignore` (gitigno
 plus the bytecode Determined always leaves out) and, whatever `.detignore` says, never holds
 what a run writes: a workspace (a folder with a registry), checkpoints (folders with a
 checkpoint's files, also half-written ones) and the folders the caller names (the checkpoint
-storage, the trial's logs). Determined copies the context as it was submitted; here the files
-are listed once when the run starts (`snapshot`), so what the run writes later into the folder
+storage, the trial's logs); nor a folder tagged as a cache (a `CACHEDIR.TAG` file, as nox,
+pytest, mypy and ruff tag theirs: the convention backup tools honour), which holds no code and
+can hold a hundred thousand files that `init()` would otherwise list in the working directory.
+Determined copies the context as it was submitted; here the files are listed once when the run
+starts (`snapshot`), so what the run writes later into the folder
 (a search journal, files the trial writes) is not code either.
 
 The copy is capped like Determined's context upload (95 MB): `check_size` refuses a larger
@@ -35,6 +38,9 @@ _ALWAYS_IGNORED = ["__pycache__/", "*.py[co]", "*$py.class", ".detignore"]
 _WORKSPACE_MARKS = ("registry.sqlite",)
 # A folder holding these is a checkpoint (Determined's layout, complete or not).
 _CHECKPOINT_MARKS = ("state_dict.pth", "trial_state.pkl", "load_data.json")
+# The Cache Directory Tagging Specification's file and the signature it starts with.
+_CACHE_TAG = "CACHEDIR.TAG"
+_CACHE_SIGNATURE = b"Signature: 8a477f597d28d172789f06886806bc55"
 _warned: set[pathlib.Path] = set()
 _snapshots: dict[pathlib.Path, list[pathlib.Path]] = {}
 
@@ -59,6 +65,16 @@ def is_run_output(folder: pathlib.Path) -> bool:
     return checkpoint or bool(names.intersection(_WORKSPACE_MARKS))
 
 
+def is_cache(folder: pathlib.Path) -> bool:
+    """Whether `folder` is tagged as a cache (`CACHEDIR.TAG` with the specification's
+    signature)."""
+    try:
+        with open(folder / _CACHE_TAG, "rb") as tag:
+            return tag.read(len(_CACHE_SIGNATURE)) == _CACHE_SIGNATURE
+    except OSError:
+        return False
+
+
 def code_files(
     root: pathlib.Path,
     exclude: Iterable[pathlib.Path] = (),
@@ -67,21 +83,25 @@ def code_files(
     """The files of `root` a checkpoint's `code/` holds, relative to `root`. `ignored`, when
     given, receives the entries a working copy links rather than copies: what `.detignore`
     itself leaves out (the topmost ones: a folder, not its files) and linked folders, never a
-    run's output, an excluded path or bytecode."""
+    run's output, an excluded path or bytecode; a cache folder is linked."""
     root = root.resolve()
     skipped = {p.resolve() for p in exclude}
     spec = _spec(root)
     always = pathspec.PathSpec.from_lines("gitwildmatch", _ALWAYS_IGNORED)
     files: list[pathlib.Path] = []
+    # The walk does not follow linked folders, so a path under the resolved root is its own
+    # real path but for a linked file: only those are resolved to compare with `skipped`.
     for parent, dirs, names in os.walk(root):
         here = pathlib.Path(parent)
         rel_dir = here.relative_to(root)
         kept = []
         for d in sorted(dirs):
             pattern = f"{(rel_dir / d).as_posix()}/"
-            if (here / d).resolve() in skipped or is_run_output(here / d):
+            path = here / d
+            linked = path.is_symlink()
+            if (path.resolve() if linked else path) in skipped or is_run_output(path):
                 continue
-            if (here / d).is_symlink():  # a linked folder (data elsewhere): never walked
+            if linked or is_cache(path):  # linked (data elsewhere) or a cache: never walked
                 if ignored is not None and not always.match_file(pattern):
                     ignored.append(rel_dir / d)
             elif not spec.match_file(pattern):
@@ -91,7 +111,8 @@ def code_files(
         dirs[:] = kept
         for name in sorted(names):
             rel = rel_dir / name
-            if not (here / name).is_file() or (here / name).resolve() in skipped:
+            path = here / name
+            if not path.is_file() or (path.resolve() if path.is_symlink() else path) in skipped:
                 continue
             if not spec.match_file(rel.as_posix()):
                 files.append(rel)

@@ -15,11 +15,13 @@ an earlier trial), its memory is its own (copy-on-write: a forked trial resides 
 memory than a cold one), and a crash ends only it. A pre-started pool hides the import's wall
 time but still spends its CPU once per trial.
 
-What a forked trial shares with a cold one (`subprocess.Popen` of the same command): its own
-pid, the worker's process group (as a cold trial's), signal dispositions reset to Python's
-defaults, stdin from /dev/null, stdout and stderr appended to its output file, its
-environment, working directory, `sys.argv`, `sys.path[0]`, fresh `random` / numpy global
-seeds and `CUDA_VISIBLE_DEVICES`. It stops with the worker as a cold one does (the warm process
+What a forked trial shares with a cold one (`ColdTrial`, the same command as a new
+interpreter): its own pid and its own process group (a terminal's Ctrl-C reaches the worker,
+which asks each trial to checkpoint and stop; SIGKILL ends a trial's whole group, its other
+ranks and data loader workers with it), signal dispositions reset to Python's defaults, stdin
+from /dev/null, stdout and stderr appended to its output file, its environment, working
+directory, `sys.argv`, `sys.path[0]`, fresh `random` / numpy global seeds and
+`CUDA_VISIBLE_DEVICES`. It stops with the worker as a cold one does (the warm process
 dies with the worker, and the trial follows its parent, see `_parent`).
 
 A trial starts cold, with a log line saying why, when forking is not safe or would not give
@@ -136,26 +138,46 @@ class WarmTrial:
         return self.returncode
 
     def send_signal(self, sig: int) -> None:
-        """Signal the trial (held until it is forked; nothing once it has ended)."""
+        """Signal the trial (held until it is forked; nothing once it has ended); SIGKILL
+        ends its process group."""
         with self._lock:
             if self._pid is None:
                 self._pending.append(sig)
                 return
         if self.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self._pid, sig)
+            _signal_trial(self._pid, sig)
 
 
-def _cold(
-    command: Sequence[str], cwd: Any, env: Mapping[str, str], output: IO[bytes]
-) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
+class ColdTrial(subprocess.Popen[bytes]):
+    """A trial started as a new interpreter, in a process group of its own (as a forked
+    one); SIGKILL ends the group."""
+
+    def send_signal(self, sig: int) -> None:
+        self.poll()
+        if self.returncode is None:
+            _signal_trial(self.pid, sig)
+
+
+def _signal_trial(pid: int, sig: int) -> None:
+    """SIGKILL: the trial's whole process group (its other ranks, its data loader workers,
+    which would otherwise wait on a dead peer); other signals: the trial's own process, which
+    stops its ranks together (`StopRequest`)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        if sig == signal.SIGKILL:
+            os.killpg(pid, sig)
+        else:
+            os.kill(pid, sig)
+
+
+def _cold(command: Sequence[str], cwd: Any, env: Mapping[str, str], output: IO[bytes]) -> ColdTrial:
+    return ColdTrial(
         list(command),
         cwd=cwd,
         env=dict(env),
         stdin=subprocess.DEVNULL,
         stdout=output,
         stderr=subprocess.STDOUT,
+        process_group=0,
     )
 
 
@@ -363,6 +385,8 @@ def _child(request: dict[str, Any], wakeup: tuple[int, int]) -> None:
     module as `python -m` does; never returns."""
     code = 1
     try:
+        with contextlib.suppress(OSError):
+            os.setpgid(0, 0)  # its own process group, as a cold trial's (see the docstring)
         signal.set_wakeup_fd(-1)
         for fd in wakeup:
             os.close(fd)
@@ -492,6 +516,8 @@ def serve(parent: int, preload: Sequence[str]) -> None:
             if pid == 0:
                 answers.close()
                 _child(request, (wake_r, wake_w))
+            with contextlib.suppress(OSError):  # set on both sides: no signal races it
+                os.setpgid(pid, pid)
             children[pid] = request["id"]
             answer({"id": request["id"], "pid": pid})
 

@@ -50,7 +50,8 @@ class Synced:
         if self.linked:
             shown = ", ".join(p.as_posix() for p in self.linked[:5])
             more = f" and {len(self.linked) - 5} more" if len(self.linked) > 5 else ""
-            text += f"; linked, not copied (.detignore leaves them out, or a link): {shown}{more}"
+            why = ".detignore leaves them out, a link or a cache"
+            text += f"; linked, not copied ({why}): {shown}{more}"
         return text
 
 
