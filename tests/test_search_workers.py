@@ -72,7 +72,7 @@ def _two_workers(tmp_path: pathlib.Path, storage: str, kill: bool) -> None:
             )
             # Each trial runs in a process group of its own: the worker's group is frozen
             # first (nothing of it sees its trials end), then the trials and the worker die.
-            running = [t.pid for t in _trials(second) if t.state == "RUNNING" and t.pid]  # type: ignore[attr-defined]
+            running = [t.pid for t in _trials(second) if t.state == "ACTIVE" and t.pid]  # type: ignore[attr-defined]
             os.killpg(worker.pid, signal.SIGSTOP)
             for pid in running:
                 with contextlib.suppress(ProcessLookupError):
