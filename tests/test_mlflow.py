@@ -537,3 +537,42 @@ def test_trials_opening_a_new_sqlite_store_at_once_all_get_it(tmp_path: pathlib.
     assert not found, found
     assert [p.exitcode for p in processes] == [0, 0, 0]
     assert client(uri).search_experiments()  # MLflow's Default experiment: the store is whole
+
+
+CREATE_STORE = """
+import sys
+import mlflow
+from lightning_bridge.tracking._mirror import open_client
+
+print("importing done", flush=True)
+open_client(sys.argv[1]).search_experiments()
+"""
+
+
+@needs_client
+def test_a_process_killed_while_creating_the_sqlite_store_leaves_none_half_made(
+    tmp_path: pathlib.Path,
+) -> None:
+    """MLflow migrates a new store in dozens of steps; a trial that ends (or is killed) during
+    them must not leave a store no later run can open."""
+    from lightning_bridge.tracking._mirror import open_client
+
+    store = tmp_path / "mlflow.db"
+    uri = f"sqlite:///{store}"
+    building = tmp_path / ".mlflow.db.new"
+    script = tmp_path / "create.py"
+    script.write_text(CREATE_STORE)
+    process = subprocess.Popen([sys.executable, str(script), uri], stdout=subprocess.PIPE)
+    assert process.stdout is not None and process.stdout.readline().strip() == b"importing done"
+    deadline = time.monotonic() + 120
+    while not building.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.5)  # inside the migrations
+    process.kill()
+    process.wait()
+    assert not store.exists(), "a store was left under its name before it was complete"
+    # The next run creates it whole and uses it.
+    client = open_client(uri)
+    experiment = client.create_experiment("after the kill")
+    assert client.get_experiment(experiment).name == "after the kill"
+    assert store.exists() and not building.exists()

@@ -118,19 +118,27 @@ def searcher_stopped(experiment: Experiment, trial: Trial) -> bool:
     return trial.batches_trained < value
 
 
-@contextlib.contextmanager
-def _sqlite_store_lock(uri: str) -> Iterator[None]:
-    """For an MLflow SQLite store, a lock beside its file while it is opened: MLflow creates
-    and migrates a new store's tables on first use, and the trials of a search that start
-    together would otherwise all migrate the same file and fail. Other stores: nothing."""
+def open_client(uri: str) -> Any:
+    """MLflow's client of `uri`. A new SQLite store is created whole or not at all: MLflow
+    creates and migrates a store's tables on first use (dozens of steps, tens of seconds on a
+    loaded machine), and a process ending half-way (a trial's end, a kill) would leave a file
+    no later run can open. It is built under another name, under a lock beside the file (the
+    trials of a search that start together wait for the first), then renamed into place."""
+    from mlflow import MlflowClient
+
     if not uri.startswith(_SQLITE):
-        yield
-        return
+        return MlflowClient(tracking_uri=uri, registry_uri=uri)
     path = pathlib.Path(uri[len(_SQLITE) :])
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path.with_name(f".{path.name}.lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        yield
+        if not path.exists():
+            building = path.with_name(f".{path.name}.new")
+            building.unlink(missing_ok=True)  # left by a creator that did not finish
+            new = f"{_SQLITE}{building}"
+            MlflowClient(tracking_uri=new, registry_uri=new).search_experiments(max_results=1)
+            os.replace(building, path)
+    return MlflowClient(tracking_uri=uri, registry_uri=uri)
 
 
 class Mirror:
@@ -138,15 +146,10 @@ class Mirror:
 
     def __init__(self, registry: Registry, uri: str) -> None:
         require_mlflow("Mirroring the record into MLflow")
-        from mlflow import MlflowClient
-
         self.registry = registry
         self.uri = uri
         self.workspace = registry.workspace.root
-        with _sqlite_store_lock(uri):
-            self.client = MlflowClient(tracking_uri=uri, registry_uri=uri)
-            if uri.startswith(_SQLITE):
-                self.client.search_experiments(max_results=1)  # opens (creates) the store
+        self.client = open_client(uri)
 
     # ----- the link on the bridge's side -----
 
