@@ -137,7 +137,10 @@ class SearchRun:
         self._next_beat = 0.0
         self._away_since: float | None = None
         self._reopen = False
-        self.starter = _warm.WarmStarter()  # forks the trials' processes (see _warm)
+        # Forks the trials' processes (see _warm); with their MLflow mirror's client imported
+        # when the record is mirrored (else each trial imports it, seconds, at its end).
+        mirrored = _mirrored(self.workspace.root, options.tracking_uri)
+        self.starter = _warm.WarmStarter(_warm.PRELOAD + (_warm.MIRROR_PRELOAD if mirrored else ()))
 
     def _machine_capacity(self) -> int:
         """How many trials fit at once: whole sets of `processes` GPUs (each trial gets its
@@ -421,3 +424,14 @@ class SearchRun:
             line += f" (its output: {output})"
         del self.running[trial_id]
         self.say(line)
+
+
+def _mirrored(workspace: pathlib.Path, given: str | None) -> bool:
+    """Whether this workspace's trials mirror their record into MLflow (a setting that cannot
+    be read counts as no: the trial itself reports it)."""
+    from lightning_bridge.tracking._settings import mlflow_installed, tracking_uri
+
+    try:
+        return mlflow_installed() and tracking_uri(workspace, given) is not None
+    except BridgeError:
+        return False

@@ -75,6 +75,9 @@ PRELOAD = (
     "?gcsfs",
     "?adlfs",
 )
+# What a trial's MLflow mirror imports (its first send, at the latest at the trial's end: a
+# cold import of MLflow's client takes 4-8 s), preloaded when the record is mirrored.
+MIRROR_PRELOAD = ("?mlflow", "?mlflow.tracking", "lightning_bridge.tracking._mirror")
 _PR_SET_PDEATHSIG = 1
 
 
