@@ -132,8 +132,10 @@ def _install_unlocked(session: nox.Session, *packages: str, lightning: str, edit
 
 
 def _env(session: nox.Session) -> dict[str, str]:
-    """Keeps user-data writes (checkpoints in local mode) inside the session."""
-    data_home = Path(session.create_tmp()) / "xdg-data"
+    """Keeps user-data writes (checkpoints in local mode) inside the session. The folder is
+    absolute: `create_tmp()` names it relative to the nox process, and a relative
+    XDG_DATA_HOME is ignored (the XDG specification), which sent the writes to ~/.local/share."""
+    data_home = Path(session.create_tmp()).resolve() / "xdg-data"
     data_home.mkdir(parents=True, exist_ok=True)
     return {"XDG_DATA_HOME": str(data_home), "MPLBACKEND": "Agg"}
 
