@@ -356,18 +356,23 @@ def test_a_search_trial_whose_job_is_requeued_ends_with_the_same_weights(
     local_weights: dict[str, torch.Tensor],
 ) -> None:
     """The same requeue in a search (one trial of the same hyperparameters). The stopped trial
-    gives its search trial back, so the requeued job is told to stop and the coordinator
-    submits the trial again (a second job, docs/cluster.md); the search still ends with the
-    uninterrupted weights, nothing trained twice from scratch."""
+    keeps its search trial (Slurm counted the requeue before it signalled the job), so the
+    requeued job itself continues it from its checkpoint: one job for the trial, requeued
+    once, no other submitted, and the uninterrupted weights."""
     ws = tmp_path / "ws"
     searcher = {**_config()["searcher"], "name": "random", "max_trials": 1}
     config = _folder(tmp_path, _config(searcher=searcher))
     out, first = _requeued_mid_trial(slurm_cluster, config, ws)
     assert "finished, 1 trials in all" in out, out[-4000:]
-    trial = _trial(ws)
-    assert trial.state == "COMPLETED" and trial.batches_trained == 24, trial
-    assert _job(ws).job_id != first and _job(ws).state == "COMPLETED"
-    _same(_final_weights(ws), local_weights)
+    started = [line for line in out.splitlines() if "bracket 0) " in line]  # submissions
+    assert len(started) == 1 and ") starts:" in started[0], out[-4000:]
+    assert _job(ws).job_id == first
+    _ends_as_uninterrupted(ws, local_weights, restarts=1)
+    trial_dir = ws / "experiments/1/trials/1"
+    assert [p.name for p in trial_dir.glob("slurm-*.out")] == [f"slurm-{first}.out"]
+    assert "The trial keeps its search trial" in (trial_dir / f"slurm-{first}.out").read_text()
+    describe = lb("experiment", "describe", "1", "--workspace", str(ws), cwd=tmp_path).stdout
+    assert f"slurm job {first} COMPLETED (requeued 1 times)" in describe, describe
 
 
 @pytest.mark.slurm

@@ -16,6 +16,11 @@ three things of its own:
   submitting (`SlurmLauncher.unreachable`).
 - SIGUSR1 (sbatch `--signal`, before the time limit) stops the trial as SIGTERM does (finish
   the batch, checkpoint) and then requeues the job, which continues from that checkpoint.
+- A search's trial stopped because its job is requeued (the time limit's signal above, or
+  `scontrol requeue` / a preemption: Slurm counted the restart before it sent SIGTERM) keeps
+  its search trial (`continues_in_place`): the requeued job continues it, and the search's
+  coordinator, still following the same job, starts no other. Any other stop (`experiment
+  pause`, the coordinator's Ctrl-C: SIGTERM without a restart) gives the trial back.
   Either signal during start-up (`experiment pause` of a trial still importing) waits until
   the fit catches SIGTERM: the trial stops after its first batch instead of dying unrecorded.
   A trial that failed requeues the job while its restarts are under `max_restarts`.
@@ -37,7 +42,7 @@ from typing import Any
 
 from lightning_bridge._errors import BridgeError
 from lightning_bridge.experiment._checkpoints import fetch, settle_checkpoints
-from lightning_bridge.experiment._slurm import UNREACHABLE
+from lightning_bridge.experiment._slurm import UNREACHABLE, job_info
 from lightning_bridge.record._registry import Registry
 from lightning_bridge.record._schema import TrialState
 from lightning_bridge.record._settings import WorkspaceSettings
@@ -131,6 +136,19 @@ def _requeue(reason: str) -> None:
         subprocess.run(["scontrol", "requeue", job], check=False)
 
 
+def requeued_by_slurm(job_id: str | None, restarts: int) -> str | None:
+    """Why this job runs again after its trial stopped: Slurm counts a requeue (`scontrol
+    requeue`, a preemption) in the job's `Restarts` before it signals the job, so a count
+    above this run's (`SLURM_RESTART_COUNT`) means the job is being requeued. None when it
+    is not (a pause, a cancellation) or Slurm does not say."""
+    if not job_id:
+        return None
+    info = job_info(job_id)
+    if info is None or info.restarts <= restarts:
+        return None
+    return f"Slurm job {job_id} is requeued (restart {info.restarts}) and continues it"
+
+
 def _stop_when_training(trained: threading.Event, ours: Any) -> None:
     """SIGTERM to this process once the fit catches it (finish the batch, checkpoint, stop):
     at once while it trains; a signal that came during start-up (the job's own handler,
@@ -170,6 +188,17 @@ def main(argv: list[str]) -> int:
 
     for sig in (signal.SIGUSR1, signal.SIGTERM):  # the fit's own SIGTERM handler comes later
         signal.signal(sig, on_signal)
+    job_id = os.environ.get("SLURM_JOB_ID")
+
+    def runs_again() -> str | None:
+        if received == [signal.SIGUSR1]:  # this job requeues itself once the trial stopped
+            return f"its time limit is near: Slurm job {job_id} requeues itself and continues it"
+        return requeued_by_slurm(job_id, restarts)
+
+    if RunDescription.read(run_file).search is not None:
+        from lightning_bridge.translation._search_report import continues_in_place
+
+        continues_in_place(runs_again)
     from lightning_bridge.experiment._cli import main as cli
 
     try:
