@@ -42,12 +42,23 @@ from tests._slurm_cluster import (
     slurm_cluster_fixture,  # noqa: F401 - fixture
 )
 
-SLOW_MODEL_DEF = MODEL_DEF.replace("import signal\n", "import signal\nimport time\n").replace(
-    "        x, y = batch\n        loss = torch",
-    "        time.sleep(self.context.get_hparams().get('delay', 0))\n"
-    "        x, y = batch\n        loss = torch",
+# The linear trial, sleeping `delay` seconds a batch; its __init__ also records its node's rank
+# and the trial's node addresses (`get_cluster_info()`) in init.RANK.json.
+SLOW_MODEL_DEF = (
+    MODEL_DEF.replace("import signal\n", "import signal\nimport time\n\nimport determined\n")
+    .replace(
+        "        x, y = batch\n        loss = torch",
+        "        time.sleep(self.context.get_hparams().get('delay', 0))\n"
+        "        x, y = batch\n        loss = torch",
+    )
+    .replace(
+        "            seen += [d.get_cross_rank(), d.get_cross_size()]\n",
+        "            seen += [d.get_cross_rank(), d.get_cross_size()]\n"
+        "            info = determined.get_cluster_info()\n"
+        "            seen += [info.container_rank, info.container_addrs]\n",
+    )
 )
-assert SLOW_MODEL_DEF != MODEL_DEF
+assert SLOW_MODEL_DEF.count("determined.get_cluster_info") == 1 and "time.sleep" in SLOW_MODEL_DEF
 
 
 def _config(**changes: Any) -> dict[str, Any]:
@@ -266,14 +277,20 @@ def test_two_node_trial_equals_its_two_process_single_node_run(
         assert done.returncode == 0, _shown(done)
         with Registry(ws) as registry:
             results[launcher] = registry.metrics(1, "validation")
+        seen = [json.loads((path.parent / f"init.{r}.json").read_text()) for r in (0, 1)]
+        if launcher == "local":  # one node: node rank 0 and one address for both processes
+            assert [s[6:] for s in seen] == [[0, ["127.0.0.1"]], [0, ["127.0.0.1"]]]
         if launcher == "slurm":
             job = _job(ws)
             script = (ws / "experiments/1/trials/1/job.sh").read_text()
             assert "srun" in script and job.state == "COMPLETED"
             # What each rank's __init__ saw: rank and size from Slurm's two tasks (local and
-            # cross sizes group ranks by host, and both test nodes are this one host).
-            seen = [json.loads((path.parent / f"init.{r}.json").read_text()) for r in (0, 1)]
+            # cross sizes group ranks by host, and both test nodes are this one host); its
+            # node's rank, and each node's address as `scontrol show node` gives it (both
+            # test nodes have 127.0.0.1) in node-rank order.
             assert [s[:2] for s in seen] == [[0, 2], [1, 2]]
+            addrs = ["127.0.0.1", "127.0.0.1"]
+            assert [s[6:] for s in seen] == [[0, addrs], [1, addrs]]
         results[launcher + "-weights"] = _final_weights(ws)  # type: ignore[assignment]
     _same(results["local-weights"], results["slurm-weights"])  # type: ignore[arg-type]
     assert [m.values for m in results["local"]] == [m.values for m in results["slurm"]]
