@@ -268,13 +268,32 @@ def test_refused_without_sbatch(tmp_path: pathlib.Path, capsys: pytest.CaptureFi
 def test_two_node_trial_equals_its_two_process_single_node_run(
     tmp_path: pathlib.Path, slurm_cluster: SlurmCluster
 ) -> None:
+    """The 2-node job is also signalled mid-trial as its time limit's `--signal=B:USR1` does
+    (only its batch shell, which `exec`s srun): srun passes SIGUSR1 on to both tasks, the trial
+    checkpoints at its batch, the job requeues itself and both tasks continue from that
+    checkpoint, to the weights and validations of the uninterrupted single-node run."""
     config = _config(resources={"slots_per_trial": 2}, slurm={"slots_per_node": 1})
     path = _folder(tmp_path, config)
     results = {}
     for launcher in ("local", "slurm"):
         ws = tmp_path / f"ws-{launcher}"
-        done = lb(*on_slurm(path, ws, "--launcher", launcher, "--force"), cwd=tmp_path)
-        assert done.returncode == 0, _shown(done)
+        if launcher == "local":
+            done = lb(*on_slurm(path, ws, "--launcher", launcher, "--force"), cwd=tmp_path)
+            assert done.returncode == 0, _shown(done)
+        else:
+            slow = ("--set", "hyperparameters.delay=0.4")
+            coordinator = lb_start(*on_slurm(path, ws, *slow), cwd=tmp_path)
+            try:
+                trained = lambda: _trial_batches(tmp_path / "ws-slurm") >= 6  # noqa: E731
+                _wait_for(trained, 180, "the trial to train 6 batches")
+                job_id = _job(ws).job_id
+                slurm_cluster.run("scancel", "--batch", "--signal=USR1", job_id)
+            finally:
+                out = finish(coordinator)
+            assert coordinator.returncode == 0, out[-4000:]
+            assert _job(ws).restarts == 1 and _trial(ws).runs == 2
+            output = pathlib.Path(_job(ws).output).read_text()
+            assert "its time limit is near: the trial checkpointed" in output, output[-3000:]
         with Registry(ws) as registry:
             results[launcher] = registry.metrics(1, "validation")
         seen = [json.loads((path.parent / f"init.{r}.json").read_text()) for r in (0, 1)]

@@ -279,6 +279,9 @@ class SlurmLauncher(Launcher):
                 f'{NODE_ADDRS_ENV}=$(IFS=,; echo "${{addrs[*]}}")',
                 'MASTER_ADDR="${addrs[0]}"',
                 f"export MASTER_ADDR {NODE_ADDRS_ENV}",
+                # Before any task reads the run description: its services checked, and a
+                # requeued job's description names the trial's latest checkpoint.
+                f"{shlex.join([*command[:-1], '--before-tasks', command[-1]])} || exit $?",
                 f"exec srun --kill-on-bad-exit=1 {shlex.join(command)}",
             ]
         script.write_text("\n".join(lines) + "\n")

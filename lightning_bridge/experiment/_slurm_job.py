@@ -10,10 +10,12 @@ three things of its own:
   otherwise take the job for `srun`-started ranks: the processes of a one-node trial are
   Lightning's to start, as on any machine. A job of several tasks (a trial across nodes, one
   task per process) keeps it, and Lightning's Slurm environment gives ranks and world size.
-- Before training, the job's first task connects to the services every trial reports to
-  (the experiment record, a search's storage): one its node cannot reach ends the job at
+- Before training (`before_training`: in its one task, or in the batch shell of a job across
+  nodes before `srun` starts the tasks) the job connects to the services every trial reports
+  to (the experiment record, a search's storage): one its node cannot reach ends the job at
   once with a message naming it (`UNREACHABLE`), which the coordinator shows; it stops
-  submitting (`SlurmLauncher.unreachable`).
+  submitting (`SlurmLauncher.unreachable`). A requeued job's run description is rewritten
+  there too, so no task of a job across nodes reads it before.
 - SIGUSR1 (sbatch `--signal`, before the time limit) stops the trial as SIGTERM does (finish
   the batch, checkpoint) and then requeues the job, which continues from that checkpoint.
 - A search's trial stopped because its job is requeued (the time limit's signal above, or
@@ -161,21 +163,34 @@ def _stop_when_training(trained: threading.Event, ours: Any) -> None:
         time.sleep(0.05)
 
 
+def before_training(run_file: pathlib.Path, restarts: int) -> int:
+    """What the job does once before its trial's processes start: check the services the
+    trial reports to from this node (EXIT_UNREACHABLE, with the message, when one is out of
+    reach) and, in a requeued job, name the latest checkpoint in the run description. A job of
+    one task does it in that task; a job across nodes in its batch shell, before `srun` starts
+    the tasks, so that every task reads the description as rewritten."""
+    problem = unreachable(RunDescription.read(run_file))
+    if problem is not None:
+        print(f"{UNREACHABLE} {socket.gethostname()}: {problem}", file=sys.stderr, flush=True)
+        return EXIT_UNREACHABLE  # not requeued: the next run would fail the same way
+    if restarts:
+        _continue_from_latest(run_file)
+    return 0
+
+
 def main(argv: list[str]) -> int:
-    run_file = pathlib.Path(argv[0]).resolve()
     restarts = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
+    if argv[0] == "--before-tasks":  # the batch shell of a job across nodes
+        return before_training(pathlib.Path(argv[1]).resolve(), restarts)
+    run_file = pathlib.Path(argv[0]).resolve()
     if os.environ.get("SLURM_NTASKS", "1") == "1":
         for name in ("SLURM_NTASKS", "SLURM_NPROCS"):
             os.environ.pop(name, None)
+        code = before_training(run_file, restarts)
+        if code:
+            return code
     else:  # one task per process: the record's writer is rank 0 (`run_from_file`)
         os.environ.update(task_environment(os.environ))
-    if _chief():
-        problem = unreachable(RunDescription.read(run_file))
-        if problem is not None:
-            print(f"{UNREACHABLE} {socket.gethostname()}: {problem}", file=sys.stderr, flush=True)
-            return EXIT_UNREACHABLE  # not requeued: the next run would fail the same way
-    if restarts and _chief():
-        _continue_from_latest(run_file)
     received: list[int] = []  # the first stop signal: SIGUSR1 (time limit) or SIGTERM
     trained = threading.Event()  # the trial's command returned: nothing left to stop
 
