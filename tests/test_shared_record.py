@@ -13,6 +13,8 @@ import os
 import pathlib
 import shutil
 import socket
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -20,13 +22,17 @@ import torch
 
 from lightning_bridge.contract._distributed import DistributedContext
 from lightning_bridge.experiment._cli import main
+from lightning_bridge.experiment._config import load_config
+from lightning_bridge.experiment._experiments import _options_record
 from lightning_bridge.experiment._launcher import LocalLauncher
+from lightning_bridge.experiment._runner import Options
 from lightning_bridge.experiment._slurm import SlurmLauncher, _outcome
 from lightning_bridge.experiment._slurm_job import EXIT_UNREACHABLE, task_environment, unreachable
 from lightning_bridge.experiment._slurm_job import main as job_main
 from lightning_bridge.record._filesystem import filesystem_type, network_filesystem
 from lightning_bridge.record._registry import Registry
 from lightning_bridge.record._workspace import Workspace
+from lightning_bridge.search import SearchDriver
 from lightning_bridge.translation._run_description import RecordConnection, RunDescription
 from tests._folders import (  # isolated_imports: an autouse fixture
     BASE_CONFIG,
@@ -84,6 +90,57 @@ def test_the_workspace_setting_is_the_default_launcher_and_the_command_line_wins
         (experiment,) = registry.experiments()
         assert experiment.options["launcher"] == "local"
         assert registry.trials()[0].batches_trained == 4
+
+
+@pytest.mark.processes
+def test_a_search_worker_runs_the_searchs_launcher_unless_its_command_line_names_one(
+    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A search started on a Slurm login node (`run --launcher slurm --storage FILE`, its
+    search as that writes it) joined by a worker on a machine without Slurm: the search's
+    launcher applies, not the worker workspace's setting, and is refused before anything is
+    recorded; `--launcher local` on the worker's command line wins and trains the trial."""
+    searcher = {
+        **BASE_CONFIG["searcher"], "name": "random", "max_trials": 1,
+        "max_length": {"batches": 4},
+    }  # fmt: skip
+    path = write_folder(tmp_path, {**BASE_CONFIG, "searcher": searcher})
+    config = load_config(path)
+    storage = str(tmp_path / "search.journal")
+    driver = SearchDriver(storage, "on-slurm", config.search)
+    options = Options(launcher="slurm", accelerator="cpu")
+    driver.set_search_note(
+        "experiment",
+        {
+            "config": config.raw,
+            "config_path": str(path),
+            "context_dir": str(path.parent),
+            "options": _options_record(options),
+            "source_dir": None,
+        },
+    )
+    driver.close()
+    workspace = tmp_path / "ws"
+    _settings(workspace, launcher="local")
+    worker = ["search-worker", "on-slurm", "--storage", storage, "--workspace", str(workspace)]
+    with pytest.MonkeyPatch.context() as patch:  # a machine without Slurm's commands
+        patch.setenv("PATH", str(tmp_path / "no-slurm"))
+        capsys.readouterr()
+        assert main(worker) == 2
+    assert "--launcher slurm: sbatch is not on PATH" in capsys.readouterr().err
+    assert not (workspace / "registry.sqlite").exists()  # refused before anything recorded
+    assert main([*worker, "--launcher", "local"]) == 0, capsys.readouterr()
+    with Registry(workspace) as registry:
+        (experiment,) = registry.experiments()
+        assert experiment.options["launcher"] == "local"
+        (trial,) = registry.trials()
+        assert trial.state == "COMPLETED" and trial.batches_trained == 4
+        assert registry.job(trial.id) is None  # no scheduler's job
+    help_text = subprocess.run(
+        [sys.executable, "-m", "lightning_bridge", "search-worker", "--help"],
+        capture_output=True, text=True, check=True, env={**os.environ, "COLUMNS": "200"},
+    ).stdout  # fmt: skip
+    assert "default: the search's own, the one it was started with" in help_text
 
 
 def test_an_unknown_launcher_setting_is_refused_with_the_names(

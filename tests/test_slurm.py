@@ -42,12 +42,23 @@ from tests._slurm_cluster import (
     slurm_cluster_fixture,  # noqa: F401 - fixture
 )
 
-SLOW_MODEL_DEF = MODEL_DEF.replace("import signal\n", "import signal\nimport time\n").replace(
-    "        x, y = batch\n        loss = torch",
-    "        time.sleep(self.context.get_hparams().get('delay', 0))\n"
-    "        x, y = batch\n        loss = torch",
+# The linear trial, sleeping `delay` seconds a batch; its __init__ also records its node's rank
+# and the trial's node addresses (`get_cluster_info()`) in init.RANK.json.
+SLOW_MODEL_DEF = (
+    MODEL_DEF.replace("import signal\n", "import signal\nimport time\n\nimport determined\n")
+    .replace(
+        "        x, y = batch\n        loss = torch",
+        "        time.sleep(self.context.get_hparams().get('delay', 0))\n"
+        "        x, y = batch\n        loss = torch",
+    )
+    .replace(
+        "            seen += [d.get_cross_rank(), d.get_cross_size()]\n",
+        "            seen += [d.get_cross_rank(), d.get_cross_size()]\n"
+        "            info = determined.get_cluster_info()\n"
+        "            seen += [info.container_rank, info.container_addrs]\n",
+    )
 )
-assert SLOW_MODEL_DEF != MODEL_DEF
+assert SLOW_MODEL_DEF.count("determined.get_cluster_info") == 1 and "time.sleep" in SLOW_MODEL_DEF
 
 
 def _config(**changes: Any) -> dict[str, Any]:
@@ -257,23 +268,48 @@ def test_refused_without_sbatch(tmp_path: pathlib.Path, capsys: pytest.CaptureFi
 def test_two_node_trial_equals_its_two_process_single_node_run(
     tmp_path: pathlib.Path, slurm_cluster: SlurmCluster
 ) -> None:
+    """The 2-node job is also signalled mid-trial as its time limit's `--signal=B:USR1` does
+    (only its batch shell, which `exec`s srun): srun passes SIGUSR1 on to both tasks, the trial
+    checkpoints at its batch, the job requeues itself and both tasks continue from that
+    checkpoint, to the weights and validations of the uninterrupted single-node run."""
     config = _config(resources={"slots_per_trial": 2}, slurm={"slots_per_node": 1})
     path = _folder(tmp_path, config)
     results = {}
     for launcher in ("local", "slurm"):
         ws = tmp_path / f"ws-{launcher}"
-        done = lb(*on_slurm(path, ws, "--launcher", launcher, "--force"), cwd=tmp_path)
-        assert done.returncode == 0, _shown(done)
+        if launcher == "local":
+            done = lb(*on_slurm(path, ws, "--launcher", launcher, "--force"), cwd=tmp_path)
+            assert done.returncode == 0, _shown(done)
+        else:
+            slow = ("--set", "hyperparameters.delay=0.4")
+            coordinator = lb_start(*on_slurm(path, ws, *slow), cwd=tmp_path)
+            try:
+                trained = lambda: _trial_batches(tmp_path / "ws-slurm") >= 6  # noqa: E731
+                _wait_for(trained, 180, "the trial to train 6 batches")
+                job_id = _job(ws).job_id
+                slurm_cluster.run("scancel", "--batch", "--signal=USR1", job_id)
+            finally:
+                out = finish(coordinator)
+            assert coordinator.returncode == 0, out[-4000:]
+            assert _job(ws).restarts == 1 and _trial(ws).runs == 2
+            output = pathlib.Path(_job(ws).output).read_text()
+            assert "its time limit is near: the trial checkpointed" in output, output[-3000:]
         with Registry(ws) as registry:
             results[launcher] = registry.metrics(1, "validation")
+        seen = [json.loads((path.parent / f"init.{r}.json").read_text()) for r in (0, 1)]
+        if launcher == "local":  # one node: node rank 0 and one address for both processes
+            assert [s[6:] for s in seen] == [[0, ["127.0.0.1"]], [0, ["127.0.0.1"]]]
         if launcher == "slurm":
             job = _job(ws)
             script = (ws / "experiments/1/trials/1/job.sh").read_text()
             assert "srun" in script and job.state == "COMPLETED"
             # What each rank's __init__ saw: rank and size from Slurm's two tasks (local and
-            # cross sizes group ranks by host, and both test nodes are this one host).
-            seen = [json.loads((path.parent / f"init.{r}.json").read_text()) for r in (0, 1)]
+            # cross sizes group ranks by host, and both test nodes are this one host); its
+            # node's rank, and each node's address as `scontrol show node` gives it (both
+            # test nodes have 127.0.0.1) in node-rank order.
             assert [s[:2] for s in seen] == [[0, 2], [1, 2]]
+            addrs = ["127.0.0.1", "127.0.0.1"]
+            assert [s[6:] for s in seen] == [[0, addrs], [1, addrs]]
         results[launcher + "-weights"] = _final_weights(ws)  # type: ignore[assignment]
     _same(results["local-weights"], results["slurm-weights"])  # type: ignore[arg-type]
     assert [m.values for m in results["local"]] == [m.values for m in results["slurm"]]
@@ -356,18 +392,23 @@ def test_a_search_trial_whose_job_is_requeued_ends_with_the_same_weights(
     local_weights: dict[str, torch.Tensor],
 ) -> None:
     """The same requeue in a search (one trial of the same hyperparameters). The stopped trial
-    gives its search trial back, so the requeued job is told to stop and the coordinator
-    submits the trial again (a second job, docs/cluster.md); the search still ends with the
-    uninterrupted weights, nothing trained twice from scratch."""
+    keeps its search trial (Slurm counted the requeue before it signalled the job), so the
+    requeued job itself continues it from its checkpoint: one job for the trial, requeued
+    once, no other submitted, and the uninterrupted weights."""
     ws = tmp_path / "ws"
     searcher = {**_config()["searcher"], "name": "random", "max_trials": 1}
     config = _folder(tmp_path, _config(searcher=searcher))
     out, first = _requeued_mid_trial(slurm_cluster, config, ws)
     assert "finished, 1 trials in all" in out, out[-4000:]
-    trial = _trial(ws)
-    assert trial.state == "COMPLETED" and trial.batches_trained == 24, trial
-    assert _job(ws).job_id != first and _job(ws).state == "COMPLETED"
-    _same(_final_weights(ws), local_weights)
+    started = [line for line in out.splitlines() if "bracket 0) " in line]  # submissions
+    assert len(started) == 1 and ") starts:" in started[0], out[-4000:]
+    assert _job(ws).job_id == first
+    _ends_as_uninterrupted(ws, local_weights, restarts=1)
+    trial_dir = ws / "experiments/1/trials/1"
+    assert [p.name for p in trial_dir.glob("slurm-*.out")] == [f"slurm-{first}.out"]
+    assert "The trial keeps its search trial" in (trial_dir / f"slurm-{first}.out").read_text()
+    describe = lb("experiment", "describe", "1", "--workspace", str(ws), cwd=tmp_path).stdout
+    assert f"slurm job {first} COMPLETED (requeued 1 times)" in describe, describe
 
 
 @pytest.mark.slurm

@@ -245,7 +245,8 @@ def experiment_continue(args: argparse.Namespace) -> int:
         if registry.experiment(args.id).options.get("search"):
             from lightning_bridge.experiment._search import continue_search
 
-            return continue_search(registry, args.id, float(args.lost_after))
+            launcher = getattr(args, "launcher", None)
+            return continue_search(registry, args.id, float(args.lost_after), launcher)
         from lightning_bridge.experiment._launchers import launcher_for
 
         recorded = registry.experiment(args.id).options.get("launcher")

@@ -163,6 +163,9 @@ def _add_search_worker(commands: Any, common: argparse.ArgumentParser) -> None:
         help="the trial code's folder on this machine (default: the folder the search was "
         "started from, which must then exist here too)",
     )
+    _launcher_option(
+        worker, "the search's own, the one it was started with (not this workspace's setting)"
+    )
     worker.set_defaults(handler="search-worker")
 
 

@@ -13,6 +13,7 @@ takes in its own workspace, as an experiment of its own.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import math
 import pathlib
@@ -270,13 +271,19 @@ def search_worker(args: argparse.Namespace) -> int:
         folder = pathlib.Path(args.context_dir or info["context_dir"]).expanduser().resolve()
         try:
             config = parse_config(info["config"])
-            options = _runner.Options.from_record(info["options"])
+            options = _launched_by(info["options"], args.launcher)
             first = _runner.prepare_config(config.first_configuration(), folder, options)
         except BridgeError as exc:
             return _error(
                 f"{exc} (the search's code folder is {folder}; give --context-dir "
                 "where this machine has it)"
             )
+        try:  # before anything is recorded in this workspace
+            launcher = launcher_for(options.launcher)
+            launcher.check(first)
+            launcher.check_record(Workspace(args.workspace))
+        except BridgeError as exc:
+            return _error(exc)
         with Registry(args.workspace) as registry:
             search = {"storage": storage, "name": args.experiment}
             found = [e.id for e in registry.experiments() if e.options.get("search") == search]
@@ -288,7 +295,7 @@ def search_worker(args: argparse.Namespace) -> int:
                     name=str(config.raw.get("name") or ""),
                     config_path=str(info.get("config_path") or ""),
                     context_dir=str(folder),
-                    options={**info["options"], "search": search},
+                    options={**info["options"], "launcher": options.launcher, "search": search},
                     searcher_metric=config.model.searcher.metric,
                     smaller_is_better=config.model.searcher.smaller_is_better,
                 )
@@ -316,6 +323,15 @@ def search_worker(args: argparse.Namespace) -> int:
         driver.close()
 
 
+def _launched_by(recorded: dict[str, Any], launcher: str | None) -> _runner.Options:
+    """The options a search's trials run with: those the search was started with, its
+    launcher among them (not the workspace's default: it is the search's choice, as an
+    experiment's own launcher is `experiment continue`'s), unless `launcher` (`--launcher`)
+    names another."""
+    options = _runner.Options.from_record(recorded)
+    return dataclasses.replace(options, launcher=launcher) if launcher else options
+
+
 def _worker_source(
     registry: Registry, config: ResolvedConfig, folder: pathlib.Path, info: dict[str, Any]
 ) -> Source | None:
@@ -330,9 +346,12 @@ def _worker_source(
         raise
 
 
-def continue_search(registry: Registry, experiment_id: int, lost_after_s: float) -> int:
+def continue_search(
+    registry: Registry, experiment_id: int, lost_after_s: float, launcher: str | None = None
+) -> int:
     """`experiment continue ID` for a search: serve it again from where it stopped (pending
-    trials, rungs; trials given back continue from their checkpoints)."""
+    trials, rungs; trials given back continue from their checkpoints), through its own
+    launcher or `launcher` (`--launcher`)."""
     registry.reconcile()
     experiment = registry.experiment(experiment_id)
     search = experiment.options["search"]
@@ -347,7 +366,10 @@ def continue_search(registry: Registry, experiment_id: int, lost_after_s: float)
             return EXIT_OK
         config = parse_config(experiment.config)
         folder = pathlib.Path(experiment.context_dir)
-        options = _runner.Options.from_record(experiment.options)
+        options = _launched_by(experiment.options, launcher)
+        chosen = launcher_for(options.launcher)
+        chosen.check(_runner.prepare_config(config.first_configuration(), folder, options))
+        chosen.check_record(registry.workspace)
         source = _source(registry, config)
         print(f"Experiment {experiment_id}: continuing search {search['name']}", flush=True)
         return _serve(

@@ -39,6 +39,7 @@ from lightning_bridge.experiment import _experiments, _runner
 from lightning_bridge.experiment._launcher import Launcher
 from lightning_bridge.record._registry import LIVE_JOB_STATES, Registry
 from lightning_bridge.record._schema import TrialState
+from lightning_bridge.translation._cluster_info import NODE_ADDRS_ENV
 
 logger = logging.getLogger("lightning_bridge")
 
@@ -268,11 +269,19 @@ class SlurmLauncher(Launcher):
         if settings.nodes == 1:
             lines.append(f"exec {shlex.join(command)}")
         else:
-            # The rendezvous is the first node's address: node names need not resolve.
+            # Every node's address, in node-rank order (`get_cluster_info().container_addrs`);
+            # the rendezvous is the first one's: node names need not resolve.
             lines += [
-                'head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
-                'MASTER_ADDR=$(scontrol show node "$head" | grep -o "NodeAddr=[^ ]*" | cut -c10-)',
-                "export MASTER_ADDR",
+                "addrs=()",
+                'for node in $(scontrol show hostnames "$SLURM_JOB_NODELIST"); do',
+                '  addrs+=("$(scontrol show node "$node" | grep -o "NodeAddr=[^ ]*" | cut -c10-)")',
+                "done",
+                f'{NODE_ADDRS_ENV}=$(IFS=,; echo "${{addrs[*]}}")',
+                'MASTER_ADDR="${addrs[0]}"',
+                f"export MASTER_ADDR {NODE_ADDRS_ENV}",
+                # Before any task reads the run description: its services checked, and a
+                # requeued job's description names the trial's latest checkpoint.
+                f"{shlex.join([*command[:-1], '--before-tasks', command[-1]])} || exit $?",
                 f"exec srun --kill-on-bad-exit=1 {shlex.join(command)}",
             ]
         script.write_text("\n".join(lines) + "\n")

@@ -10,12 +10,19 @@ three things of its own:
   otherwise take the job for `srun`-started ranks: the processes of a one-node trial are
   Lightning's to start, as on any machine. A job of several tasks (a trial across nodes, one
   task per process) keeps it, and Lightning's Slurm environment gives ranks and world size.
-- Before training, the job's first task connects to the services every trial reports to
-  (the experiment record, a search's storage): one its node cannot reach ends the job at
+- Before training (`before_training`: in its one task, or in the batch shell of a job across
+  nodes before `srun` starts the tasks) the job connects to the services every trial reports
+  to (the experiment record, a search's storage): one its node cannot reach ends the job at
   once with a message naming it (`UNREACHABLE`), which the coordinator shows; it stops
-  submitting (`SlurmLauncher.unreachable`).
+  submitting (`SlurmLauncher.unreachable`). A requeued job's run description is rewritten
+  there too, so no task of a job across nodes reads it before.
 - SIGUSR1 (sbatch `--signal`, before the time limit) stops the trial as SIGTERM does (finish
   the batch, checkpoint) and then requeues the job, which continues from that checkpoint.
+- A search's trial stopped because its job is requeued (the time limit's signal above, or
+  `scontrol requeue` / a preemption: Slurm counted the restart before it sent SIGTERM) keeps
+  its search trial (`continues_in_place`): the requeued job continues it, and the search's
+  coordinator, still following the same job, starts no other. Any other stop (`experiment
+  pause`, the coordinator's Ctrl-C: SIGTERM without a restart) gives the trial back.
   Either signal during start-up (`experiment pause` of a trial still importing) waits until
   the fit catches SIGTERM: the trial stops after its first batch instead of dying unrecorded.
   A trial that failed requeues the job while its restarts are under `max_restarts`.
@@ -37,7 +44,7 @@ from typing import Any
 
 from lightning_bridge._errors import BridgeError
 from lightning_bridge.experiment._checkpoints import fetch, settle_checkpoints
-from lightning_bridge.experiment._slurm import UNREACHABLE
+from lightning_bridge.experiment._slurm import UNREACHABLE, job_info
 from lightning_bridge.record._registry import Registry
 from lightning_bridge.record._schema import TrialState
 from lightning_bridge.record._settings import WorkspaceSettings
@@ -131,6 +138,19 @@ def _requeue(reason: str) -> None:
         subprocess.run(["scontrol", "requeue", job], check=False)
 
 
+def requeued_by_slurm(job_id: str | None, restarts: int) -> str | None:
+    """Why this job runs again after its trial stopped: Slurm counts a requeue (`scontrol
+    requeue`, a preemption) in the job's `Restarts` before it signals the job, so a count
+    above this run's (`SLURM_RESTART_COUNT`) means the job is being requeued. None when it
+    is not (a pause, a cancellation) or Slurm does not say."""
+    if not job_id:
+        return None
+    info = job_info(job_id)
+    if info is None or info.restarts <= restarts:
+        return None
+    return f"Slurm job {job_id} is requeued (restart {info.restarts}) and continues it"
+
+
 def _stop_when_training(trained: threading.Event, ours: Any) -> None:
     """SIGTERM to this process once the fit catches it (finish the batch, checkpoint, stop):
     at once while it trains; a signal that came during start-up (the job's own handler,
@@ -143,21 +163,34 @@ def _stop_when_training(trained: threading.Event, ours: Any) -> None:
         time.sleep(0.05)
 
 
+def before_training(run_file: pathlib.Path, restarts: int) -> int:
+    """What the job does once before its trial's processes start: check the services the
+    trial reports to from this node (EXIT_UNREACHABLE, with the message, when one is out of
+    reach) and, in a requeued job, name the latest checkpoint in the run description. A job of
+    one task does it in that task; a job across nodes in its batch shell, before `srun` starts
+    the tasks, so that every task reads the description as rewritten."""
+    problem = unreachable(RunDescription.read(run_file))
+    if problem is not None:
+        print(f"{UNREACHABLE} {socket.gethostname()}: {problem}", file=sys.stderr, flush=True)
+        return EXIT_UNREACHABLE  # not requeued: the next run would fail the same way
+    if restarts:
+        _continue_from_latest(run_file)
+    return 0
+
+
 def main(argv: list[str]) -> int:
-    run_file = pathlib.Path(argv[0]).resolve()
     restarts = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
+    if argv[0] == "--before-tasks":  # the batch shell of a job across nodes
+        return before_training(pathlib.Path(argv[1]).resolve(), restarts)
+    run_file = pathlib.Path(argv[0]).resolve()
     if os.environ.get("SLURM_NTASKS", "1") == "1":
         for name in ("SLURM_NTASKS", "SLURM_NPROCS"):
             os.environ.pop(name, None)
+        code = before_training(run_file, restarts)
+        if code:
+            return code
     else:  # one task per process: the record's writer is rank 0 (`run_from_file`)
         os.environ.update(task_environment(os.environ))
-    if _chief():
-        problem = unreachable(RunDescription.read(run_file))
-        if problem is not None:
-            print(f"{UNREACHABLE} {socket.gethostname()}: {problem}", file=sys.stderr, flush=True)
-            return EXIT_UNREACHABLE  # not requeued: the next run would fail the same way
-    if restarts and _chief():
-        _continue_from_latest(run_file)
     received: list[int] = []  # the first stop signal: SIGUSR1 (time limit) or SIGTERM
     trained = threading.Event()  # the trial's command returned: nothing left to stop
 
@@ -170,6 +203,17 @@ def main(argv: list[str]) -> int:
 
     for sig in (signal.SIGUSR1, signal.SIGTERM):  # the fit's own SIGTERM handler comes later
         signal.signal(sig, on_signal)
+    job_id = os.environ.get("SLURM_JOB_ID")
+
+    def runs_again() -> str | None:
+        if received == [signal.SIGUSR1]:  # this job requeues itself once the trial stopped
+            return f"its time limit is near: Slurm job {job_id} requeues itself and continues it"
+        return requeued_by_slurm(job_id, restarts)
+
+    if RunDescription.read(run_file).search is not None:
+        from lightning_bridge.translation._search_report import continues_in_place
+
+        continues_in_place(runs_again)
     from lightning_bridge.experiment._cli import main as cli
 
     try:

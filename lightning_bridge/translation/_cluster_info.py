@@ -12,6 +12,10 @@ from typing import Any
 
 from lightning_bridge.translation._run_description import RunDescription
 
+# The addresses of a trial's nodes in node-rank order, comma-separated, when a launcher spreads
+# it over several (a Slurm job across nodes exports them); unset: one machine.
+NODE_ADDRS_ENV = "LIGHTNING_BRIDGE_NODE_ADDRS"
+
 
 class TrialInfo:
     """The trial part of `ClusterInfo`: hyperparameters, seed and the `data` section."""
@@ -50,8 +54,11 @@ class ClusterInfo:
 
     @property
     def container_addrs(self) -> list[str]:
-        """The addresses of the trial's nodes: this machine."""
-        return ["127.0.0.1"]
+        """The addresses of the trial's nodes in node-rank order (Determined gave one per
+        container): those its launcher names (`NODE_ADDRS_ENV`), else this machine's."""
+        named = os.environ.get(NODE_ADDRS_ENV, "")
+        addrs = [a.strip() for a in named.split(",") if a.strip()]
+        return addrs or ["127.0.0.1"]
 
     @property
     def gpu_uuids(self) -> list[str]:

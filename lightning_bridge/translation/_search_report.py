@@ -14,12 +14,15 @@ itself, so the worker that started it has nothing to relay:
   stopped;
 - when the fit ends, the trial is closed in the search: completed, given back (a signal stopped
   it: it resumes from its checkpoint), failed, or ended by InvalidHP (the searcher replaces it
-  where Determined's does).
+  where Determined's does). A trial stopped by a signal keeps its search trial instead of
+  giving it back when the job that runs it will run it again itself (a Slurm job being
+  requeued: `continues_in_place`), so that no other job is started for it.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from lightning_bridge._errors import TrialRuntimeError, is_invalid_hp
@@ -37,6 +40,30 @@ logger = logging.getLogger("lightning_bridge")
 
 # The time metrics the trial counts itself (batches and epochs are also in every validation).
 _UNITS = ("batches", "epochs", "records")
+
+# Set by the job that runs this process's trial (`continues_in_place`).
+_continues: Callable[[], str | None] | None = None
+
+
+def continues_in_place(check: Callable[[], str | None] | None) -> None:
+    """Whether this process's job will run the trial again itself after a signal stopped it:
+    `check` answers, once the trial has checkpointed, with the reason (a Slurm job being
+    requeued) or None. The trial then keeps its search trial (still running in the search,
+    under the same pull) instead of giving it back, and the job, run again, continues it from
+    its checkpoint. Without a check (None), or when it answers None or fails, the trial is
+    given back, as a pause gives it back."""
+    global _continues
+    _continues = check
+
+
+def _continued_by() -> str | None:
+    if _continues is None:
+        return None
+    try:
+        return _continues()
+    except Exception as exc:  # noqa: BLE001 - a trial given back is never lost
+        logger.warning("Could not tell whether the job runs the trial again: %s", exc)
+        return None
 
 
 class SearchReport(FitObserver):
@@ -156,10 +183,16 @@ class SearchReport(FitObserver):
 
     def ended(self, preempted: bool, stopped_early: bool) -> None:
         """The fit ended: a signal stopped it (`preempted`: given back, to resume from its
-        checkpoint), it trained to its length or the searcher stopped it (completed), or it
-        asked to stop on its own (`stopped_early`: an early exit to the searcher)."""
+        checkpoint, or kept when its job runs it again), it trained to its length or the
+        searcher stopped it (completed), or it asked to stop on its own (`stopped_early`: an
+        early exit to the searcher)."""
         if preempted and not self.stopped:
-            self._reports.write("the trial's end", lambda: self.driver.pause(self.trial))
+            reason = _continued_by()
+            if reason is not None:
+                logger.info("The trial keeps its search trial: %s", reason)
+                self._reports.write("the trial's claim", lambda: self.driver.heartbeat(self.trial))
+            else:
+                self._reports.write("the trial's end", lambda: self.driver.pause(self.trial))
         else:  # trained to its end, or the searcher stopped it (nothing left to resume)
             early = stopped_early and not self.stopped
             self._reports.write(
