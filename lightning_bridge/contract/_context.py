@@ -18,6 +18,7 @@ import torch
 
 from lightning_bridge._errors import InvalidArgumentError, InvalidTrialError
 from lightning_bridge.contract._amp import autocast_forward, check_scaler, warn_once
+from lightning_bridge.contract._config_values import ConfigValues
 from lightning_bridge.contract._data import to_device
 from lightning_bridge.contract._determined_compat import as_bridge_enum
 from lightning_bridge.contract._distributed import DistributedContext, split_batch_size
@@ -61,6 +62,11 @@ def attach_fit(context: PyTorchTrialContext, fit: FitView) -> None:
     context._fit = fit
 
 
+def config_values(context: PyTorchTrialContext) -> ConfigValues:
+    """What the fit reads of `context`'s experiment config, read once when it was built."""
+    return context._config_values
+
+
 def step_lr_schedulers(context: PyTorchTrialContext, batch_idx: int, epoch_len: int) -> None:
     """Step the wrapped LR schedulers after batch `batch_idx`, by their step modes (on the
     batches where the optimizers step)."""
@@ -89,6 +95,7 @@ class PyTorchTrialContext:
         run_dir: pathlib.Path | None = None,
         slots: int | None = None,
         code_dir: pathlib.Path | None = None,
+        config_values: ConfigValues | None = None,
     ) -> None:
         if (
             isinstance(aggregation_frequency, bool)
@@ -105,6 +112,10 @@ class PyTorchTrialContext:
         self.distributed = distributed
         self._hparams = hparams
         self._exp_conf = exp_conf
+        # The config's values a fit reads (`config_values`); `init()` read them already.
+        self._config_values = (
+            config_values if config_values is not None else ConfigValues.of(exp_conf)
+        )
         self._aggregation_frequency = aggregation_frequency
         self._enable_tensorboard_logging = enable_tensorboard_logging
         self._trial_seed = trial_seed

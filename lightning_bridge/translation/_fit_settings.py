@@ -14,17 +14,15 @@ import pathlib
 from typing import Any
 
 from lightning_bridge._errors import InvalidArgumentError
-from lightning_bridge.contract._context import PyTorchTrialContext
+from lightning_bridge.contract._context import PyTorchTrialContext, config_values
 from lightning_bridge.translation._engine_settings import EngineSettings
 
 
 def checkpoint_dir(context: PyTorchTrialContext, explicit: Any) -> pathlib.Path:
     if explicit is not None:
         return pathlib.Path(explicit)
-    storage = (context._exp_conf or {}).get("checkpoint_storage") or {}
-    if isinstance(storage, dict) and storage.get("host_path"):
-        return pathlib.Path(storage["host_path"]) / (storage.get("storage_path") or "")
-    return context._run_dir / "checkpoints"
+    host_dir = config_values(context).checkpoint_host_dir
+    return host_dir if host_dir is not None else context._run_dir / "checkpoints"
 
 
 def tensorboard_installed() -> bool:

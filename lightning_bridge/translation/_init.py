@@ -25,6 +25,7 @@ from lightning_bridge import _logging
 from lightning_bridge._errors import InvalidArgumentError, is_invalid_hp
 from lightning_bridge.checkpoint._bounded import check_expanded_size
 from lightning_bridge.checkpoint._code import snapshot as snapshot_code
+from lightning_bridge.contract._config_values import ConfigValues
 from lightning_bridge.contract._context import PyTorchTrialContext
 from lightning_bridge.contract._determined_compat import is_determined_object
 from lightning_bridge.contract._distributed import DistributedContext
@@ -183,12 +184,9 @@ def init(
             pathlib.Path(code_dir), exclude=[pathlib.Path(checkpoint_dir or "checkpoints")]
         )
     dist = distributed if distributed is not None else DistributedContext()
-    seed = None
-    if run is not None:
-        # Run by `lightning-bridge run`: every trial has its own seed, as on a cluster.
-        seed = run.trial_seed
-    elif exp_conf is not None:
-        seed = (exp_conf.get("reproducibility") or {}).get("experiment_seed")
+    values = ConfigValues.of(exp_conf)
+    # Run by `lightning-bridge run`: every trial has its own seed, as on a cluster.
+    seed = run.trial_seed if run is not None else values.experiment_seed
     if seed is not None:
         _seed_everything(int(seed))
     context = PyTorchTrialContext(
@@ -202,6 +200,7 @@ def init(
         run_dir=pathlib.Path(run_dir) if run_dir is not None else None,
         code_dir=pathlib.Path(code_dir) if code_dir is not None else None,
         slots=_slots(dist, devices, num_nodes),
+        config_values=values,
     )
     _SETUPS[context] = FitSetup(engine, checkpoint_dir, run)
     try:
