@@ -5,20 +5,26 @@ it reads the fit's progress through one read-only view (`FitView`, the fit's `Tr
 attached with `attach_fit`) and forwards `backward` and `step_optimizer` to the view's
 `StepDriver`, so the backward pass and optimizer steps go through Lightning's strategy and
 precision plugin.
+
+The experiment config reaches the context as the dict Determined's API hands the trial
+(`get_experiment_config()`). The few values the fit reads of it (the searcher metric and its
+direction, the `checkpoint_storage` section, the experiment seed) are read once, when the
+context is built, into a frozen `ConfigValues` (`config_values`), so the fit's modules read
+named, typed fields instead of the dict's keys.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import pathlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
 from lightning_bridge._errors import InvalidArgumentError, InvalidTrialError
 from lightning_bridge.contract._amp import autocast_forward, check_scaler, warn_once
-from lightning_bridge.contract._config_values import ConfigValues
 from lightning_bridge.contract._data import to_device
 from lightning_bridge.contract._determined_compat import as_bridge_enum
 from lightning_bridge.contract._distributed import DistributedContext, split_batch_size
@@ -31,6 +37,41 @@ if TYPE_CHECKING:
     from lightning_bridge.contract._step import StepDriver
 
 logger = logging.getLogger("lightning_bridge")
+
+
+@dataclasses.dataclass(frozen=True)
+class ConfigValues:
+    """What a fit reads of its experiment config, read once (the defaults: no config given).
+
+    `checkpoint_storage` is the config's section as given (None when absent): the checkpoint
+    storage and the retention policy are built from it where they are made.
+    """
+
+    searcher_metric: str | None = None
+    smaller_is_better: bool = True
+    checkpoint_storage: Mapping[str, Any] | None = None
+    experiment_seed: Any = None
+
+    @classmethod
+    def of(cls, exp_conf: Mapping[str, Any] | None) -> ConfigValues:
+        """The values of `exp_conf` (a config dict, or None)."""
+        conf = exp_conf or {}
+        searcher = conf.get("searcher") or {}
+        storage = conf.get("checkpoint_storage")
+        return cls(
+            searcher_metric=searcher.get("metric"),
+            smaller_is_better=bool(searcher.get("smaller_is_better", True)),
+            checkpoint_storage=storage if isinstance(storage, Mapping) else None,
+            experiment_seed=(conf.get("reproducibility") or {}).get("experiment_seed"),
+        )
+
+    @property
+    def checkpoint_host_dir(self) -> pathlib.Path | None:
+        """The folder a `shared_fs` section's `host_path` / `storage_path` name, if any."""
+        storage = self.checkpoint_storage or {}
+        if not storage.get("host_path"):
+            return None
+        return pathlib.Path(storage["host_path"]) / (storage.get("storage_path") or "")
 
 
 class FitView(Protocol):

@@ -31,8 +31,8 @@ from lightning_bridge.translation._checkpointer import Checkpointer
 from lightning_bridge.translation._core import TrialCore
 from lightning_bridge.translation._fabric_engine import FabricEngine
 from lightning_bridge.translation._launch import ENGINE_WARNINGS
+from lightning_bridge.translation._metric_reports import ProgressBar
 from lightning_bridge.translation._observer import FitOutcome
-from lightning_bridge.translation._progress_bar import ProgressBar
 from lightning_bridge.translation._schedule import Boundary, Schedule
 from lightning_bridge.translation._stop_request import StopRequest
 from lightning_bridge.translation._trial_data import FullDatasetPass

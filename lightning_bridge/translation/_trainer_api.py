@@ -22,17 +22,15 @@ from lightning_bridge.checkpoint._layout import resolve_checkpoint
 from lightning_bridge.checkpoint._retention import CheckpointRetention
 from lightning_bridge.checkpoint._safe_load import read_checkpoint
 from lightning_bridge.checkpoint._writable import check_writable
-from lightning_bridge.contract._config_values import ConfigValues
-from lightning_bridge.contract._context import PyTorchTrialContext, config_values
+from lightning_bridge.contract._context import ConfigValues, PyTorchTrialContext, config_values
 from lightning_bridge.contract._units import Batch, TrainUnit
 from lightning_bridge.translation._checkpointer import CHECKPOINT_POLICIES, Checkpointer
 from lightning_bridge.translation._core import TrialCore
 from lightning_bridge.translation._fabric_engine import FabricEngine
 from lightning_bridge.translation._fit_loop import FitLoop, model_summary
-from lightning_bridge.translation._fit_settings import FitSettings, checkpoint_dir, fit_settings
-from lightning_bridge.translation._init import setup_of
+from lightning_bridge.translation._init import FitSettings, checkpoint_dir, fit_settings, setup_of
 from lightning_bridge.translation._launch import check_launcher
-from lightning_bridge.translation._logger_reports import LoggerReports
+from lightning_bridge.translation._metric_reports import LoggerReports
 from lightning_bridge.translation._resume import starts_new_run
 from lightning_bridge.translation._schedule import Schedule
 
