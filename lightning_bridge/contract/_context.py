@@ -54,15 +54,21 @@ class ConfigValues:
 
     @classmethod
     def of(cls, exp_conf: Mapping[str, Any] | None) -> ConfigValues:
-        """The values of `exp_conf` (a config dict, or None)."""
+        """The values of `exp_conf` (a config dict, or None); a section that is not a mapping
+        (a config only loaded, never validated: a checkpoint's) reads as absent."""
         conf = exp_conf or {}
-        searcher = conf.get("searcher") or {}
+
+        def section(key: str) -> Mapping[str, Any]:
+            value = conf.get(key)
+            return value if isinstance(value, Mapping) else {}
+
+        searcher = section("searcher")
         storage = conf.get("checkpoint_storage")
         return cls(
             searcher_metric=searcher.get("metric"),
             smaller_is_better=bool(searcher.get("smaller_is_better", True)),
             checkpoint_storage=storage if isinstance(storage, Mapping) else None,
-            experiment_seed=(conf.get("reproducibility") or {}).get("experiment_seed"),
+            experiment_seed=section("reproducibility").get("experiment_seed"),
         )
 
     @property
