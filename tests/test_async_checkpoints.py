@@ -17,10 +17,9 @@ import pytest
 import torch
 
 import lightning_bridge as pytorch
-from lightning_bridge.checkpoint._async import CheckpointWriter
+from lightning_bridge.checkpoint._async import CheckpointWriter, Snapshotter
 from lightning_bridge.checkpoint._layout import latest_checkpoint_in
 from lightning_bridge.checkpoint._safe_load import read_checkpoint
-from lightning_bridge.checkpoint._snapshot import Snapshotter
 from tests._trials import LinearTrial, quiet_init
 from tests.test_resume import NoisyTrial
 

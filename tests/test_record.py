@@ -203,7 +203,7 @@ def test_a_tensorboard_folder_does_not_pass_for_the_package(
     package; with the real package absent the run logs CSV instead of crashing."""
     import importlib.machinery
 
-    from lightning_bridge.translation import _fit_settings
+    from lightning_bridge.translation import _init
 
     (tmp_path / "tensorboard" / "events").mkdir(parents=True)
 
@@ -219,6 +219,6 @@ def test_a_tensorboard_folder_does_not_pass_for_the_package(
     monkeypatch.setattr(sys, "meta_path", [OnlyTheFolder(), *sys.meta_path])
     monkeypatch.delitem(sys.modules, "tensorboard", raising=False)
     assert importlib.util.find_spec("tensorboard") is not None  # the folder imports...
-    assert not _fit_settings.tensorboard_installed()  # ...but is not taken for the package
+    assert not _init.tensorboard_installed()  # ...but is not taken for the package
     monkeypatch.undo()
-    assert _fit_settings.tensorboard_installed()
+    assert _init.tensorboard_installed()

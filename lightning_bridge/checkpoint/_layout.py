@@ -6,25 +6,36 @@ counters), `load_data.json` (how to rebuild the trial) and `metadata.json`. It i
 temporary sibling directory, flushed to disk and renamed into place; only then does the
 `latest` pointer name it, so a reader never sees a partial checkpoint. What goes into the
 payload is the translation layer's business; this module writes and finds directories.
+`TrialState` is what `trial_state.pkl` holds: the trial's progress counters.
+
+`state_dict.pth` is written by `save_state`: `torch.save` without the per-record CRC32 that
+loading never checks. `torch.save` computes a CRC32 over every record it writes (every tensor's
+bytes), which costs more than writing them; `torch.load` never verifies it (torch builds its
+zip reader with `MINIZ_DISABLE_ZIP_READER_CRC32_CHECKS`, so a flipped byte loads silently
+either way), and the file stays a valid torch checkpoint that every loader reads. Only zip
+tools that test archives (`unzip -t`) notice the missing checksums. torch switches the CRC with
+a process-wide setting read when a save opens its file; it is switched off around this save
+only (saves here are serialized by a lock) and restored afterwards.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
 import pathlib
 import pickle
 import shutil
+import threading
 import uuid as uuid_lib
-from typing import Any
+from typing import IO, Any
 
 import torch
 
 from lightning_bridge._errors import InvalidArgumentError
 from lightning_bridge._version import __version__
 from lightning_bridge.checkpoint._code import CODE_DIR, copy_code
-from lightning_bridge.checkpoint._torch_save import save_state
 from lightning_bridge.checkpoint._writable import tensor_bytes, write_failure
 
 logger = logging.getLogger("lightning_bridge")
@@ -41,6 +52,53 @@ LEGACY_STATE_FILES = (
     ("pedl", "state_dict.pth"),
     ("checkpoint.pt",),
 )
+
+
+@dataclasses.dataclass
+class TrialState:
+    """Batches and epochs trained, and the batch counts of the last checkpoint and validation."""
+
+    trial_id: int = 0
+    last_ckpt: int = 0
+    step_id: int = 0
+    last_val: int = 0
+    batches_trained: int = 0
+    epochs_trained: int = 0
+
+    @property
+    def checkpoint_is_current(self) -> bool:
+        return self.last_ckpt == self.batches_trained
+
+    @property
+    def validation_is_current(self) -> bool:
+        return self.last_val == self.batches_trained
+
+    def to_dict(self) -> dict[str, int]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TrialState:
+        fields = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: int(v) for k, v in data.items() if k in fields and v is not None})
+
+
+_LOCK = threading.Lock()
+
+
+def save_state(obj: Any, path: str | os.PathLike[str] | IO[bytes]) -> None:
+    """`torch.save(obj, path)` (a path or a binary file) without per-record CRC32s (see the
+    module docstring)."""
+    serialization: Any = torch.serialization
+    if not hasattr(serialization, "set_crc32_options"):  # torch without the switch
+        torch.save(obj, path)
+        return
+    with _LOCK:
+        previous = serialization.get_crc32_options()
+        serialization.set_crc32_options(False)
+        try:
+            torch.save(obj, path)
+        finally:
+            serialization.set_crc32_options(previous)
 
 
 def _fsync_tree(root: pathlib.Path) -> None:

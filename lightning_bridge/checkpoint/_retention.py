@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import pathlib
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 logger = logging.getLogger("lightning_bridge")
@@ -40,23 +40,23 @@ class CheckpointRetention:
         self._written: list[tuple[pathlib.Path, float | None]] = []
 
     @classmethod
-    def from_config(
+    def from_section(
         cls,
-        exp_conf: dict[str, Any] | None,
+        storage: Mapping[str, Any] | None,
+        smaller_is_better: bool = True,
         remove: Callable[[pathlib.Path], None] | None = None,
     ) -> CheckpointRetention | None:
-        """The config's policy; None (keep everything) when it has no checkpoint_storage."""
-        storage = (exp_conf or {}).get("checkpoint_storage")
-        if not isinstance(storage, dict):
+        """The policy of a config's `checkpoint_storage` section (`smaller_is_better`: the
+        searcher metric's direction); None (keep everything) when there is no section."""
+        if storage is None:
             return None
-        searcher = (exp_conf or {}).get("searcher") or {}
         return cls(
             keep_latest=int(storage.get("save_trial_latest", 1)),
             keep_best=max(
                 int(storage.get("save_trial_best", 1)),
                 int(storage.get("save_experiment_best", 0)),
             ),
-            smaller_is_better=bool(searcher.get("smaller_is_better", True)),
+            smaller_is_better=smaller_is_better,
             remove=remove,
         )
 

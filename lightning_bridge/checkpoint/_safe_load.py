@@ -21,8 +21,7 @@ import torch
 
 from lightning_bridge._errors import InvalidCheckpointError
 from lightning_bridge.checkpoint._allowlist import numpy_safe_globals
-from lightning_bridge.checkpoint._layout import FORMAT_VERSION, LEGACY_STATE_FILES
-from lightning_bridge.checkpoint._state import TrialState
+from lightning_bridge.checkpoint._layout import FORMAT_VERSION, LEGACY_STATE_FILES, TrialState
 
 logger = logging.getLogger("lightning_bridge")
 

@@ -20,6 +20,7 @@ import importlib.util
 import os
 import pathlib
 import urllib.parse
+from collections.abc import Mapping
 from typing import Any
 
 from lightning_bridge._errors import InvalidArgumentError
@@ -60,7 +61,7 @@ def _resolved(root: pathlib.Path) -> str:
 
 
 def storage_from_config(
-    section: dict[str, Any] | None, default_root: pathlib.Path
+    section: Mapping[str, Any] | None, default_root: pathlib.Path
 ) -> CheckpointStorage:
     """The storage a `checkpoint_storage` section names (`default_root` when there is none)."""
     import fsspec
@@ -101,7 +102,7 @@ def storage_from_config(
     return _azure(section)
 
 
-def _azure(section: dict[str, Any]) -> CheckpointStorage:
+def _azure(section: Mapping[str, Any]) -> CheckpointStorage:
     import fsspec
 
     options: dict[str, Any] = {"skip_instance_cache": True}

@@ -5,13 +5,20 @@ it reads the fit's progress through one read-only view (`FitView`, the fit's `Tr
 attached with `attach_fit`) and forwards `backward` and `step_optimizer` to the view's
 `StepDriver`, so the backward pass and optimizer steps go through Lightning's strategy and
 precision plugin.
+
+The experiment config reaches the context as the dict Determined's API hands the trial
+(`get_experiment_config()`). The few values the fit reads of it (the searcher metric and its
+direction, the `checkpoint_storage` section, the experiment seed) are read once, when the
+context is built, into a frozen `ConfigValues` (`config_values`), so the fit's modules read
+named, typed fields instead of the dict's keys.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import pathlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
@@ -30,6 +37,47 @@ if TYPE_CHECKING:
     from lightning_bridge.contract._step import StepDriver
 
 logger = logging.getLogger("lightning_bridge")
+
+
+@dataclasses.dataclass(frozen=True)
+class ConfigValues:
+    """What a fit reads of its experiment config, read once (the defaults: no config given).
+
+    `checkpoint_storage` is the config's section as given (None when absent): the checkpoint
+    storage and the retention policy are built from it where they are made.
+    """
+
+    searcher_metric: str | None = None
+    smaller_is_better: bool = True
+    checkpoint_storage: Mapping[str, Any] | None = None
+    experiment_seed: Any = None
+
+    @classmethod
+    def of(cls, exp_conf: Mapping[str, Any] | None) -> ConfigValues:
+        """The values of `exp_conf` (a config dict, or None); a section that is not a mapping
+        (a config only loaded, never validated: a checkpoint's) reads as absent."""
+        conf = exp_conf or {}
+
+        def section(key: str) -> Mapping[str, Any]:
+            value = conf.get(key)
+            return value if isinstance(value, Mapping) else {}
+
+        searcher = section("searcher")
+        storage = conf.get("checkpoint_storage")
+        return cls(
+            searcher_metric=searcher.get("metric"),
+            smaller_is_better=bool(searcher.get("smaller_is_better", True)),
+            checkpoint_storage=storage if isinstance(storage, Mapping) else None,
+            experiment_seed=section("reproducibility").get("experiment_seed"),
+        )
+
+    @property
+    def checkpoint_host_dir(self) -> pathlib.Path | None:
+        """The folder a `shared_fs` section's `host_path` / `storage_path` name, if any."""
+        storage = self.checkpoint_storage or {}
+        if not storage.get("host_path"):
+            return None
+        return pathlib.Path(storage["host_path"]) / (storage.get("storage_path") or "")
 
 
 class FitView(Protocol):
@@ -61,6 +109,11 @@ def attach_fit(context: PyTorchTrialContext, fit: FitView) -> None:
     context._fit = fit
 
 
+def config_values(context: PyTorchTrialContext) -> ConfigValues:
+    """What the fit reads of `context`'s experiment config, read once when it was built."""
+    return context._config_values
+
+
 def step_lr_schedulers(context: PyTorchTrialContext, batch_idx: int, epoch_len: int) -> None:
     """Step the wrapped LR schedulers after batch `batch_idx`, by their step modes (on the
     batches where the optimizers step)."""
@@ -89,6 +142,7 @@ class PyTorchTrialContext:
         run_dir: pathlib.Path | None = None,
         slots: int | None = None,
         code_dir: pathlib.Path | None = None,
+        config_values: ConfigValues | None = None,
     ) -> None:
         if (
             isinstance(aggregation_frequency, bool)
@@ -105,6 +159,10 @@ class PyTorchTrialContext:
         self.distributed = distributed
         self._hparams = hparams
         self._exp_conf = exp_conf
+        # The config's values a fit reads (`config_values`); `init()` read them already.
+        self._config_values = (
+            config_values if config_values is not None else ConfigValues.of(exp_conf)
+        )
         self._aggregation_frequency = aggregation_frequency
         self._enable_tensorboard_logging = enable_tensorboard_logging
         self._trial_seed = trial_seed

@@ -13,12 +13,12 @@ import dataclasses
 import logging
 import pathlib
 import shutil
-from typing import Any
 
 from lightning_bridge._errors import InvalidArgumentError, InvalidCheckpointError
 from lightning_bridge.checkpoint._storage_backend import CheckpointStorage
 from lightning_bridge.checkpoint._storage_config import storage_from_config
 from lightning_bridge.contract._units import Epoch
+from lightning_bridge.experiment._config import recorded_storage
 from lightning_bridge.experiment._runner import Plan
 from lightning_bridge.record._records import Checkpoint, Experiment
 from lightning_bridge.record._registry import Registry
@@ -220,20 +220,13 @@ def _settle(
     )
 
 
-def _policy(config: dict[str, Any]) -> tuple[int, int, int]:
-    section = config.get("checkpoint_storage") or {}
-    return (
-        int(section.get("save_trial_latest", 1)),
-        int(section.get("save_trial_best", 1)),
-        int(section.get("save_experiment_best", 0)),
-    )
-
-
 def apply_experiment_retention(registry: Registry, experiment_id: int) -> list[str]:
     """Keep each trial's latest and best and the experiment's best checkpoints (the
     experiment's `checkpoint_storage` counts); delete the others. Returns the deleted uuids."""
     experiment = registry.experiment(experiment_id)
-    keep_latest, keep_trial_best, keep_experiment_best = _policy(experiment.config)
+    policy = recorded_storage(experiment.config)
+    keep_latest = policy.save_trial_latest
+    keep_trial_best, keep_experiment_best = policy.save_trial_best, policy.save_experiment_best
     metric = experiment.searcher_metric
     sign = 1.0 if experiment.smaller_is_better else -1.0
 

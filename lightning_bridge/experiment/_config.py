@@ -16,6 +16,7 @@ import copy
 import os
 import pathlib
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 import pydantic
@@ -31,6 +32,7 @@ from lightning_bridge.experiment._config_schema import (
     KNOWN_KEYS,
     RETENTION_DEFAULTS,
     USED_KEYS,
+    CheckpointStorage,
     ExperimentConfig,
 )
 from lightning_bridge.search import (
@@ -70,6 +72,16 @@ class ResolvedConfig:
         if hparams is None and not self.is_search:
             seed = model.reproducibility.experiment_seed or 0
             self._hparams = trial_draw(space, seed, 0)[1]
+
+    @property
+    def name(self) -> str:
+        """The experiment's `name` ("" when it has none)."""
+        return str(self.raw.get("name") or "")
+
+    @property
+    def description(self) -> str:
+        """The experiment's `description` ("" when it has none)."""
+        return str(self.raw.get("description") or "")
 
     @property
     def is_search(self) -> bool:
@@ -382,3 +394,10 @@ def load_config(path: str | os.PathLike[str], overrides: list[str] | None = None
     except yaml.YAMLError as exc:
         raise InvalidArgumentError(f"{file} is not valid YAML: {exc}") from None
     return parse_config(data, overrides)
+
+
+def recorded_storage(config: Mapping[str, Any]) -> CheckpointStorage:
+    """The `checkpoint_storage` section of a config an experiment recorded
+    (`ResolvedConfig.experiment_config`, validated when the experiment started), typed: its
+    storage keys and retention counts (Determined's defaults where it has none)."""
+    return CheckpointStorage.model_validate(config.get("checkpoint_storage") or {})

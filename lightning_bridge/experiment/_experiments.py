@@ -183,8 +183,8 @@ def start_experiment(
     config = plan.experiment_config()
     experiment_id = registry.create_experiment(
         config,
-        name=str(conf.raw.get("name") or ""),
-        description=str(conf.raw.get("description") or ""),
+        name=conf.name,
+        description=conf.description,
         config_path=str(config_path),
         context_dir=str(plan.context_dir),
         options=_options_record(plan.options),

@@ -73,7 +73,7 @@ def _absolute(storage: str) -> str:
 
 def _search_name(config: ResolvedConfig) -> str:
     """A name unique in any storage: the experiment's name and a random suffix."""
-    name = re.sub(r"[^A-Za-z0-9_.-]+", "-", str(config.raw.get("name") or "search")).strip("-")
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "-", config.name or "search").strip("-")
     return f"{name[:40] or 'search'}-{secrets.token_hex(3)}"
 
 
@@ -139,8 +139,8 @@ def run_search(
             source = _source(registry, config)
             experiment_id = registry.create_experiment(
                 first.experiment_config(),
-                name=str(config.raw.get("name") or ""),
-                description=str(config.raw.get("description") or ""),
+                name=config.name,
+                description=config.description,
                 config_path=str(config_file),
                 context_dir=str(folder),
                 options={**_options_record(options), "search": {"storage": storage, "name": name}},
@@ -292,7 +292,7 @@ def search_worker(args: argparse.Namespace) -> int:
             else:
                 experiment_id = registry.create_experiment(
                     first.experiment_config(),
-                    name=str(config.raw.get("name") or ""),
+                    name=config.name,
                     config_path=str(info.get("config_path") or ""),
                     context_dir=str(folder),
                     options={**info["options"], "launcher": options.launcher, "search": search},

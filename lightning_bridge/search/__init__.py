@@ -3,11 +3,12 @@
 The hyperparameter space of an experiment config (`_space`, `_grid`), its `searcher` section
 (`_searchers`), the reference's search methods over a search's trials (`_methods`, `_asha`),
 Determined's sampler and pruner (`_extensions`), and `SearchDriver`, which runs a search on an
-Optuna study (a journal file, SQLite or PostgreSQL; `_storage`, `_study`) through Optuna's
-ask / report / tell, so several processes can serve it and a restarted one goes on: the
-workers that start trials and the trials' own processes, which report to it (`_views` holds
-what they pass each other). `search_exists` says whether a storage holds a search. Optuna is
-the `search` extra; nothing here imports it until a driver is made or a storage read.
+Optuna study (a journal file, SQLite or PostgreSQL: `_storage`; its trials' attempts in it:
+`_attempts`) through Optuna's ask / report / tell, so several processes can serve it and a
+restarted one goes on: the workers that start trials and the trials' own processes, which
+report to it (`_views` holds what they pass each other). `search_exists` says whether a storage
+holds a search. Optuna is the `search` extra; nothing here imports it until a driver is made or
+a storage read.
 """
 
 from lightning_bridge.search._driver import SearchDriver

@@ -3,12 +3,12 @@
 Determined's searcher sits on Optuna's extension points (`_extensions`): its sampler gives each
 trial its configuration, its pruner stops trials at rungs. Which trials to create, and when, is
 Determined's search method (`_methods`), read from the search's trials as the study holds them
-(`_study`). A trial is created with `Study.enqueue_trial`, pulled with `Study.ask`, reported to
-with `Trial.report` and `Trial.should_prune`, and closed with `Study.tell`. Every event runs
-under the search's lock (`_storage`), so any number of processes sharing the storage pull
-disjoint trials and take the reference's decisions in one order, and a restarted driver goes on
-where the last one stopped: pending trials stay pending, rungs keep their metrics, finished
-trials never run again.
+(`_attempts`). A trial is created with `Study.enqueue_trial`, pulled with `Study.ask`, reported
+to with `Trial.report` and `Trial.should_prune`, and closed with `Study.tell`. Every event runs
+under the search's lock (`_storage`, which opens the study), so any number of processes sharing
+the storage pull disjoint trials and take the reference's decisions in one order, and a
+restarted driver goes on where the last one stopped: pending trials stay pending, rungs keep
+their metrics, finished trials never run again.
 
 A trial given back (Ctrl-C, its worker gone) is retried as Optuna's `RetryFailedTrialCallback`
 retries a stale trial: its attempt is told FAIL, and the next pull attempts it again as a copy
@@ -30,21 +30,21 @@ from typing import Any
 
 from lightning_bridge._errors import InvalidArgumentError
 from lightning_bridge._process import pid_alive
-from lightning_bridge.search._methods import Create, Record, method_for
-from lightning_bridge.search._space import parse_space
-from lightning_bridge.search._storage import import_optuna
-from lightning_bridge.search._study import (
+from lightning_bridge.search._attempts import (
     BEAT,
     GIVEN_BACK,
     NOTE,
     PULL,
     STATE,
     TRIAL,
-    SearchStudy,
+    current_attempts,
     exit_of,
     is_pending,
     record_of,
 )
+from lightning_bridge.search._methods import Create, Record, method_for
+from lightning_bridge.search._space import parse_space
+from lightning_bridge.search._storage import SearchStudy, import_optuna
 from lightning_bridge.search._views import Decision, SearchSpec, TrialSpec, TrialView
 
 
@@ -87,8 +87,12 @@ class SearchDriver:
             self._create(self._method.top_up(records), records)
 
     # -- the search as the study holds it ----------------------------------------------------
+    def _attempts(self) -> dict[int, Any]:
+        """The latest attempt of each trial, by request (`current_attempts`), as it is now."""
+        return current_attempts(self._study.get_trials(deepcopy=False))
+
     def _records(self) -> list[Record]:
-        return [record_of(a) for a in self._store.attempts().values()]
+        return [record_of(a) for a in self._attempts().values()]
 
     def _create(self, creates: list[Create], records: list[Record]) -> None:
         """Enqueue the trials the search method decided on (once per cause)."""
@@ -150,7 +154,7 @@ class SearchDriver:
     def _find(self, trial: TrialSpec | int) -> tuple[list[Record], Record, Any]:
         """The records, the trial's record and its latest attempt."""
         number = trial if isinstance(trial, int) else trial.number
-        attempts = self._store.attempts()
+        attempts = self._attempts()
         if number not in attempts:
             raise InvalidArgumentError(f"trial {number} is not part of search {self.name!r}")
         records = [record_of(a) for a in attempts.values()]
@@ -187,7 +191,7 @@ class SearchDriver:
         """The oldest pending trial, now running in this worker; None when none is pending
         (the search may still create more when running trials report: see `is_finished`)."""
         with self._store.lock.hold():
-            pending = [a for a in self._store.attempts().values() if is_pending(a)]
+            pending = [a for a in self._attempts().values() if is_pending(a)]
             if not pending:
                 return None
             chosen = pending[0]
@@ -208,7 +212,7 @@ class SearchDriver:
                 trial.set_user_attr(PULL, pull)
                 return self._spec(trial)
             self._retry(chosen, pull)
-            return self._spec(self._store.attempts()[request])
+            return self._spec(self._attempts()[request])
 
     def _retry(self, previous: Any, pull: dict[str, Any]) -> None:
         """Attempt a given-back trial again: a running copy of its last attempt, with its
@@ -327,7 +331,7 @@ class SearchDriver:
         """Give back the running trials `lost` says are lost; returns their numbers."""
         numbers = []
         with self._store.lock.hold():
-            for attempt in self._store.attempts().values():
+            for attempt in self._attempts().values():
                 if attempt.state == self._states.RUNNING and lost(attempt.user_attrs):
                     self._give_back(attempt)
                     numbers.append(attempt.user_attrs[TRIAL]["request"])
@@ -369,7 +373,7 @@ class SearchDriver:
         """Every trial of the search in creation order."""
         names = {self._states.WAITING: "waiting", self._states.RUNNING: "running"}
         with self._store.lock.hold():
-            attempts = self._store.attempts()
+            attempts = self._attempts()
         views = []
         for attempt in attempts.values():
             info, record = attempt.user_attrs[TRIAL], record_of(attempt)

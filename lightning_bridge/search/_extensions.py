@@ -33,6 +33,7 @@ from optuna.distributions import (
     IntDistribution,
 )
 
+from lightning_bridge.search._attempts import TRIAL, current_attempts, record_of
 from lightning_bridge.search._methods import Create, Method, Record, signed
 from lightning_bridge.search._space import (
     CategoricalForm,
@@ -44,7 +45,6 @@ from lightning_bridge.search._space import (
     leaves,
     trial_draw,
 )
-from lightning_bridge.search._study import TRIAL, current_attempts, record_of
 
 _PLAIN = (type(None), bool, int, float, str)
 

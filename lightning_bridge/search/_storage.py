@@ -1,4 +1,5 @@
-"""Where a search lives: an Optuna storage, and the lock that makes its decisions one at a time.
+"""Where a search lives: an Optuna storage, the lock that makes its decisions one at a time,
+and the study that holds it (`SearchStudy`).
 
 A storage is named by one string:
 
@@ -12,22 +13,30 @@ Determined's searcher takes one event at a time; so does a search here: every de
 across processes. Optuna has no such lock (its samplers and pruners are written to tolerate
 concurrent trials, deciding on whatever they read), and without it two trials reaching a rung
 together would each be ranked without the other, and a stop could start its replacement twice.
+
+A search is one Optuna study: created with the search's config (the study's user attr `SEARCH`)
+the first time, checked against it afterwards, so a search is only ever continued as it was
+started. How its trials are kept in the study is `_attempts`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import pathlib
+import secrets
 import threading
 from collections.abc import Iterator
 from typing import Any
 
 from lightning_bridge._errors import InvalidArgumentError
 from lightning_bridge._postgres import with_driver
+from lightning_bridge.search._views import SearchSpec
 
 EXTRA = "search"
+SEARCH = "lightning_bridge:search"  # the study's user attr: the search's config and seed
 
 
 def import_optuna() -> Any:
@@ -186,3 +195,86 @@ def _write_ahead(engine: Any) -> None:
 
     sqlalchemy.event.listen(engine, "connect", pragmas)
     engine.dispose()  # connections opened before the listener are not reused
+
+
+class SearchStudy:
+    """A search's Optuna study in a storage, its lock, and live handles on its trials.
+
+    Created from `spec` the first time; opened and checked against `spec` (when given)
+    afterwards. The caller sets the study's sampler and pruner.
+    """
+
+    def __init__(self, url: str, name: str, spec: SearchSpec | None) -> None:
+        self._optuna = import_optuna()
+        self.name = name
+        self.storage, self.lock = open_storage(url, name)
+        self._study_id: int | None = None
+        # Handles kept for the process's life: an attempt is reported to by one process only,
+        # so what a handle caches of it (its metrics) stays true.
+        self._handles: dict[int, Any] = {}
+        with self.lock.hold():
+            self.study, self.spec = self._open(spec)
+
+    def _open(self, spec: SearchSpec | None) -> tuple[Any, SearchSpec]:
+        optuna, name = self._optuna, self.name
+        placeholder = optuna.samplers.RandomSampler()
+        if name in optuna.study.get_all_study_names(self.storage):
+            study = optuna.load_study(study_name=name, storage=self.storage, sampler=placeholder)
+        elif spec is None:
+            raise InvalidArgumentError(
+                f"no search named {name!r} in this storage; check the name and --storage"
+            )
+        else:
+            seed = spec.experiment_seed
+            if seed is None:
+                seed = secrets.randbelow(1 << 31)
+            study = optuna.create_study(
+                storage=self.storage,
+                study_name=name,
+                direction="minimize" if spec.searcher.smaller_is_better else "maximize",
+                sampler=placeholder,
+            )
+            study.set_user_attr(SEARCH, spec.to_json(seed))
+        stored = study.user_attrs.get(SEARCH)
+        if stored is None:
+            raise InvalidArgumentError(
+                f"the study {name!r} in this storage was not made by lightning-bridge; "
+                "give the search another name"
+            )
+        if spec is not None:
+            seed = spec.experiment_seed
+            given = spec.to_json(stored["experiment_seed"] if seed is None else seed)
+            if json.dumps(given, sort_keys=True) != json.dumps(stored, sort_keys=True):
+                raise InvalidArgumentError(
+                    f"the search {name!r} in this storage was started with another searcher, "
+                    "hyperparameters or experiment seed; continue it as it was, or start a new "
+                    "search under another name"
+                )
+        return study, SearchSpec.from_json(stored)
+
+    def handle(self, number: int) -> Any:
+        """A live `optuna.trial.Trial` on the study's trial `number`, which another process
+        may have asked for.
+
+        The one piece of a search Optuna's public API does not carry: it hands a `Trial` (to
+        report to, prune, set attrs on) only to the process that asks for it, and takes a
+        trial's number in `Study.tell` alone; a Determined trial is pulled by a worker,
+        reported to by its own process and closed or given back by either. So the handle is
+        rebuilt from the trial's storage id, the only use of Optuna's storage interface here.
+        """
+        if number not in self._handles:
+            if self._study_id is None:
+                self._study_id = self.storage.get_study_id_from_name(self.name)
+            trial_id = self.storage.get_trial_id_from_study_id_trial_number(self._study_id, number)
+            self._handles[number] = self._optuna.trial.Trial(self.study, trial_id)
+        return self._handles[number]
+
+    def ask(self, distributions: dict[str, Any]) -> Any:
+        """`Study.ask` (the oldest waiting trial, now running), its handle kept."""
+        trial = self.study.ask(fixed_distributions=distributions)
+        self._handles[trial.number] = trial
+        return trial
+
+    def close(self) -> None:
+        """Release the lock's handle (the storage itself needs no closing)."""
+        self.lock.close()

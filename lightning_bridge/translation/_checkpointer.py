@@ -6,8 +6,8 @@ uses it; a checkpoint must fit), decides which validations get a checkpoint
 (`checkpoint_policy`), saves through the background `CheckpointWriter` (the files, `latest`),
 tells the observers once a checkpoint is durable and only then applies retention, and waits
 for the write in flight where the fit ends. The loop asks it to save and to wait; the chief
-writes, and every process learns each checkpoint's id or that a write failed, so all go on or
-fail together.
+writes. Every process learns each checkpoint's id, or that holding the directory or a write
+failed, from the loop's `StopRequest`, so all go on or fail together.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import logging
 import pathlib
 from typing import Any
 
-from lightning_bridge._errors import CheckpointWriteError, InvalidArgumentError, TrialRuntimeError
+from lightning_bridge._errors import InvalidArgumentError, TrialRuntimeError
 from lightning_bridge.checkpoint._async import CheckpointWriter
 from lightning_bridge.checkpoint._claim import DirectoryClaim
 from lightning_bridge.checkpoint._layout import EXTRAS_KEY
@@ -70,8 +70,8 @@ class Checkpointer:
 
     def hold(self, core: TrialCore) -> None:
         """The chief holds the checkpoint directory for the fit (removing what interrupted
-        saves left, unless another run uses it) and checks a checkpoint fits there; every
-        process learns the outcome, so all fail together before training."""
+        saves left, unless another run uses it) and checks a checkpoint fits there; raises
+        `InvalidArgumentError` when it cannot (the loop has every process fail with it)."""
         ctx = core.context
         self._single = ctx.distributed.size == 1
         problem = None
@@ -87,7 +87,6 @@ class Checkpointer:
                 states += [o.state_dict() for o in ctx.optimizers]
                 states.append(capture_rng_state())
                 problem = space_shortfall(self.directory, states)
-        problem = ctx.distributed.broadcast(problem)
         if problem:
             raise InvalidArgumentError(problem)
 
@@ -130,10 +129,11 @@ class Checkpointer:
             self._best = value
         return better
 
-    def save(self, core: TrialCore, metrics: dict[str, Any] | None = None) -> None:
-        """The chief takes a checkpoint (written in the background); every process learns its
-        id, or that a write failed (this one, or the one before, which a new save waits for)."""
-        storage_id, failure = "", None
+    def save(self, core: TrialCore, metrics: dict[str, Any] | None = None) -> str:
+        """The chief takes a checkpoint (written in the background) and returns its id ("" on
+        the other processes); raises `CheckpointWriteError` when a write failed (this one, or
+        the one before, which a new save waits for)."""
+        storage_id = ""
         if core.is_chief:
             if metrics is None and core.state.validation_is_current:
                 metrics = core.last_validation_metrics
@@ -142,38 +142,31 @@ class Checkpointer:
                 value = float(metrics[self._metric])
             # The checkpoint is announced once durable (training may have gone on by then).
             progress = Progress(core.state.batches_trained, core.state.epochs_trained)
-            try:
-                # The save before is finished first: retention's history includes it.
-                self._writer.wait()
-                entries = None
-                if self._retention is not None:
-                    entries = {RETENTION_KEY: [self._retention.history(), value]}
-                prepared = prepare_save(core, entries)
-                durable = functools.partial(
-                    self._durable, metrics=metrics, value=value, progress=progress
+            # The save before is finished first: retention's history includes it.
+            self._writer.wait()
+            entries = None
+            if self._retention is not None:
+                entries = {RETENTION_KEY: [self._retention.history(), value]}
+            prepared = prepare_save(core, entries)
+            durable = functools.partial(
+                self._durable, metrics=metrics, value=value, progress=progress
+            )
+            if observes_written_checkpoints(core.trial_callbacks.values()):
+                # Those hooks are promised a complete checkpoint: written here and now.
+                path, storage_id = write_prepared(core, self.directory, prepared)
+                durable(path)
+            else:
+                _, storage_id = self._writer.submit(
+                    self.directory,
+                    prepared.payload,
+                    prepared.trial_state,
+                    prepared.load_data,
+                    durable,
+                    **prepared.options,
                 )
-                if observes_written_checkpoints(core.trial_callbacks.values()):
-                    # Those hooks are promised a complete checkpoint: written here and now.
-                    path, storage_id = write_prepared(core, self.directory, prepared)
-                    durable(path)
-                else:
-                    _, storage_id = self._writer.submit(
-                        self.directory,
-                        prepared.payload,
-                        prepared.trial_state,
-                        prepared.load_data,
-                        durable,
-                        **prepared.options,
-                    )
-            except CheckpointWriteError as exc:
-                failure = str(exc)
         else:
             core.state.last_ckpt = core.state.batches_trained
-        storage_id, failure = core.context.distributed.broadcast((storage_id, failure))
-        if failure:
-            raise CheckpointWriteError(failure)
-        for cb in core.trial_callbacks.values():
-            cb.on_checkpoint_upload_end(uuid=storage_id)
+        return storage_id
 
     @property
     def busy(self) -> bool:
@@ -193,17 +186,10 @@ class Checkpointer:
             writer.poll()
 
     def settle(self, core: TrialCore) -> None:
-        """The fit ends: wait for the checkpoint in flight, so every process learns whether it
-        failed (and the directory is held until it is written)."""
-        failure = None
+        """The fit ends: the chief waits for the checkpoint in flight (the directory is held
+        until it is written); raises `CheckpointWriteError` when it failed."""
         if core.is_chief:
-            try:
-                self._writer.wait()
-            except CheckpointWriteError as exc:
-                failure = str(exc)
-        failure = core.context.distributed.broadcast(failure)
-        if failure:
-            raise CheckpointWriteError(failure)
+            self._writer.wait()
 
     def close(self, failed: bool) -> None:
         """Finish the write in flight (after a failure, report rather than raise its error),

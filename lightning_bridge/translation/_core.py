@@ -24,8 +24,7 @@ from typing import Any, Protocol
 import torch
 
 from lightning_bridge._errors import InvalidTrialError
-from lightning_bridge.checkpoint._layout import EXTRAS_KEY
-from lightning_bridge.checkpoint._state import TrialState
+from lightning_bridge.checkpoint._layout import EXTRAS_KEY, TrialState
 from lightning_bridge.contract._callback import PyTorchCallback
 from lightning_bridge.contract._context import (
     PyTorchTrialContext,
@@ -34,8 +33,8 @@ from lightning_bridge.contract._context import (
 )
 from lightning_bridge.contract._step import StepDriver
 from lightning_bridge.contract._trial import is_overridden, takes_batch_idx
-from lightning_bridge.translation._data_position import PassTracker
 from lightning_bridge.translation._metrics import (
+    ValidationPass,
     average_across_processes,
     average_training_metrics,
     check_training_output,
@@ -43,8 +42,7 @@ from lightning_bridge.translation._metrics import (
 )
 from lightning_bridge.translation._observer import FitObservers, Progress
 from lightning_bridge.translation._payload import apply_payload
-from lightning_bridge.translation._trial_data import build_trial_data
-from lightning_bridge.translation._validation_pass import ValidationPass
+from lightning_bridge.translation._trial_data import PassTracker, build_trial_data
 
 logger = logging.getLogger("lightning_bridge")
 
@@ -200,7 +198,7 @@ class TrialCore:
         self.start_batch = state.batches_trained if state is not None else 0
 
     def data_state(self) -> dict[str, Any]:
-        """What a checkpoint needs to resume the data exactly (see `_data_position`)."""
+        """What a checkpoint needs to resume the data exactly (see `_trial_data`)."""
         tracker = self._tracker
         return {"pass_start_rng": tracker.pass_start_rng if tracker is not None else None}
 

@@ -3,7 +3,8 @@
 The loop is the trial's own, as in Determined: draw a batch, train it (`TrialCore`), ask the
 `Schedule` which boundaries the batch reached and act on them in Determined's order (close the
 training window, validate, checkpoint through the `Checkpointer`, end the fit), and poll its
-`StopRequest` (signals, the trial's `set_stop_requested`, a searcher). Lightning does the
+`StopRequest` (signals, the trial's `set_stop_requested`, a searcher, a process that failed
+at a boundary: the chief's hold on the checkpoint directory or its write). Lightning does the
 engine work underneath (`FabricEngine`: strategy, precision plugin); `lightning.Trainer`'s
 per-step machinery (fetchers, progress trackers, hook dispatch on every batch) is what a trial
 does not need, and on small models it cost more than the step itself. Validation runs the
@@ -21,21 +22,24 @@ import logging
 import signal
 import warnings
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
+from lightning_bridge._errors import CheckpointWriteError, InvalidArgumentError
 from lightning_bridge.translation._checkpointer import Checkpointer
 from lightning_bridge.translation._core import TrialCore
 from lightning_bridge.translation._fabric_engine import FabricEngine
 from lightning_bridge.translation._launch import ENGINE_WARNINGS
+from lightning_bridge.translation._metric_reports import ProgressBar
 from lightning_bridge.translation._observer import FitOutcome
-from lightning_bridge.translation._progress_bar import ProgressBar
 from lightning_bridge.translation._schedule import Boundary, Schedule
 from lightning_bridge.translation._stop_request import StopRequest
 from lightning_bridge.translation._trial_data import FullDatasetPass
 
 logger = logging.getLogger("lightning_bridge")
+
+T = TypeVar("T")
 
 
 class FitLoop:
@@ -134,7 +138,7 @@ class FitLoop:
     def _start(self) -> None:
         """Before the first batch: hold the checkpoint directory, restore, maybe validate."""
         core = self.core
-        self.checkpointer.hold(core)
+        self._agreed(lambda: self.checkpointer.hold(core), InvalidArgumentError)
         self.stop.begin()
         if core.is_chief:
             core.observers.on_fit_start()
@@ -196,7 +200,7 @@ class FitLoop:
                 if kind is Boundary.VALIDATE and not state.validation_is_current:
                     self._validate()
                 elif kind is Boundary.CHECKPOINT and not state.checkpoint_is_current:
-                    self.checkpointer.save(core)
+                    self._save()
                 elif kind in (Boundary.LENGTH, Boundary.REPORT):
                     logger.debug("Trained %d batches", state.batches_trained)
                 if self.stop.early():
@@ -224,10 +228,34 @@ class FitLoop:
         """Checkpoint (unless current) and wait for it: the fit ends after this batch."""
         core = self.core
         if not core.state.checkpoint_is_current:
-            self.checkpointer.save(core)
-        self.checkpointer.settle(core)
+            self._save()
+        self._agreed(lambda: self.checkpointer.settle(core), CheckpointWriteError)
         self._stopped_early = self._stopped_early or early
         self.should_stop = True
+
+    # ----- checkpoints -----
+
+    def _save(self, metrics: dict[str, Any] | None = None) -> None:
+        """Checkpoint (the chief writes); every process learns its id, or that it failed."""
+        core = self.core
+        storage_id = self._agreed(
+            lambda: self.checkpointer.save(core, metrics), CheckpointWriteError
+        )
+        for cb in core.trial_callbacks.values():
+            cb.on_checkpoint_upload_end(uuid=storage_id)
+
+    def _agreed(self, part: Callable[[], T], error: type[Exception]) -> T:
+        """This process's `part` of a boundary at which it may fail alone with `error`; the
+        `StopRequest` has every process agree whether one did (then all raise it) and hands
+        every process the chief's result."""
+        value: Any = None
+        failure = None
+        try:
+            value = part()
+        except error as exc:
+            failure = str(exc)
+        result: T = self.stop.agree(failure, error, value)
+        return result
 
     # ----- validation -----
 
@@ -237,7 +265,7 @@ class FitLoop:
         self.run_validation()
         metrics = core.last_validation_metrics or {}
         if self.checkpointer.wants(core, metrics):
-            self.checkpointer.save(core, metrics)
+            self._save(metrics)
         self.stop.after_validation()
 
     def run_validation(self) -> None:

@@ -6,7 +6,9 @@ is the mean of its non-None values, or None where they cannot be averaged. Valid
 of `evaluate_batch` are reduced per metric with the trial's `Reducer`s by torchmetrics
 aggregators, which also combine them across processes; a non-scalar value (a list of tensors,
 an array of any shape) reduces over all of its elements. `evaluate_full_dataset` results pass
-through unchanged, except that tensors become numpy values.
+through unchanged, except that tensors become numpy values. `ValidationPass` collects one
+validation's outputs: `evaluate_batch` metrics checked (the same names every batch) and
+reduced at the end, or the chief's `evaluate_full_dataset` metrics, shared with every process.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from torchmetrics.aggregation import BaseAggregator, MaxMetric, MeanMetric, MinM
 
 from lightning_bridge._errors import InvalidTrialError, TrialRuntimeError, TrialTypeError
 from lightning_bridge.contract._distributed import DistributedContext
-from lightning_bridge.contract._reducer import Reducer
+from lightning_bridge.contract._reducer import Reducer, reducers_for_keys
 
 
 def _check_names(where: str, out: Mapping[Any, Any]) -> None:
@@ -191,3 +193,51 @@ def searcher_value(name: str, value: Any) -> float:
         raise TrialRuntimeError(
             f"The searcher metric {name!r} returned a non-numeric value: {value!r}."
         ) from None
+
+
+class ValidationPass:
+    """The outputs of one validation, from its first batch to its reduced metrics."""
+
+    def __init__(self) -> None:
+        self._outputs: list[dict[str, Any]] = []
+        self._keys: set[str] | None = None
+        self._full: dict[str, Any] = {}
+
+    def add_batch(self, out: Any, batch_idx: int) -> None:
+        """One `evaluate_batch` result; every batch must return the same metric names."""
+        metrics = check_validation_output(out, "evaluate_batch()")
+        if self._keys is None:
+            self._keys = set(metrics)
+        elif set(metrics) != self._keys:
+            raise InvalidTrialError(
+                "evaluate_batch() must return the same metric names for every batch: batch "
+                f"{batch_idx} returned {sorted(metrics)}, earlier batches "
+                f"{sorted(self._keys)}."
+            )
+        self._outputs.append(to_numpy(metrics))
+
+    def set_full(self, out: Any) -> None:
+        """The `evaluate_full_dataset` result (the chief's)."""
+        self._full = to_numpy(check_validation_output(out, "evaluate_full_dataset()"))
+
+    def batch_outputs(self) -> list[dict[str, Any]]:
+        """Every batch's metrics, as `on_validation_epoch_end` receives them."""
+        if not self._outputs:
+            raise TrialRuntimeError(
+                "The validation data loader yielded no batches: give "
+                "build_validation_data_loader() a non-empty dataset."
+            )
+        return self._outputs
+
+    def reduce_batches(self, reducer: Any, device: torch.device) -> dict[str, Any]:
+        """The batches' metrics reduced per name (and across processes)."""
+        outputs = self.batch_outputs()
+        keys = list(outputs[0])
+        return reduce_validation_metrics(outputs, keys, reducers_for_keys(reducer, keys), device)
+
+    def full_metrics(self, distributed: DistributedContext) -> dict[str, Any]:
+        """The chief's full-dataset metrics, on every process."""
+        metrics = dict(self._full)
+        if distributed.size > 1:
+            metrics = distributed.broadcast(metrics)
+        return metrics

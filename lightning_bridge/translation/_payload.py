@@ -20,9 +20,8 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from lightning_bridge.checkpoint._layout import EXTRAS_KEY, write_checkpoint
+from lightning_bridge.checkpoint._layout import EXTRAS_KEY, TrialState, write_checkpoint
 from lightning_bridge.checkpoint._models import check_count, entries, load_models
-from lightning_bridge.checkpoint._state import TrialState
 from lightning_bridge.contract._callback import overrides
 from lightning_bridge.contract._context import PyTorchTrialContext
 

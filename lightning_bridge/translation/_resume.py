@@ -13,7 +13,7 @@ import logging
 from typing import Any
 
 from lightning_bridge._errors import InvalidArgumentError
-from lightning_bridge.checkpoint._state import TrialState
+from lightning_bridge.checkpoint._layout import TrialState
 
 logger = logging.getLogger("lightning_bridge")
 

@@ -22,6 +22,7 @@ from lightning_bridge.checkpoint._retention import CheckpointRetention
 from lightning_bridge.checkpoint._storage_backend import CheckpointStorage
 from lightning_bridge.checkpoint._storage_config import storage_from_config
 from lightning_bridge.checkpoint._writable import directory_bytes, write_failure
+from lightning_bridge.contract._context import ConfigValues
 from lightning_bridge.record._outage import HeldBack
 from lightning_bridge.record._registry import Registry, record_location
 from lightning_bridge.record._schema import TrialState
@@ -200,18 +201,17 @@ class RunRecord(FitObserver):
 
 
 def record_from_runner(
-    run: RunDescription, exp_conf: dict[str, Any] | None, checkpoint_dir: pathlib.Path
+    run: RunDescription, config: ConfigValues, checkpoint_dir: pathlib.Path
 ) -> RunRecord | None:
     """The record of this fit the runner described, or None when it is not recorded."""
     if run.record is None:
         return None
-    conf = exp_conf or {}
     return RunRecord(
         trial_id=run.record.trial_id,
         experiment_id=run.record.experiment_id,
         workspace=Workspace(run.record.workspace),
-        storage=storage_from_config(conf.get("checkpoint_storage"), checkpoint_dir),
+        storage=storage_from_config(config.checkpoint_storage, checkpoint_dir),
         checkpoint_dir=checkpoint_dir,
-        searcher_metric=(conf.get("searcher") or {}).get("metric"),
+        searcher_metric=config.searcher_metric,
         continue_command=run.continue_command,
     )

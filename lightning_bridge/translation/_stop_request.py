@@ -3,7 +3,10 @@
 The fit's loop owns one and polls it. Three things ask: a signal (SIGTERM / SIGINT: the loop
 checkpoints and exits, to continue later), the trial (`context.set_stop_requested(True)`) and
 a search's searcher (its decision after a validation, the chief's, shared with every process);
-the last two end the fit early, at the boundary where they are seen.
+the last two end the fit early, at the boundary where they are seen. A fourth ends it with an
+error: a process that failed alone at a boundary (the chief holding the checkpoint directory,
+writing a checkpoint). Every process learns of it at that boundary (`agree`), and all raise
+the same error, rather than the others going on into a collective the failed one never joins.
 
 A signal only sets a flag; the fit acts on it after a batch, once that batch's validation and
 checkpoint boundaries are handled. With several processes the flags must be agreed on, or one
@@ -61,6 +64,7 @@ class StopRequest:
         # The chief's searcher: whether it stopped the trial (None: no search).
         self._searcher_asks = searcher_asks
         self.by_searcher = False  # the searcher stopped the fit (every process agrees)
+        self.failure: str | None = None  # a process failed at a boundary (every one agrees)
         self.received = 0  # the first signal this process got (its number), 0 for none
         self._previous: dict[int, Any] = {}
         self._group: Any = None
@@ -102,6 +106,22 @@ class StopRequest:
         if self._distributed is not None:
             asks = self._distributed.broadcast(asks)
         self.by_searcher = bool(asks)
+
+    # ----- a failure on one process -----
+
+    def agree(self, failure: str | None, error: type[Exception], chief_value: Any = None) -> Any:
+        """At a boundary where a process may fail alone, every process learns whether one did:
+        all then stop with `error(failure)` (the first failed process's message); otherwise
+        every process gets the chief's `chief_value`. Every process calls it at the same
+        boundary, with its own `failure` (None: its part went well)."""
+        everyone: list[Any] = [(failure, chief_value)]
+        if self._distributed is not None:
+            everyone = self._distributed.allgather((failure, chief_value))
+        failed = [message for message, _ in everyone if message]
+        if failed:
+            self.failure = failed[0]
+            raise error(self.failure)
+        return everyone[0][1]
 
     # ----- agreement on signals across processes -----
 

@@ -22,16 +22,15 @@ from lightning_bridge.checkpoint._layout import resolve_checkpoint
 from lightning_bridge.checkpoint._retention import CheckpointRetention
 from lightning_bridge.checkpoint._safe_load import read_checkpoint
 from lightning_bridge.checkpoint._writable import check_writable
-from lightning_bridge.contract._context import PyTorchTrialContext
+from lightning_bridge.contract._context import ConfigValues, PyTorchTrialContext, config_values
 from lightning_bridge.contract._units import Batch, TrainUnit
 from lightning_bridge.translation._checkpointer import CHECKPOINT_POLICIES, Checkpointer
 from lightning_bridge.translation._core import TrialCore
 from lightning_bridge.translation._fabric_engine import FabricEngine
 from lightning_bridge.translation._fit_loop import FitLoop, model_summary
-from lightning_bridge.translation._fit_settings import FitSettings, checkpoint_dir, fit_settings
-from lightning_bridge.translation._init import setup_of
+from lightning_bridge.translation._init import FitSettings, checkpoint_dir, fit_settings, setup_of
 from lightning_bridge.translation._launch import check_launcher
-from lightning_bridge.translation._logger_reports import LoggerReports
+from lightning_bridge.translation._metric_reports import LoggerReports
 from lightning_bridge.translation._resume import starts_new_run
 from lightning_bridge.translation._schedule import Schedule
 
@@ -141,10 +140,8 @@ class Trainer:
                 f"checkpoint_policy must be one of {', '.join(CHECKPOINT_POLICIES)}; got "
                 f"{checkpoint_policy!r}."
             )
-        exp_conf = ctx._exp_conf
-        searcher = (exp_conf or {}).get("searcher") or {}
-        metric = searcher.get("metric")
-        if checkpoint_policy == "best" and not metric:
+        config = config_values(ctx)
+        if checkpoint_policy == "best" and not config.searcher_metric:
             logger.warning(
                 "checkpoint_policy='best' needs searcher.metric in the experiment config to "
                 "compare validations; checkpointing after every validation ('all') instead."
@@ -177,10 +174,12 @@ class Trainer:
             )
             warm = starts_new_run(state, ctx.get_trial_id(), warm_start, latest_checkpoint)
             core.resume_from(payload, state, warm_start=warm)
-        record, search = _runner_reports(setup.run, exp_conf, ckpt_dir, test_mode)
+        record, search = _runner_reports(setup.run, config, ckpt_dir, test_mode)
         chief_record = record if record is not None and core.is_chief else None
-        retention = CheckpointRetention.from_config(
-            exp_conf, remove=chief_record.remove if chief_record is not None else None
+        retention = CheckpointRetention.from_section(
+            config.checkpoint_storage,
+            smaller_is_better=config.smaller_is_better,
+            remove=chief_record.remove if chief_record is not None else None,
         )
         if retention is not None and chief_record is not None:
             chief_record.track_kept(retention)
@@ -198,8 +197,8 @@ class Trainer:
         checkpointer = Checkpointer(
             ckpt_dir,
             policy=checkpoint_policy,
-            searcher_metric=metric,
-            smaller_is_better=bool(searcher.get("smaller_is_better", True)),
+            searcher_metric=config.searcher_metric,
+            smaller_is_better=config.smaller_is_better,
             retention=retention,
             observer=observers,
         )
@@ -272,7 +271,7 @@ def _log_engine(fabric: L.Fabric) -> None:
 
 def _runner_reports(
     run: RunDescription | None,
-    exp_conf: dict[str, Any] | None,
+    config: ConfigValues,
     ckpt_dir: pathlib.Path,
     test_mode: bool,
 ) -> tuple[RunRecord | None, SearchReport | None]:
@@ -283,7 +282,7 @@ def _runner_reports(
     from lightning_bridge.translation._run_record import record_from_runner
     from lightning_bridge.translation._search_report import search_from_runner
 
-    record = record_from_runner(run, exp_conf, ckpt_dir)
+    record = record_from_runner(run, config, ckpt_dir)
     return record, None if test_mode else search_from_runner(run)
 
 

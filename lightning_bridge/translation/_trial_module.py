@@ -22,12 +22,12 @@ import lightning.pytorch as pl
 import torch
 
 from lightning_bridge._errors import InvalidTrialError
-from lightning_bridge.checkpoint._state import TrialState
+from lightning_bridge.checkpoint._layout import TrialState
 from lightning_bridge.contract._context import PyTorchTrialContext
 from lightning_bridge.contract._step import prepare_step
 from lightning_bridge.contract._units import Batch
 from lightning_bridge.translation._core import TrialCore
-from lightning_bridge.translation._logger_reports import (
+from lightning_bridge.translation._metric_reports import (
     log_training,
     log_validation,
     training_values,

@@ -1,0 +1,153 @@
+"""Where reported metrics go: Lightning's loggers and the progress bar (fit observers).
+
+`LoggerReports` writes them to the loggers. Training metrics are written per batch (and the
+window averages of anything not reported per batch) and validation metrics once per validation,
+at the batch count they belong to, under Determined's TensorBoard tag names
+(`Determined/<name>`, `Determined/val_<name>`), so existing dashboards keep working.
+`training_values` / `validation_values` are the single numbers a progress bar shows. Nothing is
+logged while the trial has TensorBoard logging switched off.
+
+`ProgressBar` shows the fit's progress on a tqdm bar, refreshed at a rate, not every batch.
+Drawing a bar costs more than a small model's training step, so the loop touches the bar only
+every `stride` batches, with the stride re-estimated from the measured batch rate so that the
+bar moves about every `interval` seconds (Lightning's progress bar offers the same through its
+`refresh_rate`). The bar shows batches trained out of the fit's length and, as an observer of
+the fit, the latest reported window averages and validation metrics (while the trial's
+TensorBoard logging is on, as for the loggers).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from lightning_bridge.translation._metrics import scalar_items
+from lightning_bridge.translation._observer import FitObserver, Progress
+
+TAG_PREFIX = "Determined/"
+
+
+def _tagged(values: dict[str, float]) -> dict[str, float]:
+    return {f"{TAG_PREFIX}{k}": v for k, v in values.items()}
+
+
+def training_values(avg: dict[str, Any]) -> dict[str, float]:
+    """A training window's averages that are single numbers."""
+    return scalar_items(avg)
+
+
+def validation_values(metrics: dict[str, Any]) -> dict[str, float]:
+    """Validation metrics that are single numbers, named `val_<name>`."""
+    return {(k if k.startswith("val") else f"val_{k}"): v for k, v in scalar_items(metrics).items()}
+
+
+def log_training(
+    loggers: Iterable[Any],
+    avg: dict[str, Any],
+    batch_metrics: list[dict[str, Any]],
+    batches_trained: int,
+) -> None:
+    """Log a closed training window to Lightning `loggers`."""
+    first = batches_trained - len(batch_metrics)
+    seen: set[str] = set()
+    for metrics in batch_metrics:
+        seen.update(metrics)
+    rest = scalar_items({k: v for k, v in avg.items() if k not in seen})
+    for logger in loggers:
+        for i, metrics in enumerate(batch_metrics):
+            values = scalar_items(metrics)
+            if values:
+                logger.log_metrics(_tagged(values), step=first + i)
+        if rest:
+            logger.log_metrics(_tagged(rest), step=batches_trained)
+
+
+def log_validation(loggers: Iterable[Any], metrics: dict[str, Any], batches_trained: int) -> None:
+    """Log reduced validation metrics to Lightning `loggers`."""
+    named = validation_values(metrics)
+    if named:
+        for logger in loggers:
+            logger.log_metrics(_tagged(named), step=batches_trained)
+
+
+class LoggerReports(FitObserver):
+    """Writes the fit's reports to Lightning loggers and closes them when it ends."""
+
+    def __init__(self, loggers: list[Any], enabled: Callable[[], bool]) -> None:
+        self._loggers = loggers
+        self._enabled = enabled  # the trial's TensorBoard logging switch
+
+    def on_training_report(
+        self, progress: Progress, metrics: dict[str, Any], batch_metrics: list[dict[str, Any]]
+    ) -> None:
+        if self._enabled():
+            log_training(self._loggers, metrics, batch_metrics, progress.batches)
+
+    def on_validation(self, progress: Progress, metrics: dict[str, Any]) -> None:
+        if self._enabled():
+            log_validation(self._loggers, metrics, progress.batches)
+
+    def teardown(self, status: str) -> None:
+        for fit_logger in self._loggers:
+            fit_logger.finalize(status)
+
+
+class ProgressBar(FitObserver):
+    """Batches trained, refreshed about every `interval` seconds (see the module docstring)."""
+
+    def __init__(
+        self,
+        total: int | None,
+        initial: int,
+        interval: float = 0.5,
+        enabled: Callable[[], bool] = lambda: True,
+    ) -> None:
+        self._enabled = enabled
+        self._bar: Any = tqdm(
+            total=total,
+            initial=initial,
+            desc="Training",
+            unit="batch",
+            dynamic_ncols=True,
+            file=sys.stderr,
+            smoothing=0,
+        )
+        self._interval = interval
+        self._metrics: dict[str, str] = {}
+        self._shown = initial
+        self._at = time.monotonic()
+        self.next_at = initial + 1  # the batch count at which the loop calls `advance` next
+
+    def advance(self, batches_trained: int) -> None:
+        """Move the bar to `batches_trained` and pick the next batch count to refresh at."""
+        now = time.monotonic()
+        done = batches_trained - self._shown
+        if done > 0:
+            self._bar.update(done)
+        rate = done / max(now - self._at, 1e-6)
+        self._shown, self._at = batches_trained, now
+        self.next_at = batches_trained + max(1, int(rate * self._interval))
+
+    def show(self, metrics: dict[str, float]) -> None:
+        """Show the latest reported metrics beside the bar."""
+        if metrics:
+            self._metrics.update({k: f"{v:.4g}" for k, v in metrics.items()})
+            self._bar.set_postfix(self._metrics, refresh=False)
+
+    def on_training_report(
+        self, progress: Progress, metrics: dict[str, Any], batch_metrics: list[dict[str, Any]]
+    ) -> None:
+        if self._enabled():
+            self.show(training_values(metrics))
+
+    def on_validation(self, progress: Progress, metrics: dict[str, Any]) -> None:
+        if self._enabled():
+            self.show(validation_values(metrics))
+
+    def close(self, batches_trained: int) -> None:
+        self.advance(batches_trained)
+        self._bar.close()
