@@ -27,6 +27,7 @@ import math
 from typing import Any
 
 from lightning_bridge._errors import InvalidTrialError
+from lightning_bridge.contract._context import PyTorchTrialContext, context_setup
 from lightning_bridge.translation._engine_settings import EngineSettings
 
 HPARAM_SETTINGS = (
@@ -371,7 +372,10 @@ def _accumulation(
     context: Any, config: dict[str, Any], hparams: dict[str, Any], settings: TrainerSettings
 ) -> int:
     """`accumulate_grad_batches` from the hparams or the trial's aggregation_frequency."""
-    aggregation = getattr(context, "_aggregation_frequency", None)
+    if isinstance(context, PyTorchTrialContext):
+        aggregation: Any = context_setup(context).aggregation_frequency
+    else:  # Determined's own context: its attribute (it has no public accessor)
+        aggregation = getattr(context, "_aggregation_frequency", None)
     if not isinstance(aggregation, int):
         aggregation = (config.get("optimizations") or {}).get("aggregation_frequency", 1) or 1
     wanted = hparams.get("accumulate_grad_batches")
