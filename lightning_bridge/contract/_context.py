@@ -48,13 +48,19 @@ class ConfigValues:
     """What a fit reads of its experiment config, read once (the defaults: no config given).
 
     `checkpoint_storage` is the config's section as given (None when absent): the checkpoint
-    storage and the retention policy are built from it where they are made.
+    storage and the retention policy are built from it where they are made. `max_length`
+    (the searcher's), `min_validation_period` and `global_batch_size` (the hyperparameters')
+    are as given too: the fit reading them parses them into its own units.
     """
 
     searcher_metric: str | None = None
     smaller_is_better: bool = True
     checkpoint_storage: Mapping[str, Any] | None = None
     experiment_seed: Any = None
+    aggregation_frequency: Any = 1
+    max_length: Any = None
+    min_validation_period: Any = None
+    global_batch_size: Any = None
 
     @classmethod
     def of(cls, exp_conf: Mapping[str, Any] | None) -> ConfigValues:
@@ -73,6 +79,10 @@ class ConfigValues:
             smaller_is_better=bool(searcher.get("smaller_is_better", True)),
             checkpoint_storage=storage if isinstance(storage, Mapping) else None,
             experiment_seed=section("reproducibility").get("experiment_seed"),
+            aggregation_frequency=section("optimizations").get("aggregation_frequency", 1) or 1,
+            max_length=searcher.get("max_length"),
+            min_validation_period=conf.get("min_validation_period"),
+            global_batch_size=section("hyperparameters").get("global_batch_size"),
         )
 
     @property
