@@ -128,6 +128,24 @@ def test_old_layouts_metadata_json_and_workload_sequencer(tmp_path: pathlib.Path
     assert state is not None and (state.batches_trained, state.last_ckpt) == (4, 4)
 
 
+def test_a_loaded_trial_aggregates_as_its_checkpoint_config_says(tmp_path: pathlib.Path) -> None:
+    """A trial-class checkpoint's `optimizations.aggregation_frequency` is the loaded
+    context's (as Determined builds it): stepping without zeroing gradients is refused."""
+    ckpt = _copy("0.38.1", tmp_path)
+    (ckpt / "load_data.json").unlink()
+    config = {
+        "entrypoint": "model_def:TinyTrial",
+        "hyperparameters": {},
+        "optimizations": {"aggregation_frequency": 2},
+    }
+    metadata = {"format": "pickle", "experiment_config": config, "hparams": {"lr": 1}}
+    (ckpt / "metadata.json").write_text(json.dumps(metadata))
+    trial = pytorch.load_trial_from_checkpoint_path(ckpt)
+    (optimizer,) = trial.context.optimizers
+    with pytest.raises(pytorch.InvalidTrialError, match="aggregation_frequency > 1"):
+        trial.context.step_optimizer(optimizer, auto_zero_grads=False)
+
+
 OLD_API = """
 import torch
 from determined.pytorch import PyTorchTrial

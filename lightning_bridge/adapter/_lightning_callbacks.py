@@ -23,6 +23,7 @@ import logging
 from typing import Any
 
 from lightning_bridge.adapter._lightning_packages import is_a, overrides, package_of
+from lightning_bridge.contract._context import ConfigValues
 from lightning_bridge.translation._lightning_private import current_hook, set_current_hook
 
 logger = logging.getLogger("lightning_bridge")
@@ -82,7 +83,7 @@ def merge(trainer_callbacks: list[Any], model_callbacks: list[Any]) -> list[Any]
 
 
 def callback_problems(
-    callbacks: list[Any], module: Any, config: dict[str, Any], aggregation: bool
+    callbacks: list[Any], module: Any, config: ConfigValues, aggregation: bool
 ) -> list[str]:
     """Messages for the callbacks a trial cannot run (empty when all can)."""
     out: list[str] = []
@@ -131,13 +132,12 @@ def _run_problems(cb: Any, module: Any, aggregation: bool) -> list[str]:
     return []
 
 
-def _checkpoint_problems(cb: Any, config: dict[str, Any]) -> list[str]:
+def _checkpoint_problems(cb: Any, config: ConfigValues) -> list[str]:
     monitor = getattr(cb, "monitor", None)
-    searcher = config.get("searcher") or {}
-    metric = searcher.get("metric")
+    metric = config.searcher_metric
     if monitor is None or metric is None:
         return []
-    smaller = bool(searcher.get("smaller_is_better", True))
+    smaller = config.smaller_is_better
     if monitor != metric or (cb.mode == "min") != smaller:
         return [
             f"ModelCheckpoint(monitor={monitor!r}, mode={cb.mode!r}) chooses checkpoints by a "

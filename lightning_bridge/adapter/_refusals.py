@@ -13,6 +13,7 @@ from typing import Any
 from lightning_bridge.adapter._lightning_callbacks import callback_problems
 from lightning_bridge.adapter._lightning_packages import overrides
 from lightning_bridge.adapter._trainer_arguments import TrainerSettings
+from lightning_bridge.contract._context import ConfigValues
 
 
 def has_validation(module: Any, datamodule: Any) -> bool:
@@ -46,7 +47,7 @@ def refusals(
     datamodule: Any,
     callbacks: list[Any],
     settings: TrainerSettings,
-    config: dict[str, Any],
+    config: ConfigValues,
 ) -> list[str]:
     """Messages for everything in the module, data module, settings and callbacks a trial
     cannot run (empty when it can run all of it)."""

@@ -27,6 +27,12 @@ import math
 from typing import Any
 
 from lightning_bridge._errors import InvalidTrialError
+from lightning_bridge.contract._context import (
+    ConfigValues,
+    PyTorchTrialContext,
+    config_values,
+    context_setup,
+)
 from lightning_bridge.translation._engine_settings import EngineSettings
 
 HPARAM_SETTINGS = (
@@ -262,13 +268,17 @@ def _log_and_sanity(hparams: dict[str, Any], settings: TrainerSettings) -> None:
         )
 
 
-def config_of(context: Any) -> dict[str, Any]:
-    """The experiment config the trial was given (empty without one)."""
+def config_of(context: Any) -> ConfigValues:
+    """What the adapter reads of the trial's experiment config: the values the bridge's
+    context read when it was built, or (Determined's own context) read from its config now
+    (the defaults without one)."""
+    if isinstance(context, PyTorchTrialContext):
+        return config_values(context)
     try:
         config = context.get_experiment_config()
     except Exception:  # noqa: BLE001 - a context built without an experiment config
-        return {}
-    return dict(config) if isinstance(config, dict) else {}
+        config = None
+    return ConfigValues.of(config if isinstance(config, dict) else None)
 
 
 def _unit(value: Any, where: str, global_batch_size: Any) -> Length | None:
@@ -341,12 +351,11 @@ def read_settings(
     settings.accumulate_grad_batches = _accumulation(context, config, hparams, settings)
     if "precision" in hparams and "precision" not in (constructor_args or set()):
         settings.precision = precision_of(hparams["precision"], getattr(context, "device", "cpu"))
-    searcher = config.get("searcher") or {}
-    gbs = (config.get("hyperparameters") or {}).get(
-        "global_batch_size", hparams.get("global_batch_size")
-    )
-    settings.length = _unit(searcher.get("max_length"), "searcher.max_length", gbs)
-    period = _unit(config.get("min_validation_period"), "min_validation_period", gbs)
+    gbs = config.global_batch_size
+    if gbs is None:
+        gbs = hparams.get("global_batch_size")
+    settings.length = _unit(config.max_length, "searcher.max_length", gbs)
+    period = _unit(config.min_validation_period, "min_validation_period", gbs)
     settings.period = period
     if period is not None and period.unit == "epochs":
         settings.check_val_every_n_epoch = period.value
@@ -367,13 +376,20 @@ def read_settings(
     return settings
 
 
+def _aggregation_frequency(context: Any, config: ConfigValues) -> Any:
+    """The trial's aggregation frequency: the bridge context's (given to `init()` or by the
+    config), Determined's context's own (it has no public accessor), else the config's."""
+    if isinstance(context, PyTorchTrialContext):
+        return context_setup(context).aggregation_frequency
+    aggregation = getattr(context, "_aggregation_frequency", None)
+    return aggregation if isinstance(aggregation, int) else config.aggregation_frequency
+
+
 def _accumulation(
-    context: Any, config: dict[str, Any], hparams: dict[str, Any], settings: TrainerSettings
+    context: Any, config: ConfigValues, hparams: dict[str, Any], settings: TrainerSettings
 ) -> int:
     """`accumulate_grad_batches` from the hparams or the trial's aggregation_frequency."""
-    aggregation = getattr(context, "_aggregation_frequency", None)
-    if not isinstance(aggregation, int):
-        aggregation = (config.get("optimizations") or {}).get("aggregation_frequency", 1) or 1
+    aggregation = _aggregation_frequency(context, config)
     wanted = hparams.get("accumulate_grad_batches")
     if wanted is not None and (
         isinstance(wanted, bool) or not isinstance(wanted, int) or wanted < 1

@@ -11,6 +11,10 @@ The experiment config reaches the context as the dict Determined's API hands the
 direction, the `checkpoint_storage` section, the experiment seed) are read once, when the
 context is built, into a frozen `ConfigValues` (`config_values`), so the fit's modules read
 named, typed fields instead of the dict's keys.
+
+The rest of the context's own state the fit reads (its folders, processes and aggregation:
+`context_setup`; the trial's gradient scaler, profiler options and what a checkpoint records
+of its config) is read through this module's functions, never its private attributes.
 """
 
 from __future__ import annotations
@@ -44,13 +48,19 @@ class ConfigValues:
     """What a fit reads of its experiment config, read once (the defaults: no config given).
 
     `checkpoint_storage` is the config's section as given (None when absent): the checkpoint
-    storage and the retention policy are built from it where they are made.
+    storage and the retention policy are built from it where they are made. `max_length`
+    (the searcher's), `min_validation_period` and `global_batch_size` (the hyperparameters')
+    are as given too: the fit reading them parses them into its own units.
     """
 
     searcher_metric: str | None = None
     smaller_is_better: bool = True
     checkpoint_storage: Mapping[str, Any] | None = None
     experiment_seed: Any = None
+    aggregation_frequency: Any = 1
+    max_length: Any = None
+    min_validation_period: Any = None
+    global_batch_size: Any = None
 
     @classmethod
     def of(cls, exp_conf: Mapping[str, Any] | None) -> ConfigValues:
@@ -69,6 +79,10 @@ class ConfigValues:
             smaller_is_better=bool(searcher.get("smaller_is_better", True)),
             checkpoint_storage=storage if isinstance(storage, Mapping) else None,
             experiment_seed=section("reproducibility").get("experiment_seed"),
+            aggregation_frequency=section("optimizations").get("aggregation_frequency", 1) or 1,
+            max_length=searcher.get("max_length"),
+            min_validation_period=conf.get("min_validation_period"),
+            global_batch_size=section("hyperparameters").get("global_batch_size"),
         )
 
     @property
@@ -78,6 +92,21 @@ class ConfigValues:
         if not storage.get("host_path"):
             return None
         return pathlib.Path(storage["host_path"]) / (storage.get("storage_path") or "")
+
+
+@dataclasses.dataclass(frozen=True)
+class ContextSetup:
+    """How the context was built for its run (fixed from then on).
+
+    `run_dir` holds the run's logs; `code_dir` is the folder checkpoints carry a copy of (None:
+    no `code/` copy); `processes` share the global batch (the slots, else the distributed
+    size); the optimizers step every `aggregation_frequency` batches.
+    """
+
+    run_dir: pathlib.Path
+    code_dir: pathlib.Path | None
+    processes: int
+    aggregation_frequency: int
 
 
 class FitView(Protocol):
@@ -114,6 +143,39 @@ def config_values(context: PyTorchTrialContext) -> ConfigValues:
     return context._config_values
 
 
+def context_setup(context: PyTorchTrialContext) -> ContextSetup:
+    """How `context` was built: its folders, processes and aggregation frequency."""
+    return context._setup
+
+
+def trial_scaler(context: PyTorchTrialContext) -> Any:
+    """The gradient scaler the trial gave `wrap_scaler` (None without one)."""
+    return context._scaler
+
+
+def profiler_options(context: PyTorchTrialContext) -> dict[str, Any] | None:
+    """The `torch.profiler` arguments given to `set_profiler` (None: not called)."""
+    options = context._profiler_kwargs
+    return None if options is None else dict(options)
+
+
+def checkpoint_configs(context: PyTorchTrialContext) -> dict[str, Any]:
+    """What a checkpoint's load data records of the trial's config: the experiment config and
+    hyperparameters when both were given (a trial rebuilt from the checkpoint gets them
+    back), else neither."""
+    both = context._exp_conf is not None and context._hparams is not None
+    return {
+        "experiment_config": context._exp_conf if both else None,
+        "hparams": context._hparams if both else None,
+    }
+
+
+def close_tensorboard_writer(context: PyTorchTrialContext) -> None:
+    """Close the writer `get_tensorboard_writer` opened, if any (the run is over)."""
+    if context._tb_writer is not None:
+        context._tb_writer.close()
+
+
 def step_lr_schedulers(context: PyTorchTrialContext, batch_idx: int, epoch_len: int) -> None:
     """Step the wrapped LR schedulers after batch `batch_idx`, by their step modes (on the
     batches where the optimizers step)."""
@@ -121,7 +183,11 @@ def step_lr_schedulers(context: PyTorchTrialContext, batch_idx: int, epoch_len: 
         return
     for sched in context.lr_schedulers:
         count = step_count(
-            sched._step_mode, sched._frequency, batch_idx, context._aggregation_frequency, epoch_len
+            sched._step_mode,
+            sched._frequency,
+            batch_idx,
+            context._setup.aggregation_frequency,
+            epoch_len,
         )
         for _ in range(count):
             sched.step()
@@ -163,16 +229,17 @@ class PyTorchTrialContext:
         self._config_values = (
             config_values if config_values is not None else ConfigValues.of(exp_conf)
         )
-        self._aggregation_frequency = aggregation_frequency
         self._enable_tensorboard_logging = enable_tensorboard_logging
         self._trial_seed = trial_seed
         self.device = device if device is not None else torch.device("cpu")
-        self._run_dir = run_dir if run_dir is not None else pathlib.Path.cwd()
-        # The experiment folder checkpoints carry a copy of (None: no code/ copy).
-        self._code_dir = code_dir
-        self._slots = slots
+        self._setup = ContextSetup(
+            run_dir=run_dir if run_dir is not None else pathlib.Path.cwd(),
+            code_dir=code_dir,
+            processes=max(slots or distributed.size, 1),
+            aggregation_frequency=aggregation_frequency,
+        )
         self._per_slot_batch_size, self._global_batch_size = split_batch_size(
-            hparams, max(slots or distributed.size, 1)
+            hparams, self._setup.processes
         )
 
         self.models: list[torch.nn.Module] = []
@@ -303,7 +370,7 @@ class PyTorchTrialContext:
         return self._require_started() % epoch_len == epoch_len - 1
 
     def _should_communicate_and_update(self) -> bool:
-        return (self._require_started() + 1) % self._aggregation_frequency == 0
+        return (self._require_started() + 1) % self._setup.aggregation_frequency == 0
 
     # ----- wrapping -----
 
@@ -428,7 +495,7 @@ class PyTorchTrialContext:
         return to_device(data, self.device, self._warned_types)
 
     def get_tensorboard_path(self) -> pathlib.Path:
-        return self._run_dir / "tensorboard"
+        return self._setup.run_dir / "tensorboard"
 
     def get_tensorboard_writer(self) -> Any:
         """A `SummaryWriter` writing beside the run's TensorBoard logs."""
@@ -483,14 +550,14 @@ class PyTorchTrialContext:
                 "(self.opt = context.wrap_optimizer(opt)) and step that object."
             )
         scaler = scaler if scaler is not None else self._scaler
-        if self._aggregation_frequency > 1 and not auto_zero_grads:
+        if self._setup.aggregation_frequency > 1 and not auto_zero_grads:
             raise InvalidTrialError(
                 "With aggregation_frequency > 1 gradients must be zeroed by the bridge: "
                 "call step_optimizer(..., auto_zero_grads=True)."
             )
         if not self._should_communicate_and_update():
             return
-        divisor = self._aggregation_frequency if average else 1
+        divisor = self._setup.aggregation_frequency if average else 1
         if scaler is not None:
             # The trial's own scaler (wrap_scaler): step through it, skipping inf/NaN steps.
             prepare_step(optimizer, clip_grads, divisor)

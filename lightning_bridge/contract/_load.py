@@ -22,7 +22,7 @@ from lightning_bridge.checkpoint._models import entries, load_models
 from lightning_bridge.checkpoint._safe_load import load_state_file, read_metadata
 from lightning_bridge.contract import _import_map
 from lightning_bridge.contract._code_import import import_trial_class
-from lightning_bridge.contract._context import PyTorchTrialContext
+from lightning_bridge.contract._context import ConfigValues, PyTorchTrialContext
 from lightning_bridge.contract._distributed import DistributedContext
 from lightning_bridge.contract._trial import is_trial_class
 
@@ -71,8 +71,7 @@ def _context(description: dict[str, Any]) -> PyTorchTrialContext:
     config = description.get("experiment_config")
     aggregation = 1
     if isinstance(config, dict) and not description.get("is_trainer", False):
-        optimizations = config.get("optimizations") or {}
-        aggregation = int(optimizations.get("aggregation_frequency", 1) or 1)
+        aggregation = int(ConfigValues.of(config).aggregation_frequency)
     return PyTorchTrialContext(
         hparams=description.get("hparams"),
         exp_conf=config,

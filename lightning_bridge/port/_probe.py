@@ -26,6 +26,7 @@ from lightning_bridge.adapter._lightning_callbacks import checkpoint_monitor, me
 from lightning_bridge.adapter._lightning_packages import package_of
 from lightning_bridge.adapter._refusals import has_validation, refusals
 from lightning_bridge.adapter._trainer_arguments import TrainerSettings
+from lightning_bridge.contract._context import ConfigValues
 from lightning_bridge.port._folder import Loaded, Searcher
 
 # Words in a metric name that mean larger values are better (accuracy, F1, AUC, ...).
@@ -63,7 +64,7 @@ def probe(module: Loaded, data: Loaded | None, buildable: bool) -> tuple[Searche
         return Searcher(metric, smaller_is_better(metric), "source"), None
     model, datamodule = _build(module), (_build(data) if data is not None else None)
     callbacks = merge([], model_callbacks(model))
-    problems = refusals(model, datamodule, callbacks, TrainerSettings(), {})
+    problems = refusals(model, datamodule, callbacks, TrainerSettings(), ConfigValues())
     if problems:
         raise InvalidTrialError(f"{module.spec}: {problems[0]}")
     validates = has_validation(model, datamodule)

@@ -9,7 +9,8 @@ Searchers Determined removed are refused with one message each (`REMOVED`).
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, TypeAlias
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal, TypeAlias
 
 import pydantic
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
@@ -152,3 +153,15 @@ SearcherConfig: TypeAlias = (
 SEARCHER: pydantic.TypeAdapter[SearcherConfig] = pydantic.TypeAdapter(
     Annotated[SearcherConfig, Field(discriminator="name")]
 )
+
+
+def searcher_of(config: Mapping[str, Any]) -> SearcherConfig | None:
+    """The `searcher` section of an experiment config as its model (a recorded experiment's
+    config was validated when it was made); None without one, or when it does not validate."""
+    section = config.get("searcher")
+    if not isinstance(section, Mapping):
+        return None
+    try:
+        return SEARCHER.validate_python(section)
+    except pydantic.ValidationError:
+        return None

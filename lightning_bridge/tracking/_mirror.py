@@ -39,6 +39,7 @@ from typing import Any
 from lightning_bridge.record._records import Experiment, Trial
 from lightning_bridge.record._registry import Registry
 from lightning_bridge.record._schema import CheckpointState, TrialState
+from lightning_bridge.search._searchers import searcher_of
 from lightning_bridge.search._space import flat
 from lightning_bridge.tracking._settings import artifact_location, require_mlflow
 
@@ -85,27 +86,12 @@ def _remote(location: str) -> bool:
     return "://" in location and not location.startswith("file://")
 
 
-def max_length(experiment: Experiment) -> tuple[str, int] | None:
-    """The searcher's `max_length` (or `max_time` in `time_metric`) as (unit, value), None
-    when it has none."""
-    searcher = experiment.config.get("searcher") or {}
-    if isinstance(searcher.get("max_time"), int):  # adaptive_asha's max_time + time_metric
-        return str(searcher.get("time_metric") or "batches"), int(searcher["max_time"])
-    length = searcher.get("max_length")
-    if isinstance(length, dict) and len(length) == 1:
-        unit, value = next(iter(length.items()))
-        if isinstance(value, int):
-            return str(unit), value
-    if isinstance(length, int):
-        return "batches", length
-    return None
-
-
 def searcher_stopped(experiment: Experiment, trial: Trial) -> bool:
-    """An ASHA search ended this trial before `max_length` (it completed early)."""
-    searcher = experiment.config.get("searcher") or {}
-    length = max_length(experiment)
-    if searcher.get("name") not in _ASHA or length is None:
+    """An ASHA search ended this trial before its longest training (`max_time` in
+    `time_metric`, else `max_length`): it completed early."""
+    searcher = searcher_of(experiment.config)
+    length = searcher.length() if searcher is not None else None
+    if searcher is None or searcher.name not in _ASHA or length is None:
         return False
     if trial.state != TrialState.COMPLETED.value or trial.message.startswith("InvalidHP"):
         return False
@@ -257,20 +243,22 @@ class Mirror:
             return None
         run = self._find_run(mlflow_id, "role", "search")
         if run is None:
-            searcher = experiment.config.get("searcher") or {}
+            searcher = searcher_of(experiment.config)
             run = self.client.create_run(
                 mlflow_id,
                 start_time=int(experiment.created_at * 1000),
                 tags={
                     f"{TAG}role": "search",
                     f"{TAG}experiment_id": str(experiment.id),
-                    f"{TAG}searcher": str(searcher.get("name", "")),
+                    f"{TAG}searcher": searcher.name if searcher is not None else "",
                     f"{TAG}searcher_metric": str(experiment.searcher_metric or ""),
                     f"{TAG}search_name": str(search.get("name", "")),
                 },
                 run_name=f"search {search.get('name') or experiment.id}",
             )
-            searcher_params = {f"searcher.{k}": v for k, v in flat(searcher).items()}
+            # The section as written (the model would add its defaults and retype values).
+            section = experiment.config["searcher"] if searcher is not None else {}
+            searcher_params = {f"searcher.{k}": v for k, v in flat(section).items()}
             self._log_params(run.info.run_id, searcher_params, {})
         return run
 
@@ -327,13 +315,13 @@ class Mirror:
         have_tags: dict[str, str] = dict(run.data.tags)
         self._log_params(run_id, flat(trial.hparams), dict(run.data.params))
         self._log_metrics(run_id, trial, have_tags)
-        searcher = experiment.config.get("searcher") or {}
+        searcher = searcher_of(experiment.config)
         tags = {
             f"{TAG}trial_id": str(trial.id),
             f"{TAG}experiment_id": str(experiment.id),
             f"{TAG}state": trial.state,
             f"{TAG}seed": "" if trial.seed is None else str(trial.seed),
-            f"{TAG}searcher": str(searcher.get("name", "")),
+            f"{TAG}searcher": searcher.name if searcher is not None else "",
             f"{TAG}batches_trained": str(trial.batches_trained),
             **(extra_tags or {}),
         }

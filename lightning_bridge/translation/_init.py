@@ -32,7 +32,14 @@ from lightning_bridge import _logging
 from lightning_bridge._errors import InvalidArgumentError, is_invalid_hp
 from lightning_bridge.checkpoint._bounded import check_expanded_size
 from lightning_bridge.checkpoint._code import snapshot as snapshot_code
-from lightning_bridge.contract._context import ConfigValues, PyTorchTrialContext, config_values
+from lightning_bridge.contract._context import (
+    ConfigValues,
+    PyTorchTrialContext,
+    close_tensorboard_writer,
+    config_values,
+    context_setup,
+    profiler_options,
+)
 from lightning_bridge.contract._determined_compat import is_determined_object
 from lightning_bridge.contract._distributed import DistributedContext
 from lightning_bridge.translation._engine_settings import EngineSettings
@@ -217,8 +224,7 @@ def init(
             raise SystemExit(0) from None
         raise
     finally:
-        if context._tb_writer is not None:
-            context._tb_writer.close()
+        close_tensorboard_writer(context)
         # A process group Lightning created for this run is torn down here: left to the
         # interpreter's exit, its communication threads can abort the process.
         if (
@@ -242,7 +248,7 @@ def checkpoint_dir(context: PyTorchTrialContext, explicit: Any) -> pathlib.Path:
     if explicit is not None:
         return pathlib.Path(explicit)
     host_dir = config_values(context).checkpoint_host_dir
-    return host_dir if host_dir is not None else context._run_dir / "checkpoints"
+    return host_dir if host_dir is not None else context_setup(context).run_dir / "checkpoints"
 
 
 def tensorboard_installed() -> bool:
@@ -260,7 +266,9 @@ def _loggers(context: PyTorchTrialContext) -> list[Any]:
     from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 
     if not tensorboard_installed():
-        return [CSVLogger(save_dir=str(context._run_dir), name="csv_logs", version="")]
+        return [
+            CSVLogger(save_dir=str(context_setup(context).run_dir), name="csv_logs", version="")
+        ]
     return [TensorBoardLogger(save_dir=str(context.get_tensorboard_path()), name="", version="")]
 
 
@@ -273,7 +281,7 @@ def _strategy(ctx: PyTorchTrialContext, strategy: Any) -> Any:
     DDP with "parameters that were not used". With several models, DDP is told to find them,
     so every backward all-reduces the gradients it produced, as the per-model wrappers did.
     """
-    processes = max(ctx._slots or ctx.distributed.size, 1)
+    processes = context_setup(ctx).processes
     if len(ctx.models) > 1 and processes > 1 and strategy in ("auto", "ddp"):
         from lightning.fabric.strategies import DDPStrategy
 
@@ -303,10 +311,11 @@ def _logger_setting(ctx: PyTorchTrialContext, value: Any) -> list[Any]:
 def _profiler(ctx: PyTorchTrialContext, value: Any, profiling_enabled: bool) -> Any:
     """Lightning's profiler for the fit: `set_profiler`'s PyTorch profiler, a profiler given in
     `trainer_kwargs`, or the simple one for `profiling_enabled`."""
-    if ctx._profiler_kwargs is not None:
+    options = profiler_options(ctx)
+    if options is not None:
         from lightning.pytorch.profilers import PyTorchProfiler
 
-        value = PyTorchProfiler(dirpath=str(ctx.get_tensorboard_path()), **ctx._profiler_kwargs)
+        value = PyTorchProfiler(dirpath=str(ctx.get_tensorboard_path()), **options)
     elif value is None and profiling_enabled:
         value = "simple"
     if isinstance(value, str):
@@ -329,7 +338,11 @@ def _profiler(ctx: PyTorchTrialContext, value: Any, profiling_enabled: bool) -> 
             )
         value = names[value]()
     if value is not None:
-        value.setup(stage="fit", local_rank=ctx.distributed.local_rank, log_dir=str(ctx._run_dir))
+        value.setup(
+            stage="fit",
+            local_rank=ctx.distributed.local_rank,
+            log_dir=str(context_setup(ctx).run_dir),
+        )
     return value
 
 

@@ -23,7 +23,12 @@ import torch
 from lightning_bridge.checkpoint._layout import EXTRAS_KEY, TrialState, write_checkpoint
 from lightning_bridge.checkpoint._models import check_count, entries, load_models
 from lightning_bridge.contract._callback import overrides
-from lightning_bridge.contract._context import PyTorchTrialContext
+from lightning_bridge.contract._context import (
+    PyTorchTrialContext,
+    checkpoint_configs,
+    context_setup,
+    trial_scaler,
+)
 
 logger = logging.getLogger("lightning_bridge")
 
@@ -85,7 +90,7 @@ def restore_rng_state(state: dict[str, Any]) -> None:
 
 
 def _scaler(module: PayloadSource) -> Any:
-    return module.context._scaler or module.gradient_scaler()
+    return trial_scaler(module.context) or module.gradient_scaler()
 
 
 def trial_payload(module: PayloadSource) -> dict[str, Any]:
@@ -108,7 +113,7 @@ def trial_payload(module: PayloadSource) -> dict[str, Any]:
 def _pending_gradients(module: PayloadSource) -> list[list[torch.Tensor | None]] | None:
     """Gradients accumulated towards an optimizer step that has not happened yet."""
     ctx = module.context
-    if module.state.batches_trained % ctx._aggregation_frequency == 0:
+    if module.state.batches_trained % context_setup(ctx).aggregation_frequency == 0:
         return None
     return [
         [None if p.grad is None else p.grad.detach().clone() for p in model.parameters()]
@@ -192,12 +197,12 @@ def prepare_save(module: PayloadSource, entries: dict[str, Any] | None = None) -
     for cb in module.trial_callbacks.values():
         cb.on_checkpoint_save_start(payload)
     payload[EXTRAS_KEY] = {**extras, **(entries or {})}
-    ctx = module.context
+    setup = context_setup(module.context)
     options: dict[str, Any] = {
-        "code_dir": ctx._code_dir,
+        "code_dir": setup.code_dir,
         # What the run writes into its folder is output, not code.
         "code_exclude": tuple(
-            ctx._run_dir / d for d in ("tensorboard", "csv_logs", "lightning_logs")
+            setup.run_dir / d for d in ("tensorboard", "csv_logs", "lightning_logs")
         ),
     }
     return PreparedSave(payload, state.to_dict(), _load_data(module), options)
@@ -226,12 +231,10 @@ def save_checkpoint(
 
 
 def _load_data(module: PayloadSource) -> dict[str, Any]:
-    ctx = module.context
     cls = type(module.trial)
     return {
         "trial_type": "PyTorchTrial",
-        "experiment_config": ctx._exp_conf if ctx._hparams is not None else None,
-        "hparams": ctx._hparams if ctx._exp_conf is not None else None,
+        **checkpoint_configs(module.context),
         "trial_cls_spec": f"{cls.__module__}:{cls.__qualname__}",
         "is_trainer": True,
     }
