@@ -42,13 +42,18 @@ from tests._slurm_cluster import (
     slurm_cluster_fixture,  # noqa: F401 - fixture
 )
 
-# The linear trial, sleeping `delay` seconds a batch; its __init__ also records its node's rank
-# and the trial's node addresses (`get_cluster_info()`) in init.RANK.json.
+# The linear trial, sleeping `delay` seconds a batch, and raising once at batch `fail_once_at`
+# (the first run of its folder: it leaves `failed-once` there); its __init__ also records its
+# node's rank and the trial's node addresses (`get_cluster_info()`) in init.RANK.json.
 SLOW_MODEL_DEF = (
     MODEL_DEF.replace("import signal\n", "import signal\nimport time\n\nimport determined\n")
     .replace(
         "        x, y = batch\n        loss = torch",
         "        time.sleep(self.context.get_hparams().get('delay', 0))\n"
+        "        if self.context.get_hparams().get('fail_once_at') == batch_idx:\n"
+        "            if not os.path.exists('failed-once'):\n"
+        "                open('failed-once', 'w').close()\n"
+        "                raise RuntimeError(f'deliberate failure at batch {batch_idx}')\n"
         "        x, y = batch\n        loss = torch",
     )
     .replace(
@@ -58,7 +63,7 @@ SLOW_MODEL_DEF = (
         "            seen += [info.container_rank, info.container_addrs]\n",
     )
 )
-assert SLOW_MODEL_DEF.count("determined.get_cluster_info") == 1 and "time.sleep" in SLOW_MODEL_DEF
+assert SLOW_MODEL_DEF.count("determined.get_cluster_info") == 1 and "failed-once" in SLOW_MODEL_DEF
 
 
 def _config(**changes: Any) -> dict[str, Any]:
@@ -409,6 +414,36 @@ def test_a_search_trial_whose_job_is_requeued_ends_with_the_same_weights(
     assert "The trial keeps its search trial" in (trial_dir / f"slurm-{first}.out").read_text()
     describe = lb("experiment", "describe", "1", "--workspace", str(ws), cwd=tmp_path).stdout
     assert f"slurm job {first} COMPLETED (requeued 1 times)" in describe, describe
+
+
+@pytest.mark.slurm
+def test_a_search_trial_that_fails_once_is_continued_by_its_requeued_job(
+    tmp_path: pathlib.Path,
+    slurm_cluster: SlurmCluster,
+    local_weights: dict[str, torch.Tensor],
+) -> None:
+    """`max_restarts: 1` in a search (one trial): the trial raises once, at its 12th batch
+    (after its checkpoint at batch 10). It keeps its search trial, its job requeues itself and
+    continues from that checkpoint: one job, requeued once, the uninterrupted weights, and the
+    search finishes with the trial completed."""
+    ws = tmp_path / "ws"
+    searcher = {**_config()["searcher"], "name": "random", "max_trials": 1}
+    hparams = {**_config()["hyperparameters"], "fail_once_at": 11}
+    config = _folder(tmp_path, _config(searcher=searcher, hyperparameters=hparams, max_restarts=1))
+    done = lb(*on_slurm(config, ws), cwd=tmp_path)
+    assert done.returncode == 0, _shown(done)
+    out = done.stdout + done.stderr
+    assert "finished, 1 trials in all" in out, out[-4000:]
+    started = [line for line in out.splitlines() if "bracket 0) " in line]  # submissions
+    assert len(started) == 1 and ") starts:" in started[0], out[-4000:]
+    _ends_as_uninterrupted(ws, local_weights, restarts=1)
+    job = _job(ws)
+    trial_dir = ws / "experiments/1/trials/1"
+    assert [p.name for p in trial_dir.glob("slurm-*.out")] == [f"slurm-{job.job_id}.out"]
+    output = pathlib.Path(job.output).read_text()
+    assert output.count("deliberate failure at batch 11") >= 1, output[-3000:]
+    said = f"The trial keeps its search trial: Slurm job {job.job_id} requeues itself after"
+    assert said in output, output[-3000:]
 
 
 @pytest.mark.slurm

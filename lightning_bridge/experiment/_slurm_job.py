@@ -25,7 +25,10 @@ three things of its own:
   pause`, the coordinator's Ctrl-C: SIGTERM without a restart) gives the trial back.
   Either signal during start-up (`experiment pause` of a trial still importing) waits until
   the fit catches SIGTERM: the trial stops after its first batch instead of dying unrecorded.
-  A trial that failed requeues the job while its restarts are under `max_restarts`.
+- A trial that failed requeues the job while its restarts are under `max_restarts`, and
+  the requeued job continues it from its latest checkpoint. A search's trial that failed so
+  keeps its search trial too (`continues_in_place`); only its last failure (no restarts
+  left) closes it as failed in the search.
 """
 
 from __future__ import annotations
@@ -205,15 +208,26 @@ def main(argv: list[str]) -> int:
         signal.signal(sig, on_signal)
     job_id = os.environ.get("SLURM_JOB_ID")
 
+    described = RunDescription.read(run_file)
+    max_restarts = int(described.raw_config.get("max_restarts", 5) or 0)
+
     def runs_again() -> str | None:
         if received == [signal.SIGUSR1]:  # this job requeues itself once the trial stopped
             return f"its time limit is near: Slurm job {job_id} requeues itself and continues it"
         return requeued_by_slurm(job_id, restarts)
 
-    if RunDescription.read(run_file).search is not None:
+    def runs_again_after_failure() -> str | None:
+        if not job_id or restarts >= max_restarts:
+            return None
+        return (
+            f"Slurm job {job_id} requeues itself after the failure (restart {restarts + 1} "
+            f"of max_restarts {max_restarts}) and continues it"
+        )
+
+    if described.search is not None:
         from lightning_bridge.translation._search_report import continues_in_place
 
-        continues_in_place(runs_again)
+        continues_in_place(runs_again, runs_again_after_failure)
     from lightning_bridge.experiment._cli import main as cli
 
     try:
@@ -228,10 +242,9 @@ def main(argv: list[str]) -> int:
     assert run.record is not None
     with Registry(run.record.workspace) as registry:
         state = registry.trial(run.record.trial_id).state
-    max_restarts = int(run.raw_config.get("max_restarts", 5) or 0)
     if received == [signal.SIGUSR1] and state == TrialState.STOPPED.value:
         _requeue("its time limit is near: the trial checkpointed")
-    elif code != 0 and restarts < max_restarts:
+    elif code != 0 and runs_again_after_failure() is not None:
         _requeue(f"the trial failed; restart {restarts + 1} of max_restarts {max_restarts}")
     return code
 
