@@ -16,6 +16,12 @@ three things of its own:
   once with a message naming it (`UNREACHABLE`), which the coordinator shows; it stops
   submitting (`SlurmLauncher.unreachable`). A requeued job's run description is rewritten
   there too, so no task of a job across nodes reads it before.
+- A job across nodes runs the folder's `startup-hook.sh` there too, once, in the working
+  directory every task shares, and writes what it exported to `HOOK_ENV` (beside the run
+  description) for the batch shell to source: `srun` hands that environment to every task,
+  on every node, and no task runs the hook again. (A hook run by each node's first task would
+  run on every node at once in the one shared working copy, and the node's other tasks,
+  started by `srun` rather than by that task, would not see its exports.)
 - SIGUSR1 (sbatch `--signal`, before the time limit) stops the trial as SIGTERM does (finish
   the batch, checkpoint) and then requeues the job, which continues from that checkpoint.
 - A search's trial stopped because its job is requeued (the time limit's signal above, or
@@ -36,6 +42,8 @@ from __future__ import annotations
 import dataclasses
 import os
 import pathlib
+import re
+import shlex
 import signal
 import socket
 import subprocess
@@ -47,7 +55,7 @@ from typing import Any
 
 from lightning_bridge._errors import BridgeError
 from lightning_bridge.experiment._checkpoints import fetch, settle_checkpoints
-from lightning_bridge.experiment._slurm import UNREACHABLE, job_info
+from lightning_bridge.experiment._slurm import HOOK_ENV, UNREACHABLE, job_info
 from lightning_bridge.record._registry import Registry
 from lightning_bridge.record._schema import TrialState
 from lightning_bridge.record._settings import WorkspaceSettings
@@ -55,6 +63,7 @@ from lightning_bridge.record._workspace import Workspace
 from lightning_bridge.translation._run_description import RunDescription
 
 EXIT_UNREACHABLE = 3
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def unreachable(run: RunDescription) -> str | None:
@@ -181,10 +190,33 @@ def before_training(run_file: pathlib.Path, restarts: int) -> int:
     return 0
 
 
+def run_hook_for_tasks(run_file: pathlib.Path) -> int:
+    """The batch shell's run of the startup hook (in its working directory, the tasks'):
+    its exports written to `HOOK_ENV` as `export` lines, with `RAN_ENV`; 0, or the hook's
+    exit code when it failed (the job ends: no task starts)."""
+    from lightning_bridge._logging import configure
+    from lightning_bridge.experiment._child import EntrypointFailed
+    from lightning_bridge.experiment._startup_hook import RAN_ENV, hook_exports
+
+    configure(RunDescription.read(run_file).log_file)  # the hook's output: the trial's log
+    try:
+        exports = hook_exports(pathlib.Path.cwd(), os.environ)
+    except EntrypointFailed as exc:
+        print(f"lightning-bridge: error: {exc}", file=sys.stderr, flush=True)
+        return exc.code if exc.code > 0 else 1
+    lines = [
+        f"export {k}={shlex.quote(v)}" for k, v in sorted(exports.items()) if _NAME.fullmatch(k)
+    ]
+    lines.append(f"export {RAN_ENV}=1")
+    run_file.with_name(HOOK_ENV).write_text("\n".join(lines) + "\n")
+    return 0
+
+
 def main(argv: list[str]) -> int:
     restarts = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
     if argv[0] == "--before-tasks":  # the batch shell of a job across nodes
-        return before_training(pathlib.Path(argv[1]).resolve(), restarts)
+        run_file = pathlib.Path(argv[1]).resolve()
+        return before_training(run_file, restarts) or run_hook_for_tasks(run_file)
     run_file = pathlib.Path(argv[0]).resolve()
     if os.environ.get("SLURM_NTASKS", "1") == "1":
         for name in ("SLURM_NTASKS", "SLURM_NPROCS"):
