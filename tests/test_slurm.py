@@ -12,6 +12,7 @@ import copy
 import json
 import os
 import pathlib
+import shlex
 import signal
 import subprocess
 import sys
@@ -42,23 +43,30 @@ from tests._slurm_cluster import (
     slurm_cluster_fixture,  # noqa: F401 - fixture
 )
 
-# The linear trial, sleeping `delay` seconds a batch; its __init__ also records its node's rank
-# and the trial's node addresses (`get_cluster_info()`) in init.RANK.json.
+# The linear trial, sleeping `delay` seconds a batch, and raising once at batch `fail_once_at`
+# (the first run of its folder: it leaves `failed-once` there); its __init__ also records its
+# node's rank, the trial's node addresses (`get_cluster_info()`) and the variable FROM_HOOK (a
+# startup hook's export) in init.RANK.json.
 SLOW_MODEL_DEF = (
     MODEL_DEF.replace("import signal\n", "import signal\nimport time\n\nimport determined\n")
     .replace(
         "        x, y = batch\n        loss = torch",
         "        time.sleep(self.context.get_hparams().get('delay', 0))\n"
+        "        if self.context.get_hparams().get('fail_once_at') == batch_idx:\n"
+        "            if not os.path.exists('failed-once'):\n"
+        "                open('failed-once', 'w').close()\n"
+        "                raise RuntimeError(f'deliberate failure at batch {batch_idx}')\n"
         "        x, y = batch\n        loss = torch",
     )
     .replace(
         "            seen += [d.get_cross_rank(), d.get_cross_size()]\n",
         "            seen += [d.get_cross_rank(), d.get_cross_size()]\n"
         "            info = determined.get_cluster_info()\n"
-        "            seen += [info.container_rank, info.container_addrs]\n",
+        "            seen += [info.container_rank, info.container_addrs]\n"
+        "            seen.append(os.environ.get('FROM_HOOK'))\n",
     )
 )
-assert SLOW_MODEL_DEF.count("determined.get_cluster_info") == 1 and "time.sleep" in SLOW_MODEL_DEF
+assert SLOW_MODEL_DEF.count("determined.get_cluster_info") == 1 and "failed-once" in SLOW_MODEL_DEF
 
 
 def _config(**changes: Any) -> dict[str, Any]:
@@ -258,6 +266,42 @@ def test_refused_without_sbatch(tmp_path: pathlib.Path, capsys: pytest.CaptureFi
     assert not (tmp_path / "ws").exists()  # nothing recorded
 
 
+def test_a_job_across_nodes_runs_the_startup_hook_in_its_batch_shell(
+    tmp_path: pathlib.Path,
+) -> None:
+    """The step a job across nodes runs in its batch shell before `srun` runs the folder's
+    hook once and leaves its exports for the batch shell to source (any value, quoted); the
+    tasks then do not run it again. A failing hook ends that step with its exit code."""
+    from lightning_bridge.experiment._slurm import HOOK_ENV
+    from lightning_bridge.experiment._startup_hook import RAN_ENV
+    from lightning_bridge.translation._run_description import RunDescription
+
+    run_file = tmp_path / "trial" / "run.json"
+    run_file.parent.mkdir()
+    RunDescription().write(run_file)
+    odd = 'it\'s a "value"\non two lines $HOME'
+    hook = f"echo ran >> runs.txt\nexport FROM_HOOK={shlex.quote(odd)}\n"
+    (tmp_path / "startup-hook.sh").write_text(hook)
+    step = [sys.executable, "-m", "lightning_bridge.experiment._slurm_job", "--before-tasks"]
+    env = {k: v for k, v in _env().items() if not k.startswith("SLURM_")}
+    done = subprocess.run(
+        [*step, str(run_file)], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert "startup-hook.sh: ++ echo ran" in done.stderr  # its output, in the job's
+    shell = f"source {shlex.quote(str(run_file.with_name(HOOK_ENV)))}; env -0"
+    sourced = subprocess.run(["bash", "-c", shell], env=env, capture_output=True, check=True)
+    seen = dict(item.split("=", 1) for item in sourced.stdout.decode().split("\0") if item)
+    assert seen["FROM_HOOK"] == odd and seen[RAN_ENV] == "1"
+    assert (tmp_path / "runs.txt").read_text() == "ran\n"
+
+    (tmp_path / "startup-hook.sh").write_text("exit 7\n")
+    done = subprocess.run(
+        [*step, str(run_file)], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 7 and "startup-hook.sh failed with exit code 7" in done.stderr
+
+
 # ----- on the test cluster -----
 
 
@@ -271,9 +315,14 @@ def test_two_node_trial_equals_its_two_process_single_node_run(
     """The 2-node job is also signalled mid-trial as its time limit's `--signal=B:USR1` does
     (only its batch shell, which `exec`s srun): srun passes SIGUSR1 on to both tasks, the trial
     checkpoints at its batch, the job requeues itself and both tasks continue from that
-    checkpoint, to the weights and validations of the uninterrupted single-node run."""
+    checkpoint, to the weights and validations of the uninterrupted single-node run. The
+    folder's startup hook runs once per run of the trial (in the job's batch shell: once per
+    run of the job, not once per node) and every rank sees what it exports."""
     config = _config(resources={"slots_per_trial": 2}, slurm={"slots_per_node": 1})
     path = _folder(tmp_path, config)
+    hook = 'echo ran >> hook-runs.txt\nexport FROM_HOOK="from the hook"\n'
+    (path.parent / "startup-hook.sh").write_text(hook)
+    runs = path.parent / "hook-runs.txt"
     results = {}
     for launcher in ("local", "slurm"):
         ws = tmp_path / f"ws-{launcher}"
@@ -297,8 +346,10 @@ def test_two_node_trial_equals_its_two_process_single_node_run(
         with Registry(ws) as registry:
             results[launcher] = registry.metrics(1, "validation")
         seen = [json.loads((path.parent / f"init.{r}.json").read_text()) for r in (0, 1)]
+        exported = "from the hook"
         if launcher == "local":  # one node: node rank 0 and one address for both processes
-            assert [s[6:] for s in seen] == [[0, ["127.0.0.1"]], [0, ["127.0.0.1"]]]
+            assert [s[6:] for s in seen] == [[0, ["127.0.0.1"], exported]] * 2
+            assert runs.read_text().split() == ["ran"]  # once, for both processes
         if launcher == "slurm":
             job = _job(ws)
             script = (ws / "experiments/1/trials/1/job.sh").read_text()
@@ -309,7 +360,8 @@ def test_two_node_trial_equals_its_two_process_single_node_run(
             # test nodes have 127.0.0.1) in node-rank order.
             assert [s[:2] for s in seen] == [[0, 2], [1, 2]]
             addrs = ["127.0.0.1", "127.0.0.1"]
-            assert [s[6:] for s in seen] == [[0, addrs], [1, addrs]]
+            assert [s[6:] for s in seen] == [[0, addrs, exported], [1, addrs, exported]]
+            assert runs.read_text().split() == ["ran"] * 3  # and once per run of the job
         results[launcher + "-weights"] = _final_weights(ws)  # type: ignore[assignment]
     _same(results["local-weights"], results["slurm-weights"])  # type: ignore[arg-type]
     assert [m.values for m in results["local"]] == [m.values for m in results["slurm"]]
@@ -409,6 +461,36 @@ def test_a_search_trial_whose_job_is_requeued_ends_with_the_same_weights(
     assert "The trial keeps its search trial" in (trial_dir / f"slurm-{first}.out").read_text()
     describe = lb("experiment", "describe", "1", "--workspace", str(ws), cwd=tmp_path).stdout
     assert f"slurm job {first} COMPLETED (requeued 1 times)" in describe, describe
+
+
+@pytest.mark.slurm
+def test_a_search_trial_that_fails_once_is_continued_by_its_requeued_job(
+    tmp_path: pathlib.Path,
+    slurm_cluster: SlurmCluster,
+    local_weights: dict[str, torch.Tensor],
+) -> None:
+    """`max_restarts: 1` in a search (one trial): the trial raises once, at its 12th batch
+    (after its checkpoint at batch 10). It keeps its search trial, its job requeues itself and
+    continues from that checkpoint: one job, requeued once, the uninterrupted weights, and the
+    search finishes with the trial completed."""
+    ws = tmp_path / "ws"
+    searcher = {**_config()["searcher"], "name": "random", "max_trials": 1}
+    hparams = {**_config()["hyperparameters"], "fail_once_at": 11}
+    config = _folder(tmp_path, _config(searcher=searcher, hyperparameters=hparams, max_restarts=1))
+    done = lb(*on_slurm(config, ws), cwd=tmp_path)
+    assert done.returncode == 0, _shown(done)
+    out = done.stdout + done.stderr
+    assert "finished, 1 trials in all" in out, out[-4000:]
+    started = [line for line in out.splitlines() if "bracket 0) " in line]  # submissions
+    assert len(started) == 1 and ") starts:" in started[0], out[-4000:]
+    _ends_as_uninterrupted(ws, local_weights, restarts=1)
+    job = _job(ws)
+    trial_dir = ws / "experiments/1/trials/1"
+    assert [p.name for p in trial_dir.glob("slurm-*.out")] == [f"slurm-{job.job_id}.out"]
+    output = pathlib.Path(job.output).read_text()
+    assert output.count("deliberate failure at batch 11") >= 1, output[-3000:]
+    said = f"The trial keeps its search trial: Slurm job {job.job_id} requeues itself after"
+    assert said in output, output[-3000:]
 
 
 @pytest.mark.slurm

@@ -48,6 +48,9 @@ POLL_S = 1.0
 # The line a job that cannot reach a shared service ends with, in its output (`_slurm_job`).
 UNREACHABLE = "lightning-bridge: error: unreachable from node"
 _TIMEOUT_S = 60
+# What the startup hook exported, written by a job across nodes for its batch shell to source
+# before `srun` (`_slurm_job`), beside the run description.
+HOOK_ENV = "startup-hook.env"
 
 
 class SlurmRefused(InvalidArgumentError):
@@ -280,8 +283,10 @@ class SlurmLauncher(Launcher):
                 'MASTER_ADDR="${addrs[0]}"',
                 f"export MASTER_ADDR {NODE_ADDRS_ENV}",
                 # Before any task reads the run description: its services checked, and a
-                # requeued job's description names the trial's latest checkpoint.
+                # requeued job's description names the trial's latest checkpoint. The startup
+                # hook runs here, once: srun gives every task the environment it exported.
                 f"{shlex.join([*command[:-1], '--before-tasks', command[-1]])} || exit $?",
+                f"source {shlex.quote(str(trial.run_file.with_name(HOOK_ENV)))}",
                 f"exec srun --kill-on-bad-exit=1 {shlex.join(command)}",
             ]
         script.write_text("\n".join(lines) + "\n")

@@ -16,6 +16,12 @@ three things of its own:
   once with a message naming it (`UNREACHABLE`), which the coordinator shows; it stops
   submitting (`SlurmLauncher.unreachable`). A requeued job's run description is rewritten
   there too, so no task of a job across nodes reads it before.
+- A job across nodes runs the folder's `startup-hook.sh` there too, once, in the working
+  directory every task shares, and writes what it exported to `HOOK_ENV` (beside the run
+  description) for the batch shell to source: `srun` hands that environment to every task,
+  on every node, and no task runs the hook again. (A hook run by each node's first task would
+  run on every node at once in the one shared working copy, and the node's other tasks,
+  started by `srun` rather than by that task, would not see its exports.)
 - SIGUSR1 (sbatch `--signal`, before the time limit) stops the trial as SIGTERM does (finish
   the batch, checkpoint) and then requeues the job, which continues from that checkpoint.
 - A search's trial stopped because its job is requeued (the time limit's signal above, or
@@ -25,7 +31,10 @@ three things of its own:
   pause`, the coordinator's Ctrl-C: SIGTERM without a restart) gives the trial back.
   Either signal during start-up (`experiment pause` of a trial still importing) waits until
   the fit catches SIGTERM: the trial stops after its first batch instead of dying unrecorded.
-  A trial that failed requeues the job while its restarts are under `max_restarts`.
+- A trial that failed requeues the job while its restarts are under `max_restarts`, and
+  the requeued job continues it from its latest checkpoint. A search's trial that failed so
+  keeps its search trial too (`continues_in_place`); only its last failure (no restarts
+  left) closes it as failed in the search.
 """
 
 from __future__ import annotations
@@ -33,6 +42,8 @@ from __future__ import annotations
 import dataclasses
 import os
 import pathlib
+import re
+import shlex
 import signal
 import socket
 import subprocess
@@ -44,7 +55,7 @@ from typing import Any
 
 from lightning_bridge._errors import BridgeError
 from lightning_bridge.experiment._checkpoints import fetch, settle_checkpoints
-from lightning_bridge.experiment._slurm import UNREACHABLE, job_info
+from lightning_bridge.experiment._slurm import HOOK_ENV, UNREACHABLE, job_info
 from lightning_bridge.record._registry import Registry
 from lightning_bridge.record._schema import TrialState
 from lightning_bridge.record._settings import WorkspaceSettings
@@ -52,6 +63,7 @@ from lightning_bridge.record._workspace import Workspace
 from lightning_bridge.translation._run_description import RunDescription
 
 EXIT_UNREACHABLE = 3
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def unreachable(run: RunDescription) -> str | None:
@@ -178,10 +190,33 @@ def before_training(run_file: pathlib.Path, restarts: int) -> int:
     return 0
 
 
+def run_hook_for_tasks(run_file: pathlib.Path) -> int:
+    """The batch shell's run of the startup hook (in its working directory, the tasks'):
+    its exports written to `HOOK_ENV` as `export` lines, with `RAN_ENV`; 0, or the hook's
+    exit code when it failed (the job ends: no task starts)."""
+    from lightning_bridge._logging import configure
+    from lightning_bridge.experiment._child import EntrypointFailed
+    from lightning_bridge.experiment._startup_hook import RAN_ENV, hook_exports
+
+    configure(RunDescription.read(run_file).log_file)  # the hook's output: the trial's log
+    try:
+        exports = hook_exports(pathlib.Path.cwd(), os.environ)
+    except EntrypointFailed as exc:
+        print(f"lightning-bridge: error: {exc}", file=sys.stderr, flush=True)
+        return exc.code if exc.code > 0 else 1
+    lines = [
+        f"export {k}={shlex.quote(v)}" for k, v in sorted(exports.items()) if _NAME.fullmatch(k)
+    ]
+    lines.append(f"export {RAN_ENV}=1")
+    run_file.with_name(HOOK_ENV).write_text("\n".join(lines) + "\n")
+    return 0
+
+
 def main(argv: list[str]) -> int:
     restarts = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
     if argv[0] == "--before-tasks":  # the batch shell of a job across nodes
-        return before_training(pathlib.Path(argv[1]).resolve(), restarts)
+        run_file = pathlib.Path(argv[1]).resolve()
+        return before_training(run_file, restarts) or run_hook_for_tasks(run_file)
     run_file = pathlib.Path(argv[0]).resolve()
     if os.environ.get("SLURM_NTASKS", "1") == "1":
         for name in ("SLURM_NTASKS", "SLURM_NPROCS"):
@@ -205,15 +240,26 @@ def main(argv: list[str]) -> int:
         signal.signal(sig, on_signal)
     job_id = os.environ.get("SLURM_JOB_ID")
 
+    described = RunDescription.read(run_file)
+    max_restarts = int(described.raw_config.get("max_restarts", 5) or 0)
+
     def runs_again() -> str | None:
         if received == [signal.SIGUSR1]:  # this job requeues itself once the trial stopped
             return f"its time limit is near: Slurm job {job_id} requeues itself and continues it"
         return requeued_by_slurm(job_id, restarts)
 
-    if RunDescription.read(run_file).search is not None:
+    def runs_again_after_failure() -> str | None:
+        if not job_id or restarts >= max_restarts:
+            return None
+        return (
+            f"Slurm job {job_id} requeues itself after the failure (restart {restarts + 1} "
+            f"of max_restarts {max_restarts}) and continues it"
+        )
+
+    if described.search is not None:
         from lightning_bridge.translation._search_report import continues_in_place
 
-        continues_in_place(runs_again)
+        continues_in_place(runs_again, runs_again_after_failure)
     from lightning_bridge.experiment._cli import main as cli
 
     try:
@@ -228,10 +274,9 @@ def main(argv: list[str]) -> int:
     assert run.record is not None
     with Registry(run.record.workspace) as registry:
         state = registry.trial(run.record.trial_id).state
-    max_restarts = int(run.raw_config.get("max_restarts", 5) or 0)
     if received == [signal.SIGUSR1] and state == TrialState.STOPPED.value:
         _requeue("its time limit is near: the trial checkpointed")
-    elif code != 0 and restarts < max_restarts:
+    elif code != 0 and runs_again_after_failure() is not None:
         _requeue(f"the trial failed; restart {restarts + 1} of max_restarts {max_restarts}")
     return code
 

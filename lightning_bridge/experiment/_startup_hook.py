@@ -4,7 +4,9 @@ As on Determined, bash sources the hook in the context directory with `set -e` (
 failing command stops it) and `set -x` (each command is echoed), so what it exports reaches
 the entrypoint. Its output goes to the trial's log line by line; a failure stops the trial
 with the hook's exit code before anything trains. It runs once per trial and machine: the
-processes a launcher starts for the other ranks inherit its environment.
+processes a launcher starts for the other ranks inherit its environment. A Slurm job across
+nodes runs it once, in its batch shell before `srun` starts the tasks (`hook_exports`), and
+every task gets what it exported from `srun` (`RAN_ENV` tells the task not to run it again).
 """
 
 from __future__ import annotations
@@ -22,6 +24,10 @@ from lightning_bridge.experiment._child import EntrypointFailed
 logger = logging.getLogger("lightning_bridge")
 
 HOOK = "startup-hook.sh"
+
+# Set in a process whose hook already ran for it (a Slurm job's batch shell ran it): the
+# process has the hook's environment and does not run it again.
+RAN_ENV = "LIGHTNING_BRIDGE_STARTUP_HOOK_RAN"
 
 # Variables bash itself sets in the environment it exports: not the hook's doing.
 _SHELL_OWN = frozenset({"_", "SHLVL", "PWD", "OLDPWD"})
@@ -76,12 +82,21 @@ def run_startup_hook(context_dir: pathlib.Path, env: Mapping[str, str]) -> dict[
         return _parse_env(env_file.read_bytes())
 
 
+def hook_exports(context_dir: pathlib.Path, env: Mapping[str, str]) -> dict[str, str]:
+    """Run the hook (if there is one) under `env`; the variables it set or changed."""
+    after = run_startup_hook(context_dir, env)
+    if after is None:
+        return {}
+    return {k: v for k, v in after.items() if k not in _SHELL_OWN and env.get(k) != v}
+
+
 @contextmanager
 def startup_hook_environment(context_dir: pathlib.Path) -> Iterator[None]:
     """Run the hook with this process's environment and apply the variables it exported for
     the duration (the entrypoint, in this process or started from it, sees it); restored after.
-    Only the first process of a machine runs it (LOCAL_RANK 0): the others inherit it."""
-    if int(os.environ.get("LOCAL_RANK", "0") or 0) != 0:
+    Only the first process of a machine runs it (LOCAL_RANK 0): the others inherit it. Nor does
+    a process whose environment the hook already made (`RAN_ENV`)."""
+    if int(os.environ.get("LOCAL_RANK", "0") or 0) != 0 or os.environ.get(RAN_ENV):
         yield
         return
     after = run_startup_hook(context_dir, os.environ)

@@ -16,7 +16,9 @@ itself, so the worker that started it has nothing to relay:
   it: it resumes from its checkpoint), failed, or ended by InvalidHP (the searcher replaces it
   where Determined's does). A trial stopped by a signal keeps its search trial instead of
   giving it back when the job that runs it will run it again itself (a Slurm job being
-  requeued: `continues_in_place`), so that no other job is started for it.
+  requeued: `continues_in_place`), so that no other job is started for it; so does a trial
+  that failed while its job has restarts left (`max_restarts`): only its last failure closes
+  it as failed.
 """
 
 from __future__ import annotations
@@ -43,25 +45,31 @@ _UNITS = ("batches", "epochs", "records")
 
 # Set by the job that runs this process's trial (`continues_in_place`).
 _continues: Callable[[], str | None] | None = None
+_continues_after_failure: Callable[[], str | None] | None = None
 
 
-def continues_in_place(check: Callable[[], str | None] | None) -> None:
+def continues_in_place(
+    check: Callable[[], str | None] | None,
+    after_failure: Callable[[], str | None] | None = None,
+) -> None:
     """Whether this process's job will run the trial again itself after a signal stopped it:
     `check` answers, once the trial has checkpointed, with the reason (a Slurm job being
     requeued) or None. The trial then keeps its search trial (still running in the search,
     under the same pull) instead of giving it back, and the job, run again, continues it from
     its checkpoint. Without a check (None), or when it answers None or fails, the trial is
-    given back, as a pause gives it back."""
-    global _continues
-    _continues = check
+    given back, as a pause gives it back. `after_failure` answers the same once the trial
+    failed (the job requeues itself while it has restarts left): the trial keeps its search
+    trial instead of closing it as failed; None, or no answer, closes it."""
+    global _continues, _continues_after_failure
+    _continues, _continues_after_failure = check, after_failure
 
 
-def _continued_by() -> str | None:
-    if _continues is None:
+def _continued_by(check: Callable[[], str | None] | None) -> str | None:
+    if check is None:
         return None
     try:
-        return _continues()
-    except Exception as exc:  # noqa: BLE001 - a trial given back is never lost
+        return check()
+    except Exception as exc:  # noqa: BLE001 - a trial given back (or failed) is never lost
         logger.warning("Could not tell whether the job runs the trial again: %s", exc)
         return None
 
@@ -187,7 +195,7 @@ class SearchReport(FitObserver):
         searcher stopped it (completed), or it asked to stop on its own (`stopped_early`: an
         early exit to the searcher)."""
         if preempted and not self.stopped:
-            reason = _continued_by()
+            reason = _continued_by(_continues)
             if reason is not None:
                 logger.info("The trial keeps its search trial: %s", reason)
                 self._reports.write("the trial's claim", lambda: self.driver.heartbeat(self.trial))
@@ -201,11 +209,15 @@ class SearchReport(FitObserver):
         self._reports.flush()
 
     def failed(self, exc: BaseException) -> None:
-        """The fit raised `exc`: InvalidHP, an interrupt (given back) or an error."""
+        """The fit raised `exc`: InvalidHP, an interrupt (given back) or an error (failed in
+        the search, unless its job runs it again: `continues_in_place`)."""
+        invalid_hp = is_invalid_hp(exc)
         if isinstance(exc, KeyboardInterrupt):
             self._reports.write("the trial's end", lambda: self.driver.pause(self.trial))
+        elif not invalid_hp and (reason := _continued_by(_continues_after_failure)) is not None:
+            logger.info("The trial keeps its search trial: %s", reason)
+            self._reports.write("the trial's claim", lambda: self.driver.heartbeat(self.trial))
         else:
-            invalid_hp = is_invalid_hp(exc)
             self._reports.write(
                 "the trial's end", lambda: self.driver.fail(self.trial, invalid_hp=invalid_hp)
             )
