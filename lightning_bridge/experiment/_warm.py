@@ -45,7 +45,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import IO, Any, Protocol
 
-from lightning_bridge._process import exit_now
+from lightning_bridge._process import exit_now, pid_alive
 
 logger = logging.getLogger("lightning_bridge")
 
@@ -321,7 +321,7 @@ class WarmStarter:
             self._trials.clear()
         for trial in left:
             pid = trial._pid
-            while pid is not None and _alive(pid):
+            while pid is not None and pid_alive(pid):
                 time.sleep(0.1)
             if trial.returncode is None:
                 trial._set_code(1)
@@ -339,16 +339,6 @@ class WarmStarter:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 # ----- the warm process -----

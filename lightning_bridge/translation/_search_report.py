@@ -197,8 +197,7 @@ class SearchReport(FitObserver):
         if preempted and not self.stopped:
             reason = _continued_by(_continues)
             if reason is not None:
-                logger.info("The trial keeps its search trial: %s", reason)
-                self._reports.write("the trial's claim", lambda: self.driver.heartbeat(self.trial))
+                self._keep(reason)
             else:
                 self._reports.write("the trial's end", lambda: self.driver.pause(self.trial))
         else:  # trained to its end, or the searcher stopped it (nothing left to resume)
@@ -208,6 +207,12 @@ class SearchReport(FitObserver):
             )
         self._reports.flush()
 
+    def _keep(self, reason: str) -> None:
+        """The trial's job runs it again (`continues_in_place`): it stays this trial's, alive
+        in the search, instead of being given back or failed."""
+        logger.info("The trial keeps its search trial: %s", reason)
+        self._reports.write("the trial's claim", lambda: self.driver.heartbeat(self.trial))
+
     def failed(self, exc: BaseException) -> None:
         """The fit raised `exc`: InvalidHP, an interrupt (given back) or an error (failed in
         the search, unless its job runs it again: `continues_in_place`)."""
@@ -215,8 +220,7 @@ class SearchReport(FitObserver):
         if isinstance(exc, KeyboardInterrupt):
             self._reports.write("the trial's end", lambda: self.driver.pause(self.trial))
         elif not invalid_hp and (reason := _continued_by(_continues_after_failure)) is not None:
-            logger.info("The trial keeps its search trial: %s", reason)
-            self._reports.write("the trial's claim", lambda: self.driver.heartbeat(self.trial))
+            self._keep(reason)
         else:
             self._reports.write(
                 "the trial's end", lambda: self.driver.fail(self.trial, invalid_hp=invalid_hp)
