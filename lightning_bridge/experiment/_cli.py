@@ -97,6 +97,7 @@ def _run(args: argparse.Namespace, from_command_line: bool) -> int:
         accelerator=args.accelerator,
         tracking_uri=args.tracking_uri,
         launcher=launcher_name,
+        worker_jobs=args.worker_jobs,
     )
     if not options.test_mode:  # a search runs its trials (test mode trains its first one)
         from lightning_bridge.experiment._search import run_search
@@ -106,6 +107,11 @@ def _run(args: argparse.Namespace, from_command_line: bool) -> int:
             return searched
     try:
         plan = _runner.prepare(args.config, args.context_dir, options)
+        if options.worker_jobs is not None:
+            raise InvalidArgumentError(
+                "--worker-jobs runs a search's trials in Slurm worker jobs, and this run "
+                "trains one trial (a single searcher, or --test); leave --worker-jobs out"
+            )
         warning = _runner.unused_warning(plan)
         # Loaded after the config checks, so a config error answers at once.
         from lightning_bridge.experiment import _experiments

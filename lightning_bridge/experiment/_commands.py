@@ -246,9 +246,15 @@ def experiment_continue(args: argparse.Namespace) -> int:
             from lightning_bridge.experiment._search import continue_search
 
             launcher = getattr(args, "launcher", None)
-            return continue_search(registry, args.id, float(args.lost_after), launcher)
+            worker_jobs = getattr(args, "worker_jobs", None)
+            return continue_search(registry, args.id, float(args.lost_after), launcher, worker_jobs)
         from lightning_bridge.experiment._launchers import launcher_for
 
+        if getattr(args, "worker_jobs", None) is not None:
+            raise InvalidArgumentError(
+                f"--worker-jobs runs a search's trials in Slurm worker jobs, and experiment "
+                f"{args.id} is not a search; leave --worker-jobs out"
+            )
         recorded = registry.experiment(args.id).options.get("launcher")
         launcher = launcher_for(getattr(args, "launcher", None) or recorded)
         launcher.check_record(registry.workspace)
@@ -282,6 +288,7 @@ def _stop_trials(args: argparse.Namespace, kill: bool) -> int:
 
     verb = "killed" if kill else "paused"
     done = []
+    signalled: set[str] = set()  # a search's worker job runs several trials: signalled once
     with open_registry(args) as registry:
         registry.reconcile()
         registry.experiment(args.id)
@@ -305,8 +312,10 @@ def _stop_trials(args: argparse.Namespace, kill: bool) -> int:
                     signal_job(job.job_id, None)
                     where = f"Slurm job {job.job_id}, pending: cancelled"
                 else:
-                    signal_job(job.job_id, None if kill else signal.SIGTERM)
+                    if job.job_id not in signalled:
+                        signal_job(job.job_id, None if kill else signal.SIGTERM)
                     where = f"Slurm job {job.job_id}"
+                signalled.add(job.job_id)
             elif trial.state == TrialState.ACTIVE.value and trial.pid is not None:
                 if trial.host != socket.gethostname() or not pid_alive(trial.pid):
                     continue

@@ -96,6 +96,7 @@ def _add_run(commands: Any, common: argparse.ArgumentParser) -> None:
         help="run more processes than CPU cores (oversubscribed) without asking",
     )
     _launcher_option(run, "the workspace's launcher setting (workspace.json), else local")
+    _worker_jobs_option(run, "one job per trial")
     _search_options(run)
     _tracking_option(run)
     run.set_defaults(handler="run")
@@ -121,6 +122,18 @@ def _launcher_option(parser: argparse.ArgumentParser, default: str) -> None:
         default=None,
         help="where trials run: local (processes on this machine) or slurm (one sbatch job "
         f"per trial; docs/cluster.md); default: {default}",
+    )
+
+
+def _worker_jobs_option(parser: argparse.ArgumentParser, default: str) -> None:
+    parser.add_argument(
+        "--worker-jobs",
+        type=int,
+        default=None,
+        metavar="N",
+        help="with --launcher slurm, run a search's trials in N long-running Slurm jobs, each "
+        "sized for one trial and starting its trials from a warm process (about a second "
+        f"each) instead of a new job per trial (docs/cluster.md); default: {default}",
     )
 
 
@@ -197,6 +210,7 @@ def _add_record_commands(commands: Any, common: argparse.ArgumentParser) -> None
         help="a search's trial not heard of for this long is given to another worker",
     )
     _launcher_option(cont, "the experiment's own")
+    _worker_jobs_option(cont, "the experiment's own")
     cont.set_defaults(handler="continue")
     plot = verbs.add_parser(
         "plot", parents=parents, help="write a PNG of each trial's training and validation curves"

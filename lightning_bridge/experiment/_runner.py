@@ -65,6 +65,9 @@ class Options:
     tracking_uri: str | None = None
     launcher: str = "local"  # where trials run (`_launcher`)
     num_nodes: int | None = None  # a trial across nodes: `devices` processes on each
+    # A search on Slurm: its trials run in this many long-running worker jobs
+    # (`_slurm_workers`), each forking them from a warm process; None: a job per trial.
+    worker_jobs: int | None = None
 
     @classmethod
     def from_record(cls, recorded: dict[str, Any]) -> Options:

@@ -35,6 +35,7 @@ from lightning_bridge.experiment._experiments import (
 from lightning_bridge.experiment._launchers import launcher_for
 from lightning_bridge.experiment._search_run import SearchRun, SearchStorageUnavailable
 from lightning_bridge.experiment._search_storage import check_search_storage
+from lightning_bridge.experiment._slurm_workers import WorkerJobs, check_worker_jobs
 from lightning_bridge.experiment._source import warm_start_source
 from lightning_bridge.experiment._summary import checkpoint_line, format_value, table
 from lightning_bridge.record._registry import Registry
@@ -125,6 +126,7 @@ def run_search(
         check_code(first, Workspace(args.workspace), *written)
         launcher = launcher_for(options.launcher)
         launcher.check(first)
+        check_worker_jobs(first, options.worker_jobs)
         launcher.check_record(Workspace(args.workspace))
     except BridgeError as exc:
         return _error(exc)
@@ -211,17 +213,30 @@ def _serve(
     source: Source | None,
     lost_after_s: float,
 ) -> int:
-    worker = SearchRun(
-        registry,
-        driver,
-        experiment_id=experiment_id,
-        config=config,
-        context_dir=folder,
-        options=options,
-        storage=storage,
-        source=source,
-        lost_after_s=lost_after_s,
-    )
+    worker: SearchRun | WorkerJobs
+    if options.launcher == "slurm" and options.worker_jobs:
+        worker = WorkerJobs(
+            registry,
+            driver,
+            experiment_id=experiment_id,
+            config=config,
+            context_dir=folder,
+            options=options,
+            lost_after_s=lost_after_s,
+            say=lambda line: print(line, flush=True),
+        )
+    else:
+        worker = SearchRun(
+            registry,
+            driver,
+            experiment_id=experiment_id,
+            config=config,
+            context_dir=folder,
+            options=options,
+            storage=storage,
+            source=source,
+            lost_after_s=lost_after_s,
+        )
     try:
         finished = worker.serve()
     except SearchStorageUnavailable as exc:
@@ -323,13 +338,20 @@ def search_worker(args: argparse.Namespace) -> int:
         driver.close()
 
 
-def _launched_by(recorded: dict[str, Any], launcher: str | None) -> _runner.Options:
+def _launched_by(
+    recorded: dict[str, Any], launcher: str | None, worker_jobs: int | None = None
+) -> _runner.Options:
     """The options a search's trials run with: those the search was started with, its
-    launcher among them (not the workspace's default: it is the search's choice, as an
-    experiment's own launcher is `experiment continue`'s), unless `launcher` (`--launcher`)
-    names another."""
+    launcher and worker jobs among them (not the workspace's default: it is the search's
+    choice, as an experiment's own launcher is `experiment continue`'s), unless `launcher`
+    (`--launcher`) or `worker_jobs` (`--worker-jobs`) names another (another launcher
+    drops the recorded worker jobs)."""
     options = _runner.Options.from_record(recorded)
-    return dataclasses.replace(options, launcher=launcher) if launcher else options
+    if launcher and launcher != options.launcher:
+        options = dataclasses.replace(options, launcher=launcher, worker_jobs=None)
+    if worker_jobs is not None:
+        options = dataclasses.replace(options, worker_jobs=worker_jobs)
+    return options
 
 
 def _worker_source(
@@ -347,11 +369,15 @@ def _worker_source(
 
 
 def continue_search(
-    registry: Registry, experiment_id: int, lost_after_s: float, launcher: str | None = None
+    registry: Registry,
+    experiment_id: int,
+    lost_after_s: float,
+    launcher: str | None = None,
+    worker_jobs: int | None = None,
 ) -> int:
     """`experiment continue ID` for a search: serve it again from where it stopped (pending
     trials, rungs; trials given back continue from their checkpoints), through its own
-    launcher or `launcher` (`--launcher`)."""
+    launcher or `launcher` (`--launcher`), in its worker jobs or `worker_jobs`."""
     registry.reconcile()
     experiment = registry.experiment(experiment_id)
     search = experiment.options["search"]
@@ -366,9 +392,11 @@ def continue_search(
             return EXIT_OK
         config = parse_config(experiment.config)
         folder = pathlib.Path(experiment.context_dir)
-        options = _launched_by(experiment.options, launcher)
+        options = _launched_by(experiment.options, launcher, worker_jobs)
         chosen = launcher_for(options.launcher)
-        chosen.check(_runner.prepare_config(config.first_configuration(), folder, options))
+        first = _runner.prepare_config(config.first_configuration(), folder, options)
+        chosen.check(first)
+        check_worker_jobs(first, options.worker_jobs)
         chosen.check_record(registry.workspace)
         source = _source(registry, config)
         print(f"Experiment {experiment_id}: continuing search {search['name']}", flush=True)

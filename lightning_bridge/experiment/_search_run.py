@@ -42,8 +42,10 @@ from lightning_bridge.experiment._launcher import TrialProcess
 from lightning_bridge.experiment._launchers import launcher_for
 from lightning_bridge.experiment._parent import PARENT_ENV
 from lightning_bridge.record._outage import RETRY_S, is_unavailable, reason
+from lightning_bridge.record._postgres import shown
 from lightning_bridge.record._registry import Registry
 from lightning_bridge.record._schema import TrialState
+from lightning_bridge.record._settings import WorkspaceSettings
 from lightning_bridge.search import SearchDriver, TrialSpec
 from lightning_bridge.translation._run_description import ENV_VAR, SearchConnection
 
@@ -106,6 +108,7 @@ class SearchRun:
         source: Source | None = None,
         lost_after_s: float = LOST_AFTER_S,
         say: Callable[[str], None] = _say,
+        slurm_job: tuple[str, str] | None = None,
     ) -> None:
         self.registry = registry
         self.driver = driver
@@ -119,8 +122,15 @@ class SearchRun:
         self.heartbeat_s = max(min(30.0, lost_after_s / 4), 0.5)
         self.say = say
         self.workspace = registry.workspace
-        # Where this workspace noted its record of a trial (a trial given back may come back).
-        self.note_key = f"record@{socket.gethostname()}:{self.workspace.root}"
+        # The Slurm worker job this worker runs in (`_slurm_workers`), its id and output
+        # file: the job of each trial it runs.
+        self.slurm_job = slurm_job
+        # Where this workspace noted its record of a trial (a trial given back may come back):
+        # a shared record (PostgreSQL) is the same wherever a worker runs, a file is this
+        # machine's.
+        self._host_key = f"record@{socket.gethostname()}:{self.workspace.root}"
+        shared = WorkspaceSettings.read(self.workspace.root).record
+        self.note_key = f"record@{shown(shared)}" if shared else self._host_key
         first = _runner.prepare_config(config.first_configuration(), context_dir, options)
         self.processes = first.processes
         self._gpus: list[str] = []
@@ -152,7 +162,9 @@ class SearchRun:
         if gpus:
             self._gpus = gpus
             return max(len(gpus) // self.processes, 1)
-        return max((os.cpu_count() or 1) // self.processes, 1)
+        # In a Slurm allocation (a worker job, `salloc`): its cores on this node, not the node's.
+        cores = int(os.environ.get("SLURM_CPUS_ON_NODE", "0") or 0) or os.cpu_count() or 1
+        return max(cores // self.processes, 1)
 
     # ----- the loop -----
 
@@ -161,7 +173,7 @@ class SearchRun:
         (False)."""
         for number in self.driver.requeue_orphans():
             self.say(f"Search trial {number}: its worker on this machine is gone; pending again")
-        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        previous = {s: signal.signal(s, self.on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         self._next_beat = time.monotonic() + self.heartbeat_s
         self.starter.warm_up()
         try:
@@ -193,7 +205,7 @@ class SearchRun:
         """One turn of the loop: start trials while there is room, handle the trials that
         ended, keep this worker's trials alive. True when the worker is done."""
         if self._reopen:
-            self.driver = SearchDriver(self.storage, self.driver.name)
+            self.driver = SearchDriver(self.storage, self.driver.name, job=self.driver.job)
             self._reopen = False
         if not self._stopping:
             self._fill()
@@ -261,7 +273,7 @@ class SearchRun:
             except ProcessLookupError:
                 pass
 
-    def _on_signal(self, signum: int, frame: Any) -> None:
+    def on_signal(self, signum: int, frame: Any) -> None:
         self._signals += 1
         force = self._signals > 1
         for launched in list(self.running.values()):
@@ -310,7 +322,8 @@ class SearchRun:
         """The trial's record in this workspace: a new trial of the experiment, or (a trial
         given back earlier) the one this workspace already has, continued from its latest
         checkpoint."""
-        registry, noted = self.registry, spec.notes.get(self.note_key) or {}
+        registry = self.registry
+        noted = spec.notes.get(self.note_key) or spec.notes.get(self._host_key) or {}
         trial_id: int | None = None
         if noted.get("experiment_id") == self.experiment_id:
             known = [t.id for t in registry.trials(self.experiment_id)]
@@ -371,7 +384,18 @@ class SearchRun:
         output = str(trial.trial_dir / "output.log")
         cwd = trial.working_dir(plan)
         process = self.starter.start(command, cwd=cwd, env=env, output=output)
+        if self.slurm_job is not None:  # the trial runs in this worker's job (as a step would)
+            self.registry.job_submitted(trial.trial_id, "slurm", *self.slurm_job)
+            self._job_state(trial.trial_id, "RUNNING")
         self._start(spec, trial, process, gpus)
+
+    def _job_state(self, trial_id: int, state: str) -> None:
+        """The trial's part of this worker's Slurm job, as `sacct` shows a job's steps: RUNNING
+        while its process runs, then COMPLETED or FAILED by its exit code."""
+        restarts = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
+        assert self.slurm_job is not None
+        reason = f"a trial of search worker job {self.slurm_job[0]}"
+        self.registry.job_state(trial_id, state, reason, restarts)
 
     def _start(
         self, spec: TrialSpec, trial: _runner.TrialRun, process: TrialProcess, gpus: list[str]
@@ -411,6 +435,8 @@ class SearchRun:
                 trial_id, state, problem or f"its process ended with code {code}", if_active=True
             )
             recorded = self.registry.trial(trial_id)
+        if self.slurm_job is not None:
+            self._job_state(trial_id, "COMPLETED" if code == 0 else "FAILED")
         shutil.rmtree(launched.run.trial_dir / "restore", ignore_errors=True)
         line = (
             f"Trial {trial_id} (search trial {launched.spec.number}): {recorded.state} after "

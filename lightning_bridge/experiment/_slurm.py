@@ -223,16 +223,18 @@ class SlurmLauncher(Launcher):
                 "(a trial with more slots than that spans nodes) or choose another "
                 "resources.resource_pool."
             )
-        probe = ["sbatch", "--test-only", *self._options(settings), "--wrap=true"]
+        probe = ["sbatch", "--test-only", *self.job_options(settings), "--wrap=true"]
         done = _slurm(*probe, check=False)
         if done.returncode != 0:
             raise SlurmRefused(
-                f"Slurm refuses the trial's job ({shlex.join(self._options(settings))}): "
+                f"Slurm refuses the trial's job ({shlex.join(self.job_options(settings))}): "
                 f"{(done.stderr or done.stdout).strip()}; fix slurm.sbatch_args, "
                 "resources.slots_per_trial or resources.resource_pool."
             )
 
-    def _options(self, settings: SlurmSettings) -> list[str]:
+    def job_options(self, settings: SlurmSettings) -> list[str]:
+        """sbatch's options for a job that runs one trial at a time (its resources, partition,
+        requeue, the time limit's signal, then `slurm.sbatch_args`)."""
         out = settings.resources(bool(self.gpus))
         if settings.partition:
             out.append(f"--partition={settings.partition}")
@@ -299,7 +301,7 @@ class SlurmLauncher(Launcher):
             f"--output={output}",
             "--open-mode=append",
             "--export=ALL",
-            *self._options(settings),
+            *self.job_options(settings),
             str(script),
         ]
         done = _slurm(*submit, check=False)

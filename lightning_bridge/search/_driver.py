@@ -57,7 +57,12 @@ class SearchDriver:
     """
 
     def __init__(
-        self, storage: str, name: str, spec: SearchSpec | None = None, worker: str | None = None
+        self,
+        storage: str,
+        name: str,
+        spec: SearchSpec | None = None,
+        worker: str | None = None,
+        job: str | None = None,
     ) -> None:
         self._store = SearchStudy(storage, name, spec)
         from lightning_bridge.search._extensions import (
@@ -71,6 +76,7 @@ class SearchDriver:
         self.name = name
         self.spec = self._store.spec
         self.worker = worker or f"{socket.gethostname()}:{os.getpid()}"
+        self.job = job  # the scheduler job this worker runs in (its pulls say so)
         space, problems = parse_space(self.spec.hyperparameters)
         assert not problems, "the stored search was validated when created"
         assert self.spec.experiment_seed is not None, "a stored search has its seed"
@@ -200,6 +206,8 @@ class SearchDriver:
                 "since": time.time(),
                 "attempt": int(chosen.user_attrs.get(PULL, {}).get("attempt", 0)) + 1,
             }
+            if self.job is not None:
+                pull["job"] = self.job
             request = chosen.user_attrs[TRIAL]["request"]
             if chosen.state == self._states.WAITING:
                 # Trials are enqueued in request order, so `ask` pops this one.
@@ -347,6 +355,12 @@ class SearchDriver:
             return name == host and pid.isdigit() and not pid_alive(int(pid))
 
         return self._give_back_lost(orphan)
+
+    def requeue_job(self, job: str) -> list[int]:
+        """Give back running trials pulled by a worker in scheduler job `job` (`job=` of that
+        worker's driver), which ended with them (a Slurm worker job cancelled, failed or
+        lost); returns their numbers."""
+        return self._give_back_lost(lambda attrs: attrs.get(PULL, {}).get("job") == job)
 
     def requeue_stale(self, timeout_s: float) -> list[int]:
         """Give back running trials not heard of (pulled, reported, `heartbeat`) for more than

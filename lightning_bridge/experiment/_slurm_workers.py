@@ -1,0 +1,283 @@
+"""A search's trials in long-running Slurm worker jobs (`run --launcher slurm --worker-jobs N`).
+
+One job per trial imports Python, torch and Lightning anew for every trial (15-40 s before its
+first batch). With `--worker-jobs N` the coordinator submits N jobs instead, each sized for
+one trial (the trial's `sbatch` options, as `SlurmLauncher` builds them); each runs a search
+worker (`SearchRun`, as `search-worker` does) that pulls the search's trials from its storage
+and forks each from its warm process (`_warm`): after the job's own start, a trial starts in
+about a second. Every trial keeps what a trial job gives it: its own process, process group,
+log and working copy; the record names its job (`experiment describe`: "slurm job N RUNNING,
+a trial of search worker job N"), and `experiment pause | kill` signal that job.
+
+What Slurm does to a worker job reaches its trials as it would reach a trial job:
+
+- `experiment pause`, `scontrol requeue`, a preemption (SIGTERM): the worker's trials finish
+  their batch, checkpoint and are given back to the search; a requeued job, or any other
+  worker job, continues them from their checkpoints.
+- The time limit's signal (`--signal`, SIGUSR1): the same, then the job requeues itself.
+- `experiment kill`, a job cancelled or failed, a node lost: the coordinator gives the job's
+  trials back in the search (`SearchDriver.requeue_job`) and records them STOPPED.
+
+The coordinator follows its jobs with `scontrol` (as `SlurmLauncher` does), prints what each
+worker prints, and ends when every job has ended. A worker job that ends before the search
+finished (paused, killed, failed) stops the others too: the search stops, its trials
+checkpointed, for `experiment continue ID` to resume. Ctrl-C / SIGTERM of the coordinator
+pauses every job; a second signal cancels them. Trials across nodes are refused: each runs as
+a job of its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import pathlib
+import shlex
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from lightning_bridge._errors import InvalidArgumentError
+from lightning_bridge.experiment import _runner
+from lightning_bridge.experiment._config import ResolvedConfig
+from lightning_bridge.experiment._slurm import (
+    POLL_S,
+    JobInfo,
+    SlurmLauncher,
+    SlurmRefused,
+    SlurmSettings,
+    _slurm,
+    job_info,
+    signal_job,
+    unreachable_in,
+)
+from lightning_bridge.record._registry import LIVE_JOB_STATES, Registry
+from lightning_bridge.record._schema import TrialState
+from lightning_bridge.search import SearchDriver
+
+
+def check_worker_jobs(plan: _runner.Plan, count: int | None) -> None:
+    """Refuse `--worker-jobs` where it cannot apply, before anything is recorded."""
+    if count is None:
+        return
+    if plan.options.launcher != "slurm":
+        raise InvalidArgumentError(
+            "--worker-jobs runs a search's trials in Slurm jobs; add --launcher slurm (on this "
+            "machine a search already starts its trials from one warm process)"
+        )
+    if count < 1:
+        raise InvalidArgumentError(f"--worker-jobs: expected a positive count, got {count}")
+    settings = SlurmSettings.of(plan)
+    if settings.nodes > 1:
+        raise InvalidArgumentError(
+            f"--worker-jobs: a trial of {settings.slots} slots spans {settings.nodes} nodes "
+            f"(slurm.slots_per_node {settings.slots_per_node}), and a worker job runs trials "
+            "on one node; leave --worker-jobs out (each trial is then a job of its own)"
+        )
+
+
+@dataclasses.dataclass
+class WorkerJob:
+    """A submitted worker job as the coordinator follows it."""
+
+    job_id: str
+    output: pathlib.Path
+    info: JobInfo | None = None
+    read: int = 0  # how much of its output was printed
+    ended: bool = False
+
+
+class WorkerJobs:
+    """Serve a search from `N` Slurm worker jobs (see the module docstring); the same
+    `serve()` as `SearchRun`'s."""
+
+    def __init__(
+        self,
+        registry: Registry,
+        driver: SearchDriver,
+        *,
+        experiment_id: int,
+        config: ResolvedConfig,
+        context_dir: pathlib.Path,
+        options: _runner.Options,
+        lost_after_s: float,
+        say: Callable[[str], None],
+    ) -> None:
+        self.registry = registry
+        self.driver = driver
+        self.experiment_id = experiment_id
+        self.count = int(options.worker_jobs or 1)
+        self.plan = _runner.prepare_config(config.first_configuration(), context_dir, options)
+        self.lost_after_s = lost_after_s
+        self.say = say
+        self.jobs: list[WorkerJob] = []
+        self.unreachable: str | None = None
+        self._signals = 0
+        self._stopped_because: str | None = None
+
+    # ----- submitting -----
+
+    def _submit(self, launcher: SlurmLauncher, number: int) -> WorkerJob:
+        folder = self.registry.workspace.experiment_dir(self.experiment_id) / "workers"
+        folder.mkdir(parents=True, exist_ok=True)
+        command = [
+            sys.executable,
+            "-m",
+            "lightning_bridge.experiment._slurm_worker_job",
+            str(self.registry.workspace.root),
+            str(self.experiment_id),
+            f"--lost-after={self.lost_after_s}",
+        ]
+        script = folder / "worker.sh"
+        script.write_text(
+            "#!/bin/bash\n"
+            f"# lightning-bridge: experiment {self.experiment_id}, a search worker job\n"
+            f"exec {shlex.join(command)}\n"
+        )
+        output = folder / "slurm-%j.out"
+        submit = [
+            "sbatch",
+            "--parsable",
+            f"--job-name=lb-{self.experiment_id}-w{number}",
+            f"--chdir={folder}",
+            f"--output={output}",
+            "--open-mode=append",
+            "--export=ALL",
+            *launcher.job_options(SlurmSettings.of(self.plan)),
+            str(script),
+        ]
+        done = _slurm(*submit, check=False)
+        if done.returncode != 0:
+            raise SlurmRefused(
+                f"sbatch refused a search worker job: {(done.stderr or done.stdout).strip()}"
+            )
+        job_id = done.stdout.strip().split(";")[0]
+        path = pathlib.Path(str(output).replace("%j", job_id))
+        self.say(f"Search worker: Slurm job {job_id} submitted; its output: {path}")
+        return WorkerJob(job_id, path)
+
+    # ----- following -----
+
+    def serve(self) -> bool:
+        """Submit the worker jobs and follow them to their end; whether the search finished.
+        A job's node that could not reach the record or the search's storage raises
+        `SearchStorageUnavailable` with its message, once every job has ended."""
+        from lightning_bridge.experiment._search_run import SearchStorageUnavailable
+
+        launcher = SlurmLauncher()
+        launcher.check(self.plan)
+        previous: dict[int, Any] = {}
+        if threading.current_thread() is threading.main_thread():
+            stops = (signal.SIGINT, signal.SIGTERM)
+            previous = {s: signal.signal(s, self._on_signal) for s in stops}
+        try:
+            for number in range(self.count):
+                if self._signals:
+                    break
+                self.jobs.append(self._submit(launcher, number))
+            while not all(job.ended for job in self.jobs):
+                self._turn()
+                time.sleep(POLL_S)
+            self._relay()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        if self.unreachable is not None:
+            raise SearchStorageUnavailable(self.unreachable)
+        finished = self.driver.is_finished()
+        if not finished and self._stopped_because and not self._signals:
+            self.say(f"The search stopped: {self._stopped_because}")
+        return finished
+
+    def _turn(self) -> None:
+        """One poll: each job's state (recorded for its trials as it changes), its new
+        output, its end."""
+        self._relay()
+        finished = self.driver.is_finished()
+        for job in self.jobs:
+            if job.ended:
+                continue
+            info = job_info(job.job_id)
+            if info is not None and info != job.info:
+                if job.info is not None and info.restarts > job.info.restarts:
+                    self.say(f"Slurm job {job.job_id} was requeued ({info.reason or 'requeue'})")
+                job.info = info
+            if info is not None and info.live:
+                if finished and info.state == "PENDING":
+                    signal_job(job.job_id, None)  # never started: no longer needed
+                continue
+            job.ended = True
+            self._ended(job, "GONE" if info is None else info.state)
+
+    def _relay(self) -> None:
+        """Print what the worker jobs printed since the last poll, each line with its job."""
+        for job in self.jobs:
+            try:
+                with job.output.open("rb") as f:
+                    f.seek(job.read)
+                    chunk = f.read()
+            except OSError:
+                continue
+            complete = chunk[: chunk.rfind(b"\n") + 1]
+            job.read += len(complete)
+            for line in complete.decode(errors="replace").splitlines():
+                self.say(f"[slurm job {job.job_id}] {line}")
+
+    def _ended(self, job: WorkerJob, state: str) -> None:
+        """A worker job ended: its trials still running in the search are given back (its
+        worker could not: cancelled, failed, its node lost), and recorded STOPPED; before the
+        search finished, the other jobs stop too."""
+        self._relay()
+        for number in self.driver.requeue_job(job.job_id):
+            self.say(f"Search trial {number}: its worker job {job.job_id} ended {state}; pending")
+        with contextlib.suppress(Exception):
+            problem = unreachable_in(job.output)
+            if problem is not None:
+                self.unreachable = problem
+        for row in self.registry.jobs(self.experiment_id):
+            if row.job_id != job.job_id or row.state not in LIVE_JOB_STATES:
+                continue
+            self.registry.job_state(row.trial_id, state, f"search worker job {job.job_id} ended")
+            self.registry.trial_ended(
+                row.trial_id,
+                TrialState.STOPPED,
+                f"its search worker job {job.job_id} ended {state}",
+                if_active=True,
+            )
+        if self.driver.is_finished() or self._stopped_because is not None:
+            return
+        self._stopped_because = (
+            f"search worker job {job.job_id} ended {state} before the search finished "
+            f"(its output: {job.output})"
+        )
+        live = [j for j in self.jobs if not j.ended]
+        if live:
+            self.say(
+                f"Search worker job {job.job_id} ended {state} before the search finished: "
+                "stopping the other worker jobs (their trials checkpoint and stop)"
+            )
+        for other in live:
+            self._stop(other, force=False)
+
+    def _stop(self, job: WorkerJob, force: bool) -> None:
+        """Pause a running job (its trials checkpoint and stop) or cancel it (pending, or
+        `force`)."""
+        pending = job.info is None or job.info.state == "PENDING"
+        signal_job(job.job_id, None if force or pending else signal.SIGTERM)
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        self._signals += 1
+        force = self._signals > 1
+        for job in self.jobs:
+            if not job.ended:
+                self._stop(job, force)
+        with contextlib.suppress(OSError, RuntimeError):
+            if force:
+                self.say("Cancelling the search's worker jobs (a second signal)")
+            else:
+                self.say(
+                    f"Stopping ({signal.Signals(signum).name}): each worker job's trials finish "
+                    "their batch, checkpoint and stop"
+                )

@@ -1,0 +1,212 @@
+"""`run --launcher slurm --worker-jobs N`: a search's trials in long-running Slurm worker jobs,
+each forking its trials from a warm process, on the two-node test cluster (marker `slurm`);
+and the refusals that need no cluster.
+
+Every search in worker jobs is compared with the same search run locally: the same trials
+(hyperparameters) end with the same weights, bit for bit.
+"""
+
+from __future__ import annotations
+
+import copy
+import pathlib
+import re
+
+import pytest
+import torch
+
+from lightning_bridge.experiment._cli import main
+from lightning_bridge.experiment._runner import Options, prepare
+from lightning_bridge.experiment._slurm_workers import check_worker_jobs
+from lightning_bridge.record._registry import Registry
+from tests import _folders as sf
+from tests._folders import checkpoint_weights
+from tests._slurm_cluster import SlurmCluster
+from tests.test_slurm import (  # noqa: F401 - fixtures
+    _config,
+    _folder,
+    _job,
+    _same,
+    _search_trials,
+    _shown,
+    _trial,
+    _trial_batches,
+    _wait_for,
+    finish,
+    isolated_imports,
+    lb,
+    lb_start,
+    local_weights,
+    on_slurm,
+    slurm_cluster_fixture,
+)
+
+# A random search of three trials of the tiny trial, two at a time, 16 batches each.
+RANDOM = {
+    **copy.deepcopy(sf.SEARCH_CONFIG),
+    "searcher": {
+        "name": "random",
+        "metric": "validation_loss",
+        "max_trials": 3,
+        "max_length": {"batches": 16},
+        "max_concurrent_trials": 2,
+    },
+    "min_checkpoint_period": {"batches": 4},
+}
+
+
+def _submitted(out: str) -> list[str]:
+    """The worker jobs a coordinator's output says it submitted."""
+    return re.findall(r"Search worker: Slurm job (\d+) submitted", out)
+
+
+def _weights_by_hparams(workspace: pathlib.Path) -> dict[str, dict[str, torch.Tensor]]:
+    """Each completed trial's final weights, keyed by its hyperparameters."""
+    out = {}
+    with Registry(workspace) as registry:
+        for trial in registry.trials(1):
+            assert trial.state == "COMPLETED", trial
+            latest = registry.latest_checkpoint(trial.id)
+            assert latest is not None
+            out[repr(sorted(trial.hparams.items()))] = checkpoint_weights(
+                pathlib.Path(latest.location)
+            )
+    return out
+
+
+# ----- no cluster needed -----
+
+
+def test_worker_jobs_refused_where_they_cannot_apply(
+    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    search = sf.write_folder(tmp_path, RANDOM, "search", sf.TINY)
+    ws = ["--workspace", str(tmp_path / "ws")]
+    assert main(["run", str(search), "--worker-jobs", "2", *ws]) == 2
+    err = capsys.readouterr().err
+    assert "--worker-jobs runs a search's trials in Slurm jobs; add --launcher slurm" in err
+    single = _folder(tmp_path, _config(), "single")
+    assert main(["run", str(single), "--launcher", "slurm", "--worker-jobs", "2", *ws]) == 2
+    assert "this run trains one trial" in capsys.readouterr().err
+    assert not (tmp_path / "ws" / "experiments").exists()  # nothing recorded
+
+    across = _config(resources={"slots_per_trial": 4}, slurm={"slots_per_node": 2})
+    plan = prepare(_folder(tmp_path, across, "across"), None, Options(launcher="slurm"))
+    with pytest.raises(Exception, match="spans 2 nodes .* leave --worker-jobs out"):
+        check_worker_jobs(plan, 2)
+    with pytest.raises(Exception, match="expected a positive count, got 0"):
+        check_worker_jobs(prepare(single, None, Options(launcher="slurm")), 0)
+
+
+# ----- on the cluster -----
+
+
+@pytest.mark.slurm
+def test_a_search_in_worker_jobs_pauses_continues_and_equals_the_local_search(
+    tmp_path: pathlib.Path, slurm_cluster: SlurmCluster, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Three trials in two worker jobs: `experiment pause` while the first two train (they
+    checkpoint and stop, the coordinator stops the jobs and ends), `experiment continue` in
+    two new worker jobs (the recorded `--worker-jobs`): the paused trials go on from their
+    checkpoints, one job runs two trials one after the other (forked, not started cold), each
+    trial's record names its job, and every trial ends with the local search's weights."""
+    config = copy.deepcopy(RANDOM)
+    config["hyperparameters"]["delay"] = 0.3
+    path = sf.write_folder(tmp_path, config, "exp", sf.TINY)
+    local = lb(
+        "run",
+        str(path),
+        "--workspace",
+        str(tmp_path / "local"),
+        "--accelerator",
+        "cpu",
+        cwd=tmp_path,
+        timeout=400,
+    )
+    assert local.returncode == 0, _shown(local)
+
+    ws = tmp_path / "ws"
+    coordinator = lb_start(*on_slurm(path, ws, "--worker-jobs", "2"), cwd=tmp_path)
+    try:
+        _wait_for(
+            lambda: any(t.batches_trained >= 4 for t in _search_trials(ws)),
+            240,
+            "a trial to train 4 batches",
+        )
+        assert main(["experiment", "pause", "1", "--workspace", str(ws)]) == 0
+        assert "checkpoints and stops" in capsys.readouterr().out
+    finally:
+        out = finish(coordinator)
+    assert coordinator.returncode == 0, out[-4000:]
+    assert len(_submitted(out)) == 2, out[-4000:]
+    assert "The search stopped" in out, out[-4000:]
+    paused = _search_trials(ws)
+    assert paused and not any(t.state == "ACTIVE" for t in paused), paused
+    assert any(0 < t.batches_trained < 16 for t in paused), paused
+    _wait_for(lambda: not slurm_cluster.jobs(under=tmp_path), 30, "squeue to list no job")
+
+    done = lb("experiment", "continue", "1", "--workspace", str(ws), cwd=tmp_path, timeout=400)
+    assert done.returncode == 0, _shown(done)
+    second = _submitted(done.stdout)
+    assert len(second) == 2, _shown(done)
+    assert "finished, 3 trials in all" in done.stdout, _shown(done)
+    with Registry(ws) as registry:
+        trials = registry.trials(1)
+        jobs = {j.trial_id: j for j in registry.jobs(1)}
+    assert len(trials) == 3 and all(t.state == "COMPLETED" for t in trials), trials
+    assert all(t.batches_trained == 16 for t in trials), trials
+    stopped = {t.id for t in paused if t.state == "STOPPED"}
+    assert stopped and all(t.runs == 2 for t in trials if t.id in stopped), trials
+    assert set(jobs) == {t.id for t in trials}
+    for job in jobs.values():
+        assert job.launcher == "slurm" and job.job_id in second and job.state == "COMPLETED"
+        assert job.reason == f"a trial of search worker job {job.job_id}", job
+    ran = [j.job_id for j in jobs.values()]
+    assert max(ran.count(j) for j in second) >= 2, jobs  # 3 trials, 2 jobs: one ran two
+    for job_id in second:
+        output = (ws / "experiments/1/workers" / f"slurm-{job_id}.out").read_text()
+        assert f"Search worker in Slurm job {job_id}" in output, output[-3000:]
+        assert "start cold" not in output, output[-3000:]  # forked from the warm process
+    describe = lb("experiment", "describe", "1", "--workspace", str(ws), cwd=tmp_path).stdout
+    some = jobs[trials[0].id].job_id
+    assert f"slurm job {some} COMPLETED, a trial of search worker job {some}" in describe
+
+    reference = _weights_by_hparams(tmp_path / "local")
+    ours = _weights_by_hparams(ws)
+    assert ours.keys() == reference.keys()
+    for key in ours:
+        _same(ours[key], reference[key])
+
+
+@pytest.mark.slurm
+def test_a_requeued_worker_job_continues_its_trial_to_the_same_weights(
+    tmp_path: pathlib.Path,
+    slurm_cluster: SlurmCluster,
+    local_weights: dict[str, torch.Tensor],  # noqa: F811 - the fixture
+) -> None:
+    """`scontrol requeue` of a worker job mid-trial (as a preemption): its trial checkpoints
+    and is given back, the requeued job's worker takes it again and continues it from that
+    checkpoint; one job, requeued once, and the uninterrupted local run's weights."""
+    ws = tmp_path / "ws"
+    searcher = {**_config()["searcher"], "name": "random", "max_trials": 1}
+    config = _folder(tmp_path, _config(searcher=searcher))
+    args = on_slurm(config, ws, "--worker-jobs", "1", "--set", "hyperparameters.delay=0.4")
+    coordinator = lb_start(*args, cwd=tmp_path)
+    try:
+        _wait_for(lambda: _trial_batches(ws) >= 6, 240, "the trial to train 6 batches")
+        job_id = _job(ws).job_id
+        slurm_cluster.run("scontrol", "requeue", job_id)
+    finally:
+        out = finish(coordinator, timeout=300)
+    assert coordinator.returncode == 0, out[-4000:]
+    assert _submitted(out) == [job_id], out[-4000:]
+    assert f"Slurm job {job_id} was requeued" in out, out[-4000:]
+    assert "finished, 1 trials in all" in out, out[-4000:]
+    trial = _trial(ws)
+    assert trial.state == "COMPLETED" and trial.batches_trained == 24 and trial.runs == 2, trial
+    job = _job(ws)
+    assert job.job_id == job_id and job.state == "COMPLETED" and job.restarts == 1, job
+    with Registry(ws) as registry:
+        latest = registry.latest_checkpoint(1)
+    assert latest is not None
+    _same(checkpoint_weights(pathlib.Path(latest.location)), local_weights)
