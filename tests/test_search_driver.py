@@ -233,6 +233,25 @@ def test_a_restarted_driver_goes_on_where_it_stopped(tmp_path: pathlib.Path) -> 
     assert len(whole.trials()) == 10 and whole.is_finished()
 
 
+def test_the_trials_of_an_ended_scheduler_job_are_given_back(tmp_path: pathlib.Path) -> None:
+    """Workers in two Slurm jobs pull trials; job 17 ends with its trial (cancelled, its node
+    lost): `requeue_job("17")` gives back that trial only, which the next pull resumes."""
+    searcher = {"name": "random", "metric": "loss", "max_trials": 3, "max_length": 9}
+    path = str(tmp_path / "s.journal")
+    in_17 = SearchDriver(path, "exp", _spec(searcher), job="17")
+    in_18 = SearchDriver(path, "exp", worker="other:1", job="18")
+    first, second = in_17.next_trial(), in_18.next_trial()
+    assert first is not None and second is not None
+    coordinator = SearchDriver(path, "exp")
+    assert coordinator.requeue_job("19") == []
+    assert coordinator.requeue_job("17") == [first.number]
+    states = {t.number: t.state for t in coordinator.trials()}
+    assert states[first.number] == "waiting" and states[second.number] == "running"
+    again = in_18.next_trial()
+    assert again is not None and again.number == first.number and again.resumed
+    assert coordinator.requeue_job("17") == []  # pulled again, by job 18
+
+
 def test_optuna_reads_the_search(tmp_path: pathlib.Path) -> None:
     hparams = {
         "lr": {"type": "log", "base": 10, "minval": -4, "maxval": -1, "count": 2},

@@ -13,9 +13,13 @@ import os
 import pathlib
 import re
 import signal
+import socket
 
 import pytest
 
+from lightning_bridge.experiment._config import load_config
+from lightning_bridge.experiment._runner import Options
+from lightning_bridge.experiment._search_run import SearchRun
 from lightning_bridge.record._registry import Registry
 from lightning_bridge.search import SearchDriver
 from tests import _folders as sf
@@ -119,3 +123,56 @@ def test_a_second_machine_serves_a_postgresql_search(
     tmp_path: pathlib.Path, postgres: PostgresServer
 ) -> None:
     _two_workers(tmp_path, postgres.url, kill=False)
+
+
+def _worker_on(
+    host: str, workspace: pathlib.Path, storage: str, name: str, monkeypatch: pytest.MonkeyPatch
+) -> tuple[SearchDriver, SearchRun]:
+    """A search worker as `search-worker` builds it, on a node named `host`: its driver and
+    its `SearchRun` (nothing started)."""
+    monkeypatch.setattr(socket, "gethostname", lambda: host)
+    path = sf.write_folder(workspace.parent, copy.deepcopy(SEARCH), "folder", sf.TINY)
+    config = load_config(path)
+    driver = SearchDriver(storage, name, config.search)
+    registry = Registry(workspace)
+    if not registry.experiments():
+        registry.create_experiment(config.raw, context_dir=str(path.parent))
+    worker = SearchRun(
+        registry,
+        driver,
+        experiment_id=1,
+        config=config,
+        context_dir=path.parent,
+        options=Options(accelerator="cpu"),
+        storage=storage,
+    )
+    return driver, worker
+
+
+@pytest.mark.search
+@pytest.mark.postgres
+def test_a_trial_given_back_on_one_node_keeps_its_record_on_another(
+    tmp_path: pathlib.Path, postgres: PostgresServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two nodes' workers share the workspace and its record (PostgreSQL, as a search across
+    nodes has it; here one folder). A trial the first node's worker recorded and gave back
+    (its job requeued, paused) is the same recorded trial when the second node's worker pulls
+    it: continued, not recorded anew to start over. With a record of the machine's own (an
+    SQLite file), another machine's worker records it anew in its own workspace."""
+    storage = str(tmp_path / "search.journal")
+    for shared, expected in ((True, [1, 1]), (False, [1, 2])):
+        ws = tmp_path / ("shared" if shared else "own") / "ws"
+        ws.mkdir(parents=True)
+        if shared:
+            (ws / "workspace.json").write_text(f'{{"record": "{postgres.new_database()}"}}')
+        name = f"search-{shared}"
+        recorded = []
+        for host in ("node-a", "node-b"):
+            driver, worker = _worker_on(host, ws, storage, name, monkeypatch)
+            spec = driver.next_trial()
+            assert spec is not None
+            recorded.append(worker._record(spec).trial_id)
+            driver.pause(spec)
+            worker.registry.close()
+            driver.close()
+        assert recorded == expected, (shared, recorded)

@@ -295,11 +295,22 @@ def test_a_job_across_nodes_runs_the_startup_hook_in_its_batch_shell(
     assert seen["FROM_HOOK"] == odd and seen[RAN_ENV] == "1"
     assert (tmp_path / "runs.txt").read_text() == "ran\n"
 
+    # A failing hook: the step ends with its exit code, and the trial is recorded ERROR with
+    # the hook's message (what `experiment describe` and the coordinator show).
+    from lightning_bridge.translation._run_description import RecordConnection
+
+    ws = tmp_path / "ws"
+    with Registry(ws) as registry:
+        experiment = registry.create_experiment({})
+        trial_id = registry.create_trial(experiment, hparams={}, seed=1)
+    RunDescription(record=RecordConnection(str(ws), experiment, trial_id)).write(run_file)
     (tmp_path / "startup-hook.sh").write_text("exit 7\n")
     done = subprocess.run(
         [*step, str(run_file)], cwd=tmp_path, env=env, capture_output=True, text=True
     )
     assert done.returncode == 7 and "startup-hook.sh failed with exit code 7" in done.stderr
+    failed = _trial(ws, trial_id)
+    assert failed.state == "ERROR" and "startup-hook.sh failed with exit code 7" in failed.message
 
 
 # ----- on the test cluster -----

@@ -19,6 +19,7 @@ from lightning_bridge.experiment._cli import main
 from lightning_bridge.experiment._runner import Options, prepare
 from lightning_bridge.experiment._slurm_workers import check_worker_jobs
 from lightning_bridge.record._registry import Registry
+from lightning_bridge.search import SearchDriver
 from tests import _folders as sf
 from tests._folders import checkpoint_weights
 from tests._slurm_cluster import SlurmCluster
@@ -74,6 +75,24 @@ def _weights_by_hparams(workspace: pathlib.Path) -> dict[str, dict[str, torch.Te
     return out
 
 
+def _in_two_worker_jobs(path: pathlib.Path, ws: pathlib.Path, batches: int, verb: str) -> str:
+    """Run the search at `path` in two worker jobs into `ws`; once a trial trained `batches`
+    batches, `experiment VERB 1` (pause, kill). The coordinator's output, once it ended
+    with 0."""
+    coordinator = lb_start(*on_slurm(path, ws, "--worker-jobs", "2"), cwd=path.parent.parent)
+    try:
+        _wait_for(
+            lambda: any(t.batches_trained >= batches for t in _search_trials(ws)),
+            240,
+            f"a trial to train {batches} batches",
+        )
+        assert main(["experiment", verb, "1", "--workspace", str(ws)]) == 0
+    finally:
+        out = finish(coordinator)
+    assert coordinator.returncode == 0, out[-4000:]
+    return out
+
+
 # ----- no cluster needed -----
 
 
@@ -126,18 +145,8 @@ def test_a_search_in_worker_jobs_pauses_continues_and_equals_the_local_search(
     assert local.returncode == 0, _shown(local)
 
     ws = tmp_path / "ws"
-    coordinator = lb_start(*on_slurm(path, ws, "--worker-jobs", "2"), cwd=tmp_path)
-    try:
-        _wait_for(
-            lambda: any(t.batches_trained >= 4 for t in _search_trials(ws)),
-            240,
-            "a trial to train 4 batches",
-        )
-        assert main(["experiment", "pause", "1", "--workspace", str(ws)]) == 0
-        assert "checkpoints and stops" in capsys.readouterr().out
-    finally:
-        out = finish(coordinator)
-    assert coordinator.returncode == 0, out[-4000:]
+    out = _in_two_worker_jobs(path, ws, 4, "pause")
+    assert "checkpoints and stops" in capsys.readouterr().out
     assert len(_submitted(out)) == 2, out[-4000:]
     assert "The search stopped" in out, out[-4000:]
     paused = _search_trials(ws)
@@ -210,3 +219,39 @@ def test_a_requeued_worker_job_continues_its_trial_to_the_same_weights(
         latest = registry.latest_checkpoint(1)
     assert latest is not None
     _same(checkpoint_weights(pathlib.Path(latest.location)), local_weights)
+
+
+@pytest.mark.slurm
+def test_experiment_kill_cancels_the_worker_jobs_and_gives_their_trials_back(
+    tmp_path: pathlib.Path, slurm_cluster: SlurmCluster, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`experiment kill` while the first trial trains: its worker job is cancelled (the
+    trial with it, recorded STOPPED "killed"), the coordinator gives the trial back in the
+    search, stops the other worker job and ends; no job is left, and the search can go on."""
+    config = copy.deepcopy(RANDOM)
+    config["hyperparameters"]["delay"] = 0.3
+    path = sf.write_folder(tmp_path, config, "exp", sf.TINY)
+    ws = tmp_path / "ws"
+    out = _in_two_worker_jobs(path, ws, 1, "kill")
+    assert "killed" in capsys.readouterr().out
+    assert "The search stopped" in out, out[-4000:]
+    _wait_for(lambda: not slurm_cluster.jobs(under=tmp_path), 30, "squeue to list no job")
+    with Registry(ws) as registry:
+        trials = registry.trials(1)
+        jobs = {j.trial_id: j for j in registry.jobs(1)}
+    killed = [t for t in trials if "killed" in (t.message or "")]
+    assert killed and all(t.state == "STOPPED" and t.batches_trained < 16 for t in killed), (
+        trials,
+        out[-3000:],
+    )
+    assert not any(t.state == "ACTIVE" for t in trials), trials
+    assert all(jobs[t.id].state == "CANCELLED" for t in killed), jobs
+    search = re.search(r"search (\S+) \(storage", out)
+    assert search is not None
+    driver = SearchDriver(str(ws / "experiments/1/search.journal"), search.group(1))
+    try:  # nothing is left running in the search: the killed trials are pending again
+        views = {v.number: v.state for v in driver.trials()}
+        finished = driver.is_finished()
+    finally:
+        driver.close()
+    assert "running" not in views.values() and not finished, views

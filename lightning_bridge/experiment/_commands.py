@@ -289,6 +289,7 @@ def _stop_trials(args: argparse.Namespace, kill: bool) -> int:
     verb = "killed" if kill else "paused"
     done = []
     signalled: set[str] = set()  # a search's worker job runs several trials: signalled once
+    awaited: list[tuple[int, str, str | None]] = []  # trial, where it runs, its job
     with open_registry(args) as registry:
         registry.reconcile()
         registry.experiment(args.id)
@@ -323,12 +324,15 @@ def _stop_trials(args: argparse.Namespace, kill: bool) -> int:
                 where = f"process {trial.pid}"
             else:
                 continue
-            if kill:
-                if job is not None:
-                    _wait_job_end(job.job_id)  # the trial's own last words come first
-                if registry.trial(trial.id).state != TrialState.COMPLETED.value:
-                    registry.trial_ended(trial.id, TrialState.STOPPED, f"killed ({where})")
             done.append({"trial_id": trial.id, "where": where})
+            awaited.append((trial.id, where, job.job_id if job is not None else None))
+        # Every trial signalled first, then each end awaited: a killed search's trials end
+        # together, not one after the other (its coordinator would pause the others meanwhile).
+        for trial_id, where, job_id in awaited if kill else []:
+            if job_id is not None:
+                _wait_job_end(job_id)  # the trial's own last words come first
+            if registry.trial(trial_id).state != TrialState.COMPLETED.value:
+                registry.trial_ended(trial_id, TrialState.STOPPED, f"killed ({where})")
     if args.json:
         _print_json({"experiment_id": args.id, verb: done})
     elif not done:

@@ -304,6 +304,8 @@ class SearchRun:
             self.say(f"Search trial {number}: its worker was not heard of; pending again")
 
     def _fill(self) -> None:
+        if not self.starter.ready():
+            return  # still importing: a trial pulled now would wait (see `WarmStarter.ready`)
         while len(self.running) < self.capacity and not self._stopping:
             spec = self.driver.next_trial()
             if spec is None:
@@ -389,6 +391,20 @@ class SearchRun:
             self._job_state(trial.trial_id, "RUNNING")
         self._start(spec, trial, process, gpus)
 
+    def _part_end(self, code: int) -> str:
+        """How a trial's part of this worker's job ended: CANCELLED when the job is being
+        cancelled (`experiment kill`, `scancel`: Slurm signals before it kills, so the trial
+        may still checkpoint and exit 0), else COMPLETED or FAILED by its exit code."""
+        from lightning_bridge.experiment._slurm import job_info
+
+        assert self.slurm_job is not None
+        info = job_info(self.slurm_job[0])
+        restarts = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
+        ending = info is not None and info.state in ("CANCELLED", "COMPLETING")
+        if ending and info is not None and info.restarts <= restarts:  # not a requeue
+            return "CANCELLED"
+        return "COMPLETED" if code == 0 else "FAILED"
+
     def _job_state(self, trial_id: int, state: str) -> None:
         """The trial's part of this worker's Slurm job, as `sacct` shows a job's steps: RUNNING
         while its process runs, then COMPLETED or FAILED by its exit code."""
@@ -436,7 +452,7 @@ class SearchRun:
             )
             recorded = self.registry.trial(trial_id)
         if self.slurm_job is not None:
-            self._job_state(trial_id, "COMPLETED" if code == 0 else "FAILED")
+            self._job_state(trial_id, self._part_end(code))
         shutil.rmtree(launched.run.trial_dir / "restore", ignore_errors=True)
         line = (
             f"Trial {trial_id} (search trial {launched.spec.number}): {recorded.state} after "

@@ -176,6 +176,31 @@ def signal_job(job_id: str, signum: int | None) -> None:
     _slurm(*command, check=False)
 
 
+def sbatch(
+    script: pathlib.Path, *, name: str, chdir: pathlib.Path, options: list[str], what: str
+) -> tuple[str, pathlib.Path]:
+    """Submit `script` as job `name`, started in `chdir` with the submitting environment, its
+    output appended to `slurm-JOBID.out` beside the script; the job id and that file. Slurm's
+    refusal (`what` names the job) is raised with its message."""
+    output = script.parent / "slurm-%j.out"
+    submit = [
+        "sbatch",
+        "--parsable",
+        f"--job-name={name}",
+        f"--chdir={chdir}",
+        f"--output={output}",
+        "--open-mode=append",
+        "--export=ALL",
+        *options,
+        str(script),
+    ]
+    done = _slurm(*submit, check=False)
+    if done.returncode != 0:
+        raise SlurmRefused(f"sbatch refused {what}: {(done.stderr or done.stdout).strip()}")
+    job_id = done.stdout.strip().split(";")[0]
+    return job_id, pathlib.Path(str(output).replace("%j", job_id))
+
+
 class SlurmLauncher(Launcher):
     """One `sbatch` job per trial (see the module docstring)."""
 
@@ -292,26 +317,13 @@ class SlurmLauncher(Launcher):
                 f"exec srun --kill-on-bad-exit=1 {shlex.join(command)}",
             ]
         script.write_text("\n".join(lines) + "\n")
-        output = trial.trial_dir / "slurm-%j.out"
-        submit = [
-            "sbatch",
-            "--parsable",
-            f"--job-name=lb-{trial.experiment_id}-{trial.trial_id}",
-            f"--chdir={trial.working_dir(plan)}",
-            f"--output={output}",
-            "--open-mode=append",
-            "--export=ALL",
-            *self.job_options(settings),
-            str(script),
-        ]
-        done = _slurm(*submit, check=False)
-        if done.returncode != 0:
-            raise SlurmRefused(
-                f"sbatch refused trial {trial.trial_id}'s job: "
-                f"{(done.stderr or done.stdout).strip()}"
-            )
-        job_id = done.stdout.strip().split(";")[0]
-        return job_id, pathlib.Path(str(output).replace("%j", job_id))
+        return sbatch(
+            script,
+            name=f"lb-{trial.experiment_id}-{trial.trial_id}",
+            chdir=trial.working_dir(plan),
+            options=self.job_options(settings),
+            what=f"trial {trial.trial_id}'s job",
+        )
 
     def start(self, registry: Registry, plan: _runner.Plan, trial: _runner.TrialRun) -> SlurmJob:
         """Submit a search's trial; the job, for its worker to follow."""

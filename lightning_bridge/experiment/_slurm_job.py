@@ -193,16 +193,23 @@ def before_training(run_file: pathlib.Path, restarts: int) -> int:
 def run_hook_for_tasks(run_file: pathlib.Path) -> int:
     """The batch shell's run of the startup hook (in its working directory, the tasks'):
     its exports written to `HOOK_ENV` as `export` lines, with `RAN_ENV`; 0, or the hook's
-    exit code when it failed (the job ends: no task starts)."""
+    exit code when it failed (the job ends: no task starts; the trial is recorded ERROR with
+    the hook's message, as a trial whose hook fails on one node is)."""
     from lightning_bridge._logging import configure
     from lightning_bridge.experiment._child import EntrypointFailed
     from lightning_bridge.experiment._startup_hook import RAN_ENV, hook_exports
 
-    configure(RunDescription.read(run_file).log_file)  # the hook's output: the trial's log
+    run = RunDescription.read(run_file)
+    configure(run.log_file)  # the hook's output: the trial's log
     try:
         exports = hook_exports(pathlib.Path.cwd(), os.environ)
     except EntrypointFailed as exc:
         print(f"lightning-bridge: error: {exc}", file=sys.stderr, flush=True)
+        if run.record is not None:
+            with Registry(run.record.workspace) as registry:
+                registry.trial_ended(
+                    run.record.trial_id, TrialState.ERROR, str(exc), if_active=True
+                )
         return exc.code if exc.code > 0 else 1
     lines = [
         f"export {k}={shlex.quote(v)}" for k, v in sorted(exports.items()) if _NAME.fullmatch(k)

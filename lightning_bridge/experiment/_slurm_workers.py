@@ -46,10 +46,9 @@ from lightning_bridge.experiment._slurm import (
     POLL_S,
     JobInfo,
     SlurmLauncher,
-    SlurmRefused,
     SlurmSettings,
-    _slurm,
     job_info,
+    sbatch,
     signal_job,
     unreachable_in,
 )
@@ -136,25 +135,13 @@ class WorkerJobs:
             f"# lightning-bridge: experiment {self.experiment_id}, a search worker job\n"
             f"exec {shlex.join(command)}\n"
         )
-        output = folder / "slurm-%j.out"
-        submit = [
-            "sbatch",
-            "--parsable",
-            f"--job-name=lb-{self.experiment_id}-w{number}",
-            f"--chdir={folder}",
-            f"--output={output}",
-            "--open-mode=append",
-            "--export=ALL",
-            *launcher.job_options(SlurmSettings.of(self.plan)),
-            str(script),
-        ]
-        done = _slurm(*submit, check=False)
-        if done.returncode != 0:
-            raise SlurmRefused(
-                f"sbatch refused a search worker job: {(done.stderr or done.stdout).strip()}"
-            )
-        job_id = done.stdout.strip().split(";")[0]
-        path = pathlib.Path(str(output).replace("%j", job_id))
+        job_id, path = sbatch(
+            script,
+            name=f"lb-{self.experiment_id}-w{number}",
+            chdir=folder,
+            options=launcher.job_options(SlurmSettings.of(self.plan)),
+            what="a search worker job",
+        )
         self.say(f"Search worker: Slurm job {job_id} submitted; its output: {path}")
         return WorkerJob(job_id, path)
 

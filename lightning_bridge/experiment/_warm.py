@@ -184,6 +184,11 @@ def _cold(command: Sequence[str], cwd: Any, env: Mapping[str, str], output: IO[b
     )
 
 
+# How long a worker waits for its warm process's imports before it pulls trials anyway (they
+# then wait in the warm process's queue, as when no worker waits).
+READY_WAIT_S = 120.0
+
+
 def fork_unavailable() -> str | None:
     """Why this machine starts trials cold, or None."""
     if os.environ.get(COLD_ENV, "") not in ("", "0"):
@@ -206,6 +211,8 @@ class WarmStarter:
         self._lock = threading.Lock()
         self._broken: str | None = fork_unavailable()
         self._said: set[str] = set()
+        self._ready = threading.Event()  # the warm process has imported what it preloads
+        self._started_at = 0.0
 
     def _say_cold(self, why: str) -> None:
         if why not in self._said:
@@ -216,6 +223,14 @@ class WarmStarter:
         """Start the warm process now (its imports overlap the worker's own start)."""
         self._ensure()
 
+    def ready(self) -> bool:
+        """Whether a trial started now starts at once: the warm process has done its imports
+        (or trials start cold). A worker pulls its first trial then, so that a trial does
+        not wait in a worker still importing while another worker could start it."""
+        if self._proc is None or self._broken is not None or self._ready.is_set():
+            return True
+        return time.monotonic() - self._started_at > READY_WAIT_S  # imports that hang
+
     def _ensure(self) -> subprocess.Popen[bytes] | None:
         if self._broken is not None:
             return None
@@ -225,6 +240,7 @@ class WarmStarter:
             self._proc = subprocess.Popen(
                 command, env=self._env, stdin=subprocess.PIPE, stdout=subprocess.PIPE
             )
+            self._started_at = time.monotonic()
             threading.Thread(target=self._read, args=(self._proc,), daemon=True).start()
         return self._proc
 
@@ -290,6 +306,9 @@ class WarmStarter:
         assert proc.stdout is not None
         for line in proc.stdout:
             message = json.loads(line)
+            if "ready" in message:
+                self._ready.set()
+                continue
             with self._lock:
                 trial = self._trials.get(message["id"])
                 if "code" in message or "refused" in message:
@@ -473,6 +492,7 @@ def serve(parent: int, preload: Sequence[str]) -> None:
     orm = sys.modules.get("sqlalchemy.orm")
     if failed is None and orm is not None:
         orm.configure_mappers()  # the record's mappers, set up once rather than per trial
+    answer({"ready": True})
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
