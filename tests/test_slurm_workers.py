@@ -15,13 +15,16 @@ import re
 import pytest
 import torch
 
+from lightning_bridge.experiment import _slurm_workers
 from lightning_bridge.experiment._cli import main
+from lightning_bridge.experiment._config import load_config
 from lightning_bridge.experiment._runner import Options, prepare
-from lightning_bridge.experiment._slurm_workers import check_worker_jobs
+from lightning_bridge.experiment._slurm_workers import WorkerJobs, check_worker_jobs
 from lightning_bridge.record._registry import Registry
 from lightning_bridge.search import SearchDriver
 from tests import _folders as sf
 from tests._folders import checkpoint_weights
+from tests._servers import PostgresServer
 from tests._slurm_cluster import SlurmCluster
 from tests.test_slurm import (  # noqa: F401 - fixtures
     _config,
@@ -255,3 +258,49 @@ def test_experiment_kill_cancels_the_worker_jobs_and_gives_their_trials_back(
     finally:
         driver.close()
     assert "running" not in views.values() and not finished, views
+
+
+@pytest.mark.search
+@pytest.mark.postgres
+def test_the_coordinator_of_worker_jobs_rides_out_a_storage_restart(
+    tmp_path: pathlib.Path, postgres: PostgresServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The search's storage (PostgreSQL) restarts while the coordinator follows its worker
+    jobs: its polls say so once and go on (the jobs train meanwhile); once the server is
+    back, it opens the storage anew. Away longer than the bound, the error ends it."""
+    path = sf.write_folder(tmp_path, copy.deepcopy(RANDOM), "exp", sf.TINY)
+    config = load_config(path)
+    storage = postgres.new_database()
+    said: list[str] = []
+    with Registry(tmp_path / "ws") as registry:
+        registry.create_experiment(config.raw)
+        jobs = WorkerJobs(
+            registry,
+            SearchDriver(storage, "s", config.search),
+            experiment_id=1,
+            config=config,
+            context_dir=path.parent,
+            options=Options(launcher="slurm", worker_jobs=1, accelerator="cpu"),
+            storage=storage,
+            lost_after_s=300,
+            say=said.append,
+        )
+        postgres.stop()
+        try:
+            jobs._turn_through_outages()
+            jobs._turn_through_outages()
+        finally:
+            postgres.start()
+        assert len(said) == 1 and said[0].startswith("The search storage is unavailable")
+        before = jobs.driver
+        jobs._turn_through_outages()
+        assert jobs.driver is not before and not jobs.driver.is_finished()
+        postgres.stop()
+        try:
+            jobs._turn_through_outages()
+            monkeypatch.setattr(_slurm_workers, "RETRY_S", 0.0)
+            with pytest.raises(Exception, match=r"(?i)connect|server"):
+                jobs._turn_through_outages()
+        finally:
+            postgres.start()
+        jobs.driver.close()

@@ -222,6 +222,7 @@ def _serve(
             config=config,
             context_dir=folder,
             options=options,
+            storage=storage,
             lost_after_s=lost_after_s,
             say=lambda line: print(line, flush=True),
         )

@@ -46,12 +46,14 @@ from lightning_bridge.experiment._slurm import (
     POLL_S,
     JobInfo,
     SlurmLauncher,
+    SlurmRefused,
     SlurmSettings,
     job_info,
     sbatch,
     signal_job,
     unreachable_in,
 )
+from lightning_bridge.record._outage import RETRY_S, is_unavailable, reason
 from lightning_bridge.record._registry import LIVE_JOB_STATES, Registry
 from lightning_bridge.record._schema import TrialState
 from lightning_bridge.search import SearchDriver
@@ -101,6 +103,7 @@ class WorkerJobs:
         config: ResolvedConfig,
         context_dir: pathlib.Path,
         options: _runner.Options,
+        storage: str,
         lost_after_s: float,
         say: Callable[[str], None],
     ) -> None:
@@ -115,6 +118,9 @@ class WorkerJobs:
         self.unreachable: str | None = None
         self._signals = 0
         self._stopped_because: str | None = None
+        self.storage = storage
+        self._reopen = False
+        self._away_since: float | None = None
 
     # ----- submitting -----
 
@@ -160,12 +166,17 @@ class WorkerJobs:
             stops = (signal.SIGINT, signal.SIGTERM)
             previous = {s: signal.signal(s, self._on_signal) for s in stops}
         try:
-            for number in range(self.count):
-                if self._signals:
-                    break
-                self.jobs.append(self._submit(launcher, number))
+            try:
+                for number in range(self.count):
+                    if self._signals:
+                        break
+                    self.jobs.append(self._submit(launcher, number))
+            except SlurmRefused:
+                for job in self.jobs:  # none left serving a search that did not start
+                    signal_job(job.job_id, None)
+                raise
             while not all(job.ended for job in self.jobs):
-                self._turn()
+                self._turn_through_outages()
                 time.sleep(POLL_S)
             self._relay()
         finally:
@@ -178,9 +189,33 @@ class WorkerJobs:
             self.say(f"The search stopped: {self._stopped_because}")
         return finished
 
+    def _turn_through_outages(self) -> None:
+        """`_turn`, while the search's storage may be away a while (a database server
+        restarting): the jobs go on meanwhile; its connections are opened anew, and a job's
+        end is handled once the storage is back. Away longer than `RETRY_S`: the error."""
+        try:
+            if self._reopen:
+                self.driver = SearchDriver(self.storage, self.driver.name)
+                self._reopen = False
+            self._turn()
+            self._away_since = None
+        except Exception as exc:
+            if not is_unavailable(exc):
+                raise
+            now = time.monotonic()
+            if self._away_since is None:
+                self._away_since = now
+                self.say(f"The search storage is unavailable ({reason(exc)}); retrying")
+            elif now - self._away_since > RETRY_S:
+                raise
+            if not self._reopen:
+                self._reopen = True
+                with contextlib.suppress(Exception):
+                    self.driver.close()
+
     def _turn(self) -> None:
         """One poll: each job's state (recorded for its trials as it changes), its new
-        output, its end."""
+        output, its end (handled whole before the job counts as ended)."""
         self._relay()
         finished = self.driver.is_finished()
         for job in self.jobs:
@@ -195,8 +230,8 @@ class WorkerJobs:
                 if finished and info.state == "PENDING":
                     signal_job(job.job_id, None)  # never started: no longer needed
                 continue
-            job.ended = True
             self._ended(job, "GONE" if info is None else info.state)
+            job.ended = True
 
     def _relay(self) -> None:
         """Print what the worker jobs printed since the last poll, each line with its job."""
@@ -239,7 +274,7 @@ class WorkerJobs:
             f"search worker job {job.job_id} ended {state} before the search finished "
             f"(its output: {job.output})"
         )
-        live = [j for j in self.jobs if not j.ended]
+        live = [j for j in self.jobs if not j.ended and j is not job]
         if live:
             self.say(
                 f"Search worker job {job.job_id} ended {state} before the search finished: "
