@@ -191,14 +191,18 @@ def test_a_search_in_worker_jobs_pauses_continues_and_equals_the_local_search(
 
 
 @pytest.mark.slurm
+@pytest.mark.parametrize("how", ["scontrol requeue", "time limit signal"])
 def test_a_requeued_worker_job_continues_its_trial_to_the_same_weights(
     tmp_path: pathlib.Path,
     slurm_cluster: SlurmCluster,
     local_weights: dict[str, torch.Tensor],  # noqa: F811 - the fixture
+    how: str,
 ) -> None:
-    """`scontrol requeue` of a worker job mid-trial (as a preemption): its trial checkpoints
-    and is given back, the requeued job's worker takes it again and continues it from that
-    checkpoint; one job, requeued once, and the uninterrupted local run's weights."""
+    """A worker job requeued mid-trial, by `scontrol requeue` (as a preemption), or by itself
+    after the time limit's signal (SIGUSR1 to its batch shell, as `--signal=B:USR1@120`
+    sends it): its trial checkpoints and is given back, the requeued job's worker takes it
+    again and continues it from that checkpoint; one job, requeued once, and the
+    uninterrupted local run's weights."""
     ws = tmp_path / "ws"
     searcher = {**_config()["searcher"], "name": "random", "max_trials": 1}
     config = _folder(tmp_path, _config(searcher=searcher))
@@ -207,12 +211,17 @@ def test_a_requeued_worker_job_continues_its_trial_to_the_same_weights(
     try:
         _wait_for(lambda: _trial_batches(ws) >= 6, 240, "the trial to train 6 batches")
         job_id = _job(ws).job_id
-        slurm_cluster.run("scontrol", "requeue", job_id)
+        if how == "scontrol requeue":
+            slurm_cluster.run("scontrol", "requeue", job_id)
+        else:
+            slurm_cluster.run("scancel", "--batch", "--signal=USR1", job_id)
     finally:
         out = finish(coordinator, timeout=300)
     assert coordinator.returncode == 0, out[-4000:]
     assert _submitted(out) == [job_id], out[-4000:]
     assert f"Slurm job {job_id} was requeued" in out, out[-4000:]
+    if how == "time limit signal":
+        assert "its time limit is near: its trials checkpointed" in out, out[-4000:]
     assert "finished, 1 trials in all" in out, out[-4000:]
     trial = _trial(ws)
     assert trial.state == "COMPLETED" and trial.batches_trained == 24 and trial.runs == 2, trial
