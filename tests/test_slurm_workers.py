@@ -45,13 +45,13 @@ from tests.test_slurm import (  # noqa: F401 - fixtures
     slurm_cluster_fixture,
 )
 
-# A random search of three trials of the tiny trial, two at a time, 16 batches each.
+# A random search of two trials of the tiny trial, both at once, 16 batches each.
 RANDOM = {
     **copy.deepcopy(sf.SEARCH_CONFIG),
     "searcher": {
         "name": "random",
         "metric": "validation_loss",
-        "max_trials": 3,
+        "max_trials": 2,
         "max_length": {"batches": 16},
         "max_concurrent_trials": 2,
     },
@@ -78,11 +78,14 @@ def _weights_by_hparams(workspace: pathlib.Path) -> dict[str, dict[str, torch.Te
     return out
 
 
-def _in_two_worker_jobs(path: pathlib.Path, ws: pathlib.Path, batches: int, verb: str) -> str:
-    """Run the search at `path` in two worker jobs into `ws`; once a trial trained `batches`
-    batches, `experiment VERB 1` (pause, kill). The coordinator's output, once it ended
-    with 0."""
-    coordinator = lb_start(*on_slurm(path, ws, "--worker-jobs", "2"), cwd=path.parent.parent)
+def _in_worker_jobs(
+    path: pathlib.Path, ws: pathlib.Path, jobs: int, batches: int, verb: str
+) -> str:
+    """Run the search at `path` in `jobs` worker jobs into `ws`; once a trial trained
+    `batches` batches, `experiment VERB 1` (pause, kill). The coordinator's output, once it
+    ended with 0."""
+    args = on_slurm(path, ws, "--worker-jobs", str(jobs))
+    coordinator = lb_start(*args, cwd=path.parent.parent)
     try:
         _wait_for(
             lambda: any(t.batches_trained >= batches for t in _search_trials(ws)),
@@ -127,11 +130,11 @@ def test_worker_jobs_refused_where_they_cannot_apply(
 def test_a_search_in_worker_jobs_pauses_continues_and_equals_the_local_search(
     tmp_path: pathlib.Path, slurm_cluster: SlurmCluster, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Three trials in two worker jobs: `experiment pause` while the first two train (they
-    checkpoint and stop, the coordinator stops the jobs and ends), `experiment continue` in
-    two new worker jobs (the recorded `--worker-jobs`): the paused trials go on from their
-    checkpoints, one job runs two trials one after the other (forked, not started cold), each
-    trial's record names its job, and every trial ends with the local search's weights."""
+    """Two trials in two worker jobs: `experiment pause` while they train (they checkpoint
+    and stop, the coordinator stops the jobs and ends), `experiment continue --worker-jobs
+    1`: the paused trials go on from their checkpoints in one new worker job, one after the
+    other (forked, not started cold), each trial's record names its job, and every trial
+    ends with the local search's weights."""
     config = copy.deepcopy(RANDOM)
     config["hyperparameters"]["delay"] = 0.3
     path = sf.write_folder(tmp_path, config, "exp", sf.TINY)
@@ -148,7 +151,7 @@ def test_a_search_in_worker_jobs_pauses_continues_and_equals_the_local_search(
     assert local.returncode == 0, _shown(local)
 
     ws = tmp_path / "ws"
-    out = _in_two_worker_jobs(path, ws, 4, "pause")
+    out = _in_worker_jobs(path, ws, 2, 4, "pause")
     assert "checkpoints and stops" in capsys.readouterr().out
     assert len(_submitted(out)) == 2, out[-4000:]
     assert "The search stopped" in out, out[-4000:]
@@ -157,15 +160,16 @@ def test_a_search_in_worker_jobs_pauses_continues_and_equals_the_local_search(
     assert any(0 < t.batches_trained < 16 for t in paused), paused
     _wait_for(lambda: not slurm_cluster.jobs(under=tmp_path), 30, "squeue to list no job")
 
-    done = lb("experiment", "continue", "1", "--workspace", str(ws), cwd=tmp_path, timeout=400)
+    resume = ["experiment", "continue", "1", "--workspace", str(ws), "--worker-jobs", "1"]
+    done = lb(*resume, cwd=tmp_path, timeout=400)
     assert done.returncode == 0, _shown(done)
     second = _submitted(done.stdout)
-    assert len(second) == 2, _shown(done)
-    assert "finished, 3 trials in all" in done.stdout, _shown(done)
+    assert len(second) == 1, _shown(done)
+    assert "finished, 2 trials in all" in done.stdout, _shown(done)
     with Registry(ws) as registry:
         trials = registry.trials(1)
         jobs = {j.trial_id: j for j in registry.jobs(1)}
-    assert len(trials) == 3 and all(t.state == "COMPLETED" for t in trials), trials
+    assert len(trials) == 2 and all(t.state == "COMPLETED" for t in trials), trials
     assert all(t.batches_trained == 16 for t in trials), trials
     stopped = {t.id for t in paused if t.state == "STOPPED"}
     assert stopped and all(t.runs == 2 for t in trials if t.id in stopped), trials
@@ -173,8 +177,7 @@ def test_a_search_in_worker_jobs_pauses_continues_and_equals_the_local_search(
     for job in jobs.values():
         assert job.launcher == "slurm" and job.job_id in second and job.state == "COMPLETED"
         assert job.reason == f"a trial of search worker job {job.job_id}", job
-    ran = [j.job_id for j in jobs.values()]
-    assert max(ran.count(j) for j in second) >= 2, jobs  # 3 trials, 2 jobs: one ran two
+    assert [j.job_id for j in jobs.values()] == second * 2, jobs  # one job ran both
     for job_id in second:
         output = (ws / "experiments/1/workers" / f"slurm-{job_id}.out").read_text()
         assert f"Search worker in Slurm job {job_id}" in output, output[-3000:]
@@ -191,18 +194,16 @@ def test_a_search_in_worker_jobs_pauses_continues_and_equals_the_local_search(
 
 
 @pytest.mark.slurm
-@pytest.mark.parametrize("how", ["scontrol requeue", "time limit signal"])
 def test_a_requeued_worker_job_continues_its_trial_to_the_same_weights(
     tmp_path: pathlib.Path,
     slurm_cluster: SlurmCluster,
     local_weights: dict[str, torch.Tensor],  # noqa: F811 - the fixture
-    how: str,
 ) -> None:
-    """A worker job requeued mid-trial, by `scontrol requeue` (as a preemption), or by itself
-    after the time limit's signal (SIGUSR1 to its batch shell, as `--signal=B:USR1@120`
-    sends it): its trial checkpoints and is given back, the requeued job's worker takes it
-    again and continues it from that checkpoint; one job, requeued once, and the
-    uninterrupted local run's weights."""
+    """A worker job requeued twice mid-trial: by `scontrol requeue` (as a preemption), then
+    by itself after the time limit's signal (SIGUSR1 to its batch shell, as
+    `--signal=B:USR1@120` sends it). Each time its trial checkpoints and is given back, and
+    the requeued job's worker takes it again and continues it from that checkpoint: one job,
+    requeued twice, the trial in 3 runs, and the uninterrupted local run's weights."""
     ws = tmp_path / "ws"
     searcher = {**_config()["searcher"], "name": "random", "max_trials": 1}
     config = _folder(tmp_path, _config(searcher=searcher))
@@ -211,22 +212,22 @@ def test_a_requeued_worker_job_continues_its_trial_to_the_same_weights(
     try:
         _wait_for(lambda: _trial_batches(ws) >= 6, 240, "the trial to train 6 batches")
         job_id = _job(ws).job_id
-        if how == "scontrol requeue":
-            slurm_cluster.run("scontrol", "requeue", job_id)
-        else:
-            slurm_cluster.run("scancel", "--batch", "--signal=USR1", job_id)
+        slurm_cluster.run("scontrol", "requeue", job_id)
+        _wait_for(lambda: _trial(ws).runs == 2, 120, "the requeued job to continue the trial")
+        trained = _trial_batches(ws)
+        _wait_for(lambda: _trial_batches(ws) >= trained + 4, 120, "the trial to train on")
+        slurm_cluster.run("scancel", "--batch", "--signal=USR1", job_id)
     finally:
         out = finish(coordinator, timeout=300)
     assert coordinator.returncode == 0, out[-4000:]
     assert _submitted(out) == [job_id], out[-4000:]
-    assert f"Slurm job {job_id} was requeued" in out, out[-4000:]
-    if how == "time limit signal":
-        assert "its time limit is near: its trials checkpointed" in out, out[-4000:]
+    assert out.count(f"Slurm job {job_id} was requeued") == 2, out[-4000:]
+    assert "its time limit is near: its trials checkpointed" in out, out[-4000:]
     assert "finished, 1 trials in all" in out, out[-4000:]
     trial = _trial(ws)
-    assert trial.state == "COMPLETED" and trial.batches_trained == 24 and trial.runs == 2, trial
+    assert trial.state == "COMPLETED" and trial.batches_trained == 24 and trial.runs == 3, trial
     job = _job(ws)
-    assert job.job_id == job_id and job.state == "COMPLETED" and job.restarts == 1, job
+    assert job.job_id == job_id and job.state == "COMPLETED" and job.restarts == 2, job
     with Registry(ws) as registry:
         latest = registry.latest_checkpoint(1)
     assert latest is not None
@@ -237,14 +238,14 @@ def test_a_requeued_worker_job_continues_its_trial_to_the_same_weights(
 def test_experiment_kill_cancels_the_worker_jobs_and_gives_their_trials_back(
     tmp_path: pathlib.Path, slurm_cluster: SlurmCluster, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """`experiment kill` while the first trial trains: its worker job is cancelled (the
-    trial with it, recorded STOPPED "killed"), the coordinator gives the trial back in the
-    search, stops the other worker job and ends; no job is left, and the search can go on."""
+    """`experiment kill` while the first trial trains in the search's worker job: the job is
+    cancelled (the trial with it, recorded STOPPED "killed"), the coordinator gives the
+    trial back in the search and ends; no job is left, and the search can go on."""
     config = copy.deepcopy(RANDOM)
     config["hyperparameters"]["delay"] = 0.3
     path = sf.write_folder(tmp_path, config, "exp", sf.TINY)
     ws = tmp_path / "ws"
-    out = _in_two_worker_jobs(path, ws, 1, "kill")
+    out = _in_worker_jobs(path, ws, 1, 1, "kill")
     assert "killed" in capsys.readouterr().out
     assert "The search stopped" in out, out[-4000:]
     _wait_for(lambda: not slurm_cluster.jobs(under=tmp_path), 30, "squeue to list no job")
