@@ -200,7 +200,8 @@ def test_a_script_that_ignores_the_signal_is_killed_after_preemption_timeout(
     )
     (folder / "stubborn.py").write_text(textwrap.dedent(STUBBORN))
     proc = ff.start_run(folder)
-    ff.wait_for(folder / f"ready.{processes - 1}", proc)
+    for rank in range(processes):  # every rank ignores SIGTERM (they start in any order)
+        ff.wait_for(folder / f"ready.{rank}", proc)
     proc.send_signal(signal.SIGTERM)
     code, _, err, took = ff.finish(proc, timeout=60)
     assert code == 128 + signal.SIGKILL
