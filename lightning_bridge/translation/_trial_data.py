@@ -14,6 +14,13 @@ carry the state of the pass in progress. When a run continues, the tracker repla
 already finished and the finished part of the current one without disturbing the restored RNG,
 and starts the current pass from the state it originally started from, so the remaining batches
 come in the same order as if the run had never stopped.
+
+A checkpoint without that record (one Determined wrote, or any writer without the bridge's
+entry) continues mid-epoch as Determined continues it: Determined restores the RNG, then draws
+the order of every pass up to the one in progress again, one after the other, while it skips
+the batches already trained, so the rest of the pass comes in that last order (not the one the
+interrupted run was taking, which only the pass-start record keeps). At an epoch end no pass is
+in progress and the next pass draws from the checkpoint's RNG, as the uninterrupted run did.
 """
 
 from __future__ import annotations
@@ -133,6 +140,10 @@ def build_trial_data(
     epoch_len = ctx.distributed.broadcast(epoch_len)
     if tracker is not None and start_batch:
         done, in_epoch = divmod(start_batch, epoch_len)
+        if in_epoch and "pass_start_rng" not in saved:
+            # Mid-epoch without the bridge's record (a checkpoint Determined wrote): continue
+            # as Determined does, every pass so far drawn again from the restored RNG.
+            done = 0
         tracker._resume_passes = done
         tracker._resume_rng = saved.get("pass_start_rng") if in_epoch else None
     validation = trial.build_validation_data_loader()

@@ -14,12 +14,14 @@ never inside it: the reference copies the working directory into every checkpoin
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
 import pathlib
 import pickle
 import shutil
+from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
 
@@ -173,6 +175,7 @@ def assert_no_diff(title: str, lines: list[str]) -> None:
 # its order from, so after a mid-epoch stop nobody can rebuild the rest of that pass's order
 # from it.  At an epoch end no pass is in progress: the next pass draws its order after the
 # checkpoint, from exactly the RNG state the checkpoint holds, in the uninterrupted run too.
+# (A shuffled mid-epoch stop is compared with the reference's own continuation below.)
 REFERENCE_STOPS = {
     "sequential_mid_epoch": (False, 9, 16),
     "shuffled_epoch_end": (True, 12, 20),
@@ -417,3 +420,150 @@ def test_bridge_continues_legacy_layouts(
         diff_values(expected.training_metrics[k:], continued.training_metrics, "training"),
     )
     assert_weights_close(continued.weights, expected.weights)
+
+
+# --------------------------------------------------------------------------------------------
+# Shuffled data stopped mid-epoch: each side continues each side's checkpoint
+
+
+SHUFFLED_STOP = 9  # batch 3 of the second 6-batch pass: one whole pass and half of one trained
+SHUFFLED_LENGTH = 15
+
+
+@contextlib.contextmanager
+def as_on_a_cluster(steps_completed: int) -> Iterator[None]:
+    """Run the reference's ``Trainer.fit`` as a Determined cluster runs a continued trial.
+
+    The master hands the trial the batches its checkpoint trained (``steps_completed``): the
+    reference skips that many batches and counts ``batch_idx`` on from there.  Local mode has
+    no master and passes 0 (it restarts the data at the first batch), so this sets what the
+    master would.  The reference's own ``torch.load`` of its own checkpoint (no
+    ``weights_only``) is refused under torch >= 2.6 (its numpy RNG state is no tensor): a
+    Determined user there sets ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD``, as here."""
+    controller = reference._PyTorchTrialController
+
+    class ContinuedOnACluster(controller):  # type: ignore[misc,valid-type]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            kwargs["steps_completed"] = steps_completed
+            super().__init__(*args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(reference, "_PyTorchTrialController", ContinuedOnACluster)
+        mp.setenv("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")
+        yield
+
+
+@dataclasses.dataclass
+class ShuffledRuns:
+    """Runs of the shuffled trial stopped at SHUFFLED_STOP and continued to SHUFFLED_LENGTH."""
+
+    bridge_uninterrupted: FitRecord
+    reference_on_reference: FitRecord  # the reference continues its own checkpoint
+    bridge_on_reference: FitRecord  # the bridge continues the reference's checkpoint
+    bridge_on_bridge: FitRecord
+    reference_on_bridge: FitRecord
+
+
+@pytest.fixture(scope="module")
+def shuffled_runs(tmp_path_factory: pytest.TempPathFactory) -> ShuffledRuns:
+    root = tmp_path_factory.mktemp("shuffled")
+    k, n = SHUFFLED_STOP, SHUFFLED_LENGTH
+    with isolated_environment(root / "uninterrupted"):
+        uninterrupted = fit(bridge, shuffle=True, max_batches=n)
+    with isolated_environment(root / "reference"):
+        stopped = fit(reference, shuffle=True, max_batches=n, stop_after=k)
+        assert len(stopped.train_calls) == k
+        (ref_checkpoint,) = stopped.checkpoint_dirs
+        with as_on_a_cluster(k):
+            reference_on_reference = fit(
+                reference, shuffle=True, max_batches=n, latest_checkpoint=ref_checkpoint.name
+            )
+        bridge_on_reference = fit(
+            bridge, shuffle=True, max_batches=n, latest_checkpoint=str(ref_checkpoint)
+        )
+    with isolated_environment(root / "bridge"):
+        storage = pathlib.Path(os.environ["XDG_DATA_HOME"]) / "determined"
+        stopped = fit(bridge, shuffle=True, max_batches=n, stop_after=k, checkpoint_dir=storage)
+        assert len(stopped.train_calls) == k
+        (bridge_checkpoint,) = stopped.checkpoint_dirs
+        bridge_on_bridge = fit(
+            bridge, shuffle=True, max_batches=n, latest_checkpoint=str(bridge_checkpoint)
+        )
+        with as_on_a_cluster(k):
+            reference_on_bridge = fit(
+                reference, shuffle=True, max_batches=n, latest_checkpoint=bridge_checkpoint.name
+            )
+    return ShuffledRuns(
+        uninterrupted,
+        reference_on_reference,
+        bridge_on_reference,
+        bridge_on_bridge,
+        reference_on_bridge,
+    )
+
+
+def _assert_same_continuation(title: str, expected: FitRecord, got: FitRecord) -> None:
+    """The same batches (indices, samples, learning rates), per-batch losses, validations and
+    final weights."""
+    assert_no_diff(
+        f"{title}: train_batch calls differ",
+        diff_values(expected.train_calls, got.train_calls, "train_batch"),
+    )
+    assert_no_diff(
+        f"{title}: per-batch training metrics differ",
+        diff_values(expected.training_metrics, got.training_metrics, "training"),
+    )
+    assert_no_diff(
+        f"{title}: validation metrics differ",
+        diff_values(expected.validation_metrics, got.validation_metrics, "validation"),
+    )
+    assert_weights_close(got.weights, expected.weights)
+
+
+def test_bridge_continues_a_reference_mid_epoch_checkpoint_as_the_reference_does(
+    shuffled_runs: ShuffledRuns,
+) -> None:
+    """A checkpoint Determined wrote mid-epoch holds no record of the order the pass in progress
+    was taking; Determined continues it by drawing every pass's order again from the restored
+    RNG while skipping the trained batches.  The bridge continues it the same way: a run moved
+    from Determined mid-epoch goes on as it would have on Determined."""
+    runs, k = shuffled_runs, SHUFFLED_STOP
+    expected = runs.reference_on_reference
+    assert [c["batch_idx"] for c in expected.train_calls] == list(range(k, SHUFFLED_LENGTH))
+    # Not the order the interrupted pass was taking: that order is lost with the checkpoint.
+    assert [c["ids"] for c in expected.train_calls[:3]] != [
+        c["ids"] for c in runs.bridge_uninterrupted.train_calls[k : k + 3]
+    ]
+    _assert_same_continuation(
+        "bridge vs reference continuing the reference's checkpoint",
+        expected,
+        runs.bridge_on_reference,
+    )
+
+
+def test_a_bridge_mid_epoch_checkpoint_continues_exactly_on_the_bridge(
+    shuffled_runs: ShuffledRuns,
+) -> None:
+    """The bridge's own checkpoint records where the pass in progress started: the bridge
+    continues it exactly as its uninterrupted run went on.  Determined continues it as it
+    continues its own checkpoint of the same batch (it ignores the record): one answer for
+    both sides' checkpoints, which is not the uninterrupted run's."""
+    runs, k = shuffled_runs, SHUFFLED_STOP
+    uninterrupted = runs.bridge_uninterrupted
+    bridge_on_bridge = runs.bridge_on_bridge
+    assert_no_diff(
+        "bridge continuing its checkpoint: train_batch calls differ from the uninterrupted run",
+        diff_values(uninterrupted.train_calls[k:], bridge_on_bridge.train_calls, "train_batch"),
+    )
+    assert_no_diff(
+        "bridge continuing its checkpoint: training metrics differ from the uninterrupted run",
+        diff_values(
+            uninterrupted.training_metrics[k:], bridge_on_bridge.training_metrics, "training"
+        ),
+    )
+    assert_arrays_equal(bridge_on_bridge.weights, uninterrupted.weights)
+    _assert_same_continuation(
+        "reference continuing the bridge's vs its own checkpoint",
+        runs.reference_on_reference,
+        runs.reference_on_bridge,
+    )
