@@ -23,6 +23,7 @@ import yaml
 import lightning_bridge
 from lightning_bridge.contract import _import_map
 from lightning_bridge.experiment._cli import main
+from tests._trials import LinearTrial, fit
 
 # What the examples (tutorials/mnist_pytorch, deepspeed/dcgan, features/*), the e2e fixtures
 # (mnist_pytorch/*) and the PyTorch user guide read from `determined.pytorch`.
@@ -374,3 +375,65 @@ def test_a_script_that_configures_logging_gets_the_bridges_records_once(
     finally:
         root.removeHandler(handler)
     assert capsys.readouterr().err == f"INFO: [{os.getpid()}] lightning_bridge: after\n"
+
+
+class _PrivateReader(LinearTrial):
+    """Reads Determined's private context attributes where Determined's fixtures, examples
+    and model_hub read them: in `__init__`, while building the loaders, in `train_batch`."""
+
+    def __init__(self, context: Any) -> None:
+        super().__init__(context)
+        self.seen: dict[str, Any] = {"init": self._read()}
+
+    def _read(self) -> dict[str, Any]:
+        ctx = self.context
+        return {
+            "_aggregation_frequency": ctx._aggregation_frequency,
+            "_epoch_len": ctx._epoch_len,
+            "_current_batch_idx": ctx._current_batch_idx,
+            "_use_apex": ctx._use_apex,
+            "_is_chief": ctx.distributed._is_chief,
+            "_is_local_chief": ctx.distributed._is_local_chief,
+        }
+
+    def build_training_data_loader(self) -> Any:
+        self.seen["train_loader"] = self._read()
+        return super().build_training_data_loader()
+
+    def build_validation_data_loader(self) -> Any:
+        self.seen["validation_loader"] = self._read()
+        return super().build_validation_data_loader()
+
+    def train_batch(self, batch: Any, epoch_idx: int, batch_idx: int) -> Any:
+        self.seen[f"batch {batch_idx}"] = self._read()
+        return super().train_batch(batch, epoch_idx, batch_idx)
+
+
+def test_determineds_private_context_attributes_keep_determineds_values() -> None:
+    """Determined's values (determined 0.38.1's PyTorchTrialContext): the aggregation
+    frequency given to init(); the batches per epoch from when the training loader is built
+    (None before); the batch being trained (None before the first); no apex; one process is
+    its machine's chief. Each is listed in `DETERMINED_PRIVATE_NAMES`."""
+    from lightning_bridge.contract._context import DETERMINED_PRIVATE_NAMES
+
+    trial, _ = fit(
+        _PrivateReader,
+        init_kwargs={"aggregation_frequency": 2, "hparams": {"global_batch_size": 8}},
+        max_length=lightning_bridge.Batch(6),
+        checkpoint_policy="none",
+    )
+    flags = {"_use_apex": False, "_is_chief": True, "_is_local_chief": True}
+    before = {"_aggregation_frequency": 2, "_epoch_len": None, "_current_batch_idx": None}
+    assert trial.seen["init"] == trial.seen["train_loader"] == {**before, **flags}
+    # 32 records in batches of 8: 4 batches per epoch, known once the training loader is.
+    assert trial.seen["validation_loader"] == {**before, "_epoch_len": 4, **flags}
+    for idx in range(6):
+        assert trial.seen[f"batch {idx}"] == {
+            **before,
+            "_epoch_len": 4,
+            "_current_batch_idx": idx,
+            **flags,
+        }
+    assert {name.split(".")[-1] for name in DETERMINED_PRIVATE_NAMES} >= set(before) | set(flags)
+    with pytest.raises(lightning_bridge.InvalidTrialError, match="read-only: pass aggregation"):
+        trial.context._aggregation_frequency = 1

@@ -97,6 +97,16 @@ class DistributedContext:
     def cross_size(self) -> int:
         return self._get("cross_size")
 
+    # Determined's private flags, read by some trials: this process is the chief (rank 0), the
+    # first of its machine (local rank 0).
+    @property
+    def _is_chief(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def _is_local_chief(self) -> bool:
+        return self.local_rank == 0
+
     def get_rank(self) -> int:
         return self.rank
 

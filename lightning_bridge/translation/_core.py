@@ -179,10 +179,14 @@ class TrialCore:
             start_batch=self.start_batch,
             saved=saved,
             chief=self.is_chief,
+            on_epoch_len=self._set_epoch_len,
         )
         self.train_iterator, self.val_loader = data.iterator, data.val_loader
         self._tracker = data.tracker
         self._epoch_len = data.epoch_len
+
+    def _set_epoch_len(self, epoch_len: int) -> None:
+        self._epoch_len = epoch_len
 
     def resume_from(
         self, payload: dict[str, Any], state: TrialState | None, *, warm_start: bool = False

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -113,12 +113,15 @@ def build_trial_data(
     start_batch: int,
     saved: dict[str, Any],
     chief: bool,
+    on_epoch_len: Callable[[int], None] | None = None,
 ) -> TrialData:
     """Build the loaders (see the module docstring); `chief`: this process builds the
     validation loader of `evaluate_full_dataset`.
 
     `saved` is the bridge's entry of the checkpoint being continued (the data position), or
-    an empty dict for a fresh start.
+    an empty dict for a fresh start. `on_epoch_len` is told the epoch length as soon as it is
+    known, before the validation loader is built (Determined's `context._epoch_len` is set
+    there).
     """
     train, tracker = _loader(
         ctx,
@@ -138,6 +141,8 @@ def build_trial_data(
             "batch_size (with drop_last=True a dataset smaller than one batch is empty)."
         )
     epoch_len = ctx.distributed.broadcast(epoch_len)
+    if on_epoch_len is not None:
+        on_epoch_len(epoch_len)
     if tracker is not None and start_batch:
         done, in_epoch = divmod(start_batch, epoch_len)
         if in_epoch and "pass_start_rng" not in saved:
