@@ -249,8 +249,9 @@ def examples(session: nox.Session) -> None:
             "not an example with '_'."
         )
     _install(session)
-    # The session's environment as `session.run` gives it: its bin first on PATH (the ported
-    # example's startup hook runs `pip`, which must be the session's).
+    # The session's environment as `session.run` gives it: its bin first on PATH (the bridge
+    # puts its interpreter's folder first on the PATH of a startup hook itself, so the ported
+    # example's hook finds the session's python3 either way).
     env = {
         **_env(session),
         "PATH": os.pathsep.join([session.bin, os.environ.get("PATH", "")]),

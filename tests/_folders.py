@@ -496,6 +496,14 @@ def command(*args: str) -> list[str]:
     return [sys.executable, "-m", "lightning_bridge", *args]
 
 
+def console_script(*args: str) -> list[str]:
+    """`lightning-bridge ARGS` through the installed console script, the entry point a user
+    runs (`python -m lightning_bridge`, which exits the same way, where it is not installed)."""
+    script = pathlib.Path(sys.executable).with_name("lightning-bridge")
+    found = [str(script)] if script.is_file() else [sys.executable, "-m", "lightning_bridge"]
+    return [*found, *args]
+
+
 def cli_env(folder: pathlib.Path | None = None) -> dict[str, str]:
     """The environment of a command a test starts: this checkout's package, no launcher or
     bridge variables left over from the test process; with `folder`, the folder's own

@@ -318,6 +318,39 @@ def test_startup_hook_runs_before_the_trial_and_its_exports_reach_it(
     assert log.index("preparing data") < log.index("GPU available")
 
 
+def test_startup_hook_runs_with_the_bridges_interpreter_first_on_path(
+    tmp_path: pathlib.Path,
+    capsys: pytest.CaptureFixture[str],
+    fresh_imports: None,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # As in an activated virtual environment: the hook's python3 and pip are the bridge's
+    # interpreter's, whatever the user's PATH says; the trial keeps the user's PATH.
+    user_path = os.pathsep.join(
+        p for p in os.environ["PATH"].split(os.pathsep) if p != os.path.dirname(sys.executable)
+    )
+    monkeypatch.setenv("PATH", user_path)
+    hook = """
+        echo "$PATH" > hook-path.txt
+        python3 -c "import sys; print(sys.prefix)" > hook-prefix.txt
+    """
+    config = _folder(tmp_path / "exp", hook=hook, reproducibility={"experiment_seed": 1})
+    model_def = config.parent / "model_def.py"
+    model_def.write_text(
+        model_def.read_text().replace(
+            '        with open("seen.json", "w") as f:',
+            "        import os\n"
+            "        open('trial-path.txt', 'w').write(os.environ['PATH'])\n"
+            '        with open("seen.json", "w") as f:',
+        )
+    )
+    assert main(["run", str(config)]) == 0
+    hook_path = (config.parent / "hook-path.txt").read_text().strip().split(os.pathsep)
+    assert hook_path == [os.path.dirname(sys.executable), *user_path.split(os.pathsep)]
+    assert (config.parent / "hook-prefix.txt").read_text().strip() == sys.prefix
+    assert (config.parent / "trial-path.txt").read_text() == user_path
+
+
 def test_a_failing_startup_hook_stops_the_trial_with_its_exit_code(
     tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str], fresh_imports: None
 ) -> None:

@@ -93,3 +93,27 @@ def test_readme_session_table_names_the_nox_sessions() -> None:
     listed = {name for cell in cells for name in re.findall(r"^`([\w.()-]+)`(?:, |$)", cell)}
     listed |= {n for cell in cells for n in re.findall(r"`(tests\([\d.]+\))`", cell)}
     assert listed == defined
+
+
+def test_known_bad_lightning_releases_are_excluded() -> None:
+    """Lightning 2.6.2 and 2.6.3 were malicious wheels (GHSA-w37p-236h-pfx3): no requirement
+    of the package admits them, and the README recommends the release that fixes
+    CVE-2026-58659."""
+    import tomllib
+
+    from packaging.requirements import Requirement
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    requirements = [
+        Requirement(line)
+        for line in [*project["dependencies"], *sum(project["optional-dependencies"].values(), [])]
+    ]
+    lightnings = [r for r in requirements if r.name in ("lightning", "pytorch-lightning")]
+    assert {r.name for r in lightnings} == {"lightning", "pytorch-lightning"}
+    for requirement in lightnings:
+        for bad in ("2.6.2", "2.6.3"):
+            assert not requirement.specifier.contains(bad), f"{requirement} admits {bad}"
+        for good in ("2.4.0", "2.6.1", "2.6.6"):
+            assert requirement.specifier.contains(good), f"{requirement} refuses {good}"
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    assert "lightning==2.6.6" in readme and "CVE-2026-58659" in readme

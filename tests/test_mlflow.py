@@ -373,6 +373,46 @@ def test_the_web_ui_shows_the_runs_and_the_registered_model(registered: Register
         assert shot.stat().st_size > 10_000, shot
 
 
+def test_every_model_command_exits_as_the_console_script(
+    registered: Registered, tmp_path: pathlib.Path
+) -> None:
+    """The registry's commands as the user runs them, each exiting after its work: MLflow's
+    artifact download leaves its pool's threads behind, and `checkpoint download
+    models:/NAME/VERSION` once waited on them forever after printing its line."""
+    uri, ws = registered.uri, registered.workspace
+    with Registry(ws) as registry:
+        best = registry.best_checkpoints(1)[0]
+    env = {**_folders.cli_env(), "LIGHTNING_BRIDGE_WORKSPACE": str(ws), "MLFLOW_TRACKING_URI": uri}
+
+    def command(*args: str) -> str:
+        try:
+            done = subprocess.run(
+                _folders.console_script(*args),
+                cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180,
+            )  # fmt: skip
+        except subprocess.TimeoutExpired as exc:
+            raise AssertionError(f"`lightning-bridge {' '.join(args)}` did not exit: "
+                                 f"{exc.stdout!r} {exc.stderr!r}") from None  # fmt: skip
+        assert done.returncode == 0, (args, done.stdout, done.stderr)
+        return done.stdout
+
+    command("model", "create", "exits")
+    version = json.loads(command("model", "register-version", "exits", best.uuid, "--json"))
+    assert version["version"] == "1"
+    command("model", "alias", "exits", "latest-good", "1")
+    assert "exits" in command("model", "list")
+    assert best.uuid in command("model", "list-versions", "exits")
+    assert "latest-good" in command("model", "describe", "exits")
+    command("experiment", "sync", "1")
+    for source in ("models:/exits/1", "models:/exits@latest-good"):
+        out = tmp_path / source.replace("/", "_").replace(":", "").replace("@", "_")
+        assert "Downloaded version 1" in command(
+            "checkpoint", "download", source, "--out", str(out)
+        )
+        for key, value in checkpoint_weights(pathlib.Path(best.location)).items():
+            assert torch.equal(checkpoint_weights(out)[key], value)
+
+
 # ----- without a server: the embedded store, the URI's resolution, the missing extra -----
 
 

@@ -13,6 +13,7 @@ import pathlib
 import shutil
 import subprocess
 import sys
+import sysconfig
 import textwrap
 from collections.abc import Iterator
 from typing import Any
@@ -197,8 +198,13 @@ def test_port_writes_a_folder_that_trains_on_its_own(
 
     hook = out / "startup-hook.sh"
     assert os.access(hook, os.X_OK)
-    install = [line for line in hook.read_text().splitlines() if line.startswith("pip install")]
-    assert install == [f'pip install "lightning-bridge=={lightning_bridge.__version__}" pytest']
+    lines = hook.read_text().splitlines()
+    # The bridge only where the trial's python3 lacks it; the sources' packages with its pip.
+    assert lines[-3:] == [
+        'python3 -c "import lightning_bridge" 2>/dev/null ||',
+        f'    python3 -m pip install "lightning-bridge=={lightning_bridge.__version__}"',
+        "python3 -m pip install pytest",
+    ]
 
     # The folder alone trains: run from elsewhere, the project folder is not importable.
     elsewhere = tmp_path / "elsewhere"
@@ -646,3 +652,108 @@ def test_arguments_without_defaults_are_written_to_fill_in(
                 trial_cls(ctx)
         finally:
             sys.path.remove(str(out))
+
+
+def _dependencies_view(root: pathlib.Path) -> list[pathlib.Path]:
+    """Folders holding this interpreter's third-party packages without the bridge itself: its
+    site-packages as a folder of links (the bridge's own entries, pip and `.pth`
+    files left out) and the folders other `.pth` files put on `sys.path` (a shared folder)."""
+    purelib = pathlib.Path(sysconfig.get_paths()["purelib"])
+    view = root / "site-view"
+    view.mkdir()
+    skip = ("lightning_bridge", "__editable__", "pip")
+    for entry in purelib.iterdir():
+        name = entry.name.lower().replace("-", "_")
+        if name.endswith(".pth") or name.startswith(skip) or name == "__pycache__":
+            continue
+        (view / entry.name).symlink_to(entry)
+    folders = [view]
+    base = pathlib.Path(sys.base_prefix).resolve()
+    for item in sys.path:
+        path = pathlib.Path(item).resolve() if item else None
+        if path is None or not path.is_dir() or path == purelib.resolve():
+            continue
+        if path.is_relative_to(base) or path.is_relative_to(ROOT.resolve()):
+            continue  # the standard library; this checkout (PYTHONPATH, pytest's rootdir)
+        if (path / "lightning_bridge").exists() or path.is_relative_to(pathlib.Path.cwd()):
+            continue
+        folders.append(path)
+    return folders
+
+
+@pytest.mark.slow  # a virtual environment, the package built and installed, a run
+def test_a_ported_folder_runs_in_a_fresh_virtual_environment(tmp_path: pathlib.Path) -> None:
+    """The package installed from this checkout into a new virtual environment (its
+    dependencies reach it through a `.pth` file: nothing downloaded), the example ported with
+    that environment's `lightning-bridge`, and the folder run with it, not activated: the
+    startup hook's `python3` is the environment's, which has the bridge, so the hook installs
+    nothing (no index is reachable) and the trial trains."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    python = str(venv / "bin" / "python")
+    purelib = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
+    site = pathlib.Path(
+        subprocess.run(
+            [python, "-c", purelib], check=True, capture_output=True, text=True
+        ).stdout.strip()
+    )
+    # The environment's own setuptools (the one ensurepip bundles, without `bdist_wheel`)
+    # gives way to the current one of the dependencies.
+    subprocess.run([python, "-m", "pip", "uninstall", "--quiet", "-y", "setuptools"], check=True)
+    (site / "_dependencies.pth").write_text("".join(f"{p}\n" for p in _dependencies_view(tmp_path)))
+    # The package's own files, built and installed as pip installs a checkout.
+    source = tmp_path / "source"
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, source / name)
+    shutil.copytree(
+        ROOT / "lightning_bridge", source / "lightning_bridge",
+        ignore=shutil.ignore_patterns("__pycache__"),
+    )  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
+    env = {k: v for k, v in env.items() if not k.startswith("LIGHTNING_BRIDGE_")}
+    # A PATH without this interpreter's folder or the new environment's: whatever `pip` comes
+    # first is not the environment's (the user did not activate it).
+    here = {os.path.dirname(sys.executable), str(venv / "bin")}
+    env["PATH"] = os.pathsep.join(
+        p for p in env.get("PATH", "").split(os.pathsep) if p and p not in here
+    )
+    env["XDG_DATA_HOME"] = str(tmp_path / "xdg")
+    installed = subprocess.run(
+        [python, "-m", "pip", "install", "--quiet", "--no-deps",
+         "--no-build-isolation", str(source)],
+        env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert installed.returncode == 0, installed.stdout[-3000:] + installed.stderr[-3000:]
+    where = subprocess.run(
+        [python, "-c", "import lightning_bridge; print(lightning_bridge.__file__)"],
+        env=env, cwd=tmp_path, check=True, capture_output=True, text=True,
+    ).stdout  # fmt: skip
+    assert pathlib.Path(where.strip()).is_relative_to(site), where
+
+    project = tmp_path / "project"
+    project.mkdir()
+    for name in ("lit_model.py", "data.py"):
+        shutil.copy(EXAMPLE / name, project / name)
+    bridge = str(venv / "bin" / "lightning-bridge")
+    ported = subprocess.run(
+        [bridge, "port", "lit_model:LitClassifier", "--datamodule", "data:DigitsDataModule",
+         "--out", str(tmp_path / "trial")],
+        cwd=project, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert ported.returncode == 0, ported.stderr[-3000:]
+    assert (tmp_path / "trial" / "startup-hook.sh").read_text() == (
+        EXAMPLE / "startup-hook.sh"
+    ).read_text()
+    offline = {**env, "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": ""}
+    run = subprocess.run(
+        [bridge, "run", "const.yaml", "--test"],
+        cwd=tmp_path / "trial", env=offline, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "val_accuracy" in run.stdout
+    log = (tmp_path / "xdg/lightning-bridge/experiments/1/trials/1/trial.log").read_text()
+    # The hook's python3 was the environment's: it imports the bridge, and installs nothing.
+    assert "+ python3 -c 'import lightning_bridge'" in log
+    assert "Requirement already satisfied: scikit-learn" in log
+    assert "install lightning-bridge" not in log

@@ -263,3 +263,21 @@ def test_a_grid_without_hyperparameters_completes_without_a_trial(tmp_path: path
     )
     [experiment] = json.loads(listed.stdout)
     assert (experiment["state"], experiment["trials"]) == ("COMPLETED", 0)
+
+
+def test_a_grid_over_constants_alone_runs_their_one_trial(tmp_path: pathlib.Path) -> None:
+    # Determined's grid is the product of one axis per hyperparameter; a constant is an axis
+    # of one value, so a grid over no range is one trial with the constants (and a grid over
+    # no hyperparameter at all, above, none).
+    hparams = {"global_batch_size": 8, "lr": 0.01, "delay": 0.0, "opt": {"beta": 0.9}}
+    config = {**sf.SEARCH_CONFIG, "hyperparameters": hparams}
+    config["searcher"] = {"name": "grid", "metric": "validation_loss", "max_length": {"batches": 4}}
+    path = sf.write_folder(tmp_path, config, "folder", sf.TINY)
+    workspace = tmp_path / "workspace"
+    out = _run(["run", str(path), "--workspace", str(workspace)], tmp_path, tmp_path / "run.log")
+    search = Search(workspace, 1, [out])
+    assert search.finished
+    assert [(v.state, v.hparams) for v in search.views] == [("completed", hparams)]
+    [trial] = search.trials
+    assert (trial.state, trial.batches_trained, trial.hparams) == ("COMPLETED", 4, hparams)
+    assert search.validations[trial.id] == [4]

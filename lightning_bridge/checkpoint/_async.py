@@ -14,7 +14,8 @@ before the write is done (the end of a fit, a preemption). At most one save is i
 `submit` waits for the previous one. `wait()` blocks until the write is durable and runs the
 save's `on_durable` callback on the calling thread; an error in the thread is raised there
 (or by `poll()`, which finishes a save that is already done without blocking). The thread is
-not a daemon, so even an interpreter that exits early lets a started write finish.
+not a daemon, so even an interpreter that exits early lets a started write finish (and the
+command's own exit, `_process.exit_now`, waits for it without its bound).
 
 `Snapshotter`: the copy a save writes while training goes on. A checkpoint written in the
 background must hold the state of the batch it was taken at, so its tensors are copied off the
@@ -44,6 +45,7 @@ import numpy as np
 import torch
 
 from lightning_bridge._errors import BridgeError
+from lightning_bridge._process import wait_at_exit
 from lightning_bridge.checkpoint._layout import write_checkpoint
 
 logger = logging.getLogger("lightning_bridge")
@@ -138,6 +140,7 @@ class CheckpointWriter:
         save.thread = threading.Thread(
             target=save.run, name=f"checkpoint-{save.storage_id[:8]}", daemon=False
         )
+        wait_at_exit(save.thread)
         save.thread.start()
 
     def poll(self) -> None:

@@ -7,6 +7,11 @@ with the hook's exit code before anything trains. It runs once per trial and mac
 processes a launcher starts for the other ranks inherit its environment. A Slurm job across
 nodes runs it once, in its batch shell before `srun` starts the tasks (`hook_exports`), and
 every task gets what it exported from `srun` (`RAN_ENV` tells the task not to run it again).
+
+The hook runs with the bridge's interpreter's folder first on `PATH`, as in an activated
+virtual environment: its `python3` and `pip` are the ones the trial runs with, not whichever
+come first on the user's `PATH` (the environment it leaves keeps the user's `PATH` unless the
+hook changed it).
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import logging
 import os
 import pathlib
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -50,6 +56,13 @@ def _parse_env(data: bytes) -> dict[str, str]:
     return env
 
 
+def interpreter_first(path: str | None) -> str:
+    """`path` (a `PATH` value) with the folder of this interpreter first, once."""
+    folder = os.path.dirname(sys.executable)
+    rest = [entry for entry in (path or "").split(os.pathsep) if entry and entry != folder]
+    return os.pathsep.join([folder, *rest]) if folder else os.pathsep.join(rest)
+
+
 def run_startup_hook(context_dir: pathlib.Path, env: Mapping[str, str]) -> dict[str, str] | None:
     """Source `context_dir/startup-hook.sh` (if there is one) under `env`; return the
     environment it leaves (None without a hook). Raises `EntrypointFailed` with the hook's exit
@@ -60,10 +73,11 @@ def run_startup_hook(context_dir: pathlib.Path, env: Mapping[str, str]) -> dict[
     logger.info("Running %s", hook)
     with tempfile.TemporaryDirectory(prefix="lightning-bridge-hook-") as scratch:
         env_file = pathlib.Path(scratch) / "env"
+        hook_env = {**env, "PATH": interpreter_first(env.get("PATH"))}
         process = subprocess.Popen(
             ["bash", "-c", _SCRIPT.format(hook=HOOK), "startup-hook", str(env_file)],
             cwd=context_dir,
-            env=dict(env),
+            env=hook_env,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -79,7 +93,15 @@ def run_startup_hook(context_dir: pathlib.Path, env: Mapping[str, str]) -> dict[
                 "need it.",
                 code,
             )
-        return _parse_env(env_file.read_bytes())
+        after = _parse_env(env_file.read_bytes())
+    # The interpreter's folder was put first for the hook only: the user's PATH stays, unless
+    # the hook itself changed it.
+    if after.get("PATH") == hook_env["PATH"]:
+        if "PATH" in env:
+            after["PATH"] = env["PATH"]
+        else:
+            after.pop("PATH", None)
+    return after
 
 
 def hook_exports(context_dir: pathlib.Path, env: Mapping[str, str]) -> dict[str, str]:

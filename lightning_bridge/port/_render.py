@@ -150,17 +150,22 @@ def _const_yaml(
 
 
 def _startup_hook(requirements: list[str]) -> str:
+    """The hook: installs the bridge only where the trial's interpreter (the first `python3`
+    on PATH: the task container's on Determined, the bridge's own under `lightning-bridge
+    run`, which puts its interpreter's folder first) cannot import it, then the packages the
+    copied sources import, with that interpreter's pip."""
     from lightning_bridge._version import __version__
 
-    packages = " ".join([f'"lightning-bridge=={__version__}"', *requirements])
-    return "\n".join(
-        [
-            "#!/bin/sh",
-            "# Determined runs this in the task container before the entrypoint: it installs",
-            "# the bridge, which trains the LightningModule as a trial, and the packages the",
-            "# copied sources import.",
-            "set -e",
-            f"pip install {packages}",
-            "",
-        ]
-    )
+    lines = [
+        "#!/bin/sh",
+        "# Determined runs this in the task container before the entrypoint. It installs",
+        "# the bridge, which trains the LightningModule as a trial, where the trial's",
+        "# interpreter (the first python3 on PATH; under `lightning-bridge run`, the",
+        "# bridge's own) cannot import it yet, and the packages the copied sources import.",
+        "set -e",
+        'python3 -c "import lightning_bridge" 2>/dev/null ||',
+        f'    python3 -m pip install "lightning-bridge=={__version__}"',
+    ]
+    if requirements:
+        lines.append(f"python3 -m pip install {' '.join(requirements)}")
+    return "\n".join([*lines, ""])
