@@ -219,7 +219,7 @@ def test_determined_continues_a_determined_checkpoint_callbacks_checkpoint(
 # Scenarios whose Trainer schedule validates where Determined does only once a TrialModule
 # stops validating at every epoch end besides `val_check_interval` (its training_step takes
 # `dataloader_iter`, and Lightning validates at each epoch end for such steps).
-EPOCH_END_VALIDATION = {"sgd_dropout", "reducers"}
+EPOCH_END_VALIDATION = {"sgd_dropout", "reducers", "stop_requested"}
 
 
 def _parity_params() -> list[Any]:
@@ -232,6 +232,12 @@ def _parity_params() -> list[Any]:
                     strict=True,
                     reason="TrialModule also validates at every epoch end with "
                     "val_check_interval (Lightning's rule for dataloader_iter steps)",
+                )
+            )
+        if name == "stop_requested":
+            marks.append(
+                pytest.mark.xfail(
+                    strict=True, reason="a stop request does not stop the Trainer yet"
                 )
             )
         params.append(pytest.param(name, marks=marks))

@@ -37,7 +37,9 @@ QUIET = {
 # check_val_every_n_epoch=None, in epochs -> check_val_every_n_epoch=N; reporting_period in
 # batches -> log_every_n_steps. `final_validation`: Determined validates once more where
 # training ends unless the last validation is current; the Lightning user calls
-# trainer.validate(module) for it.
+# trainer.validate(module) for it. Not here: `full_dataset` (a list of validation batches and
+# step_zero_validation have no Trainer argument), `aggregation3` (its last batches only
+# accumulate, and max_steps counts optimizer steps), `test_mode` (a TrialModule argument).
 TRAINER_SCHEDULES: dict[str, dict[str, Any]] = {
     # 3 epochs of 6 batches; validation every 4 batches (and at the end: 18); reports every 5.
     "sgd_dropout": {
@@ -53,6 +55,17 @@ TRAINER_SCHEDULES: dict[str, dict[str, Any]] = {
     "two_models": {
         "trainer": {"max_epochs": 3, "check_val_every_n_epoch": 1, "log_every_n_steps": 3},
         "final_validation": False,
+    },
+    # A stop asked for after batch 10 ends training at the next boundary (batch 12, a
+    # validation); 10 epochs of 5 batches otherwise.
+    "stop_requested": {
+        "trainer": {
+            "max_epochs": 10,
+            "val_check_interval": 6,
+            "check_val_every_n_epoch": None,
+            "log_every_n_steps": 4,
+        },
+        "final_validation": True,
     },
     # 14 batches (one optimizer, a step every batch); validation every 6 (and at 14).
     "reducers": {
