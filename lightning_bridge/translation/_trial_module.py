@@ -43,6 +43,7 @@ from lightning_bridge.translation._payload import trial_payload
 from lightning_bridge.translation._resume import starts_new_run
 from lightning_bridge.translation._schedule import Boundary, Schedule
 from lightning_bridge.translation._trial_data import EpochFeed, FullDatasetPass
+from lightning_bridge.translation._trial_module_refusals import refusal
 
 
 class LightningReports(FitObserver):
@@ -70,8 +71,13 @@ class LightningReports(FitObserver):
         module = self._module
         if module._trainer is None or not module.context.get_enable_tensorboard_logging():
             return
-        log_validation(module.trainer.loggers, metrics, progress.batches)
         bar = validation_values(metrics)
+        if module.trainer.state.fn != "fit":
+            # `Trainer.validate`: logged the Lightning way, so that it prints and returns them.
+            if bar:
+                module.log_dict(bar, prog_bar=True, logger=True, batch_size=1)
+            return
+        log_validation(module.trainer.loggers, metrics, progress.batches)
         if bar:
             module.log_dict(bar, prog_bar=True, logger=False, batch_size=1)
 
@@ -240,6 +246,13 @@ class TrialModule(pl.LightningModule):
 
     # ----- setup and teardown -----
 
+    def configure_callbacks(self) -> list[pl.Callback]:
+        """Refuse, before anything runs, what a TrialModule cannot do under this Trainer."""
+        problem = refusal(self.trainer, self)
+        if problem:
+            raise InvalidArgumentError(problem)
+        return []
+
     def configure_optimizers(self) -> Any:
         return list(self.core.context.optimizers)
 
@@ -327,6 +340,8 @@ class TrialModule(pl.LightningModule):
         return self._trainer is not None and bool(self.trainer.sanity_checking)
 
     def on_validation_start(self) -> None:
+        if self.trainer.state.fn == "validate":
+            self.core.restore()  # `Trainer.validate` of a module given a latest_checkpoint
         if self._sanity_checking():
             self.core.discard_validation()
         else:
