@@ -68,6 +68,15 @@ def current_hook(module: Any) -> str | None:
     return module._current_fx_name
 
 
+def may_log(module: Any) -> bool:
+    """Whether Lightning lets the hook a LightningModule runs now call `self.log` (its
+    `_FxValidator` table: e.g. not in `on_validation_end` or `on_train_end`)."""
+    from lightning.pytorch.trainer.connectors.logger_connector.fx_validator import _FxValidator
+
+    hook = module._current_fx_name
+    return hook is not None and _FxValidator.functions.get(hook) is not None
+
+
 def set_current_hook(module: Any, hook: str | None) -> None:
     module._current_fx_name = hook
 

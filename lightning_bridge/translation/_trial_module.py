@@ -31,7 +31,7 @@ from lightning_bridge.contract._step import prepare_step
 from lightning_bridge.contract._units import Batch
 from lightning_bridge.translation._core import TrialCore
 from lightning_bridge.translation._init import checkpoint_dir, setup_of
-from lightning_bridge.translation._lightning_private import continue_fit_progress, current_hook
+from lightning_bridge.translation._lightning_private import continue_fit_progress, may_log
 from lightning_bridge.translation._metric_reports import (
     log_training,
     log_validation,
@@ -60,9 +60,9 @@ class LightningReports(FitObserver):
             return
         log_training(module.trainer.loggers, metrics, batch_metrics, progress.batches)
         bar = training_values(metrics)
-        # A report closed where training ends (DeterminedCheckpoint's last save) reaches the
-        # loggers above; Lightning allows no `self.log` there, and no bar is left to show it.
-        if bar and current_hook(module) != "on_train_end":
+        # A report closed in a hook where Lightning allows no `self.log` (DeterminedCheckpoint
+        # saving in `on_validation_end` or `on_train_end`) reaches the loggers above only.
+        if bar and may_log(module):
             module.log_dict(
                 bar, prog_bar=True, logger=False, on_step=True, on_epoch=False, batch_size=1
             )
@@ -308,6 +308,8 @@ class TrialModule(pl.LightningModule):
         self.core.begin_training()
 
     def on_fit_end(self) -> None:
+        # A checkpoint continued with nothing left to train still leaves its state here.
+        self.core.restore()
         self._feed = None
         self.core.shutdown()
 
