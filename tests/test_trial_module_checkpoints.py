@@ -299,3 +299,34 @@ def test_run_resume_continues_a_determined_checkpoint_written_in_a_trainer(
     assert steps_completed(last) == 16
     for key, value in checkpoint_weights(last).items():
         torch.testing.assert_close(value, want[key], rtol=0, atol=0)
+
+
+@pytest.mark.slow
+def test_determined_checkpoint_under_ddp_writes_once_and_every_rank_learns_each_id(
+    tmp_path: pathlib.Path,
+) -> None:
+    import os
+    import subprocess
+
+    repo = pathlib.Path(__file__).resolve().parents[1]
+    ckpts = tmp_path / "ckpts"
+    env = {**os.environ, "PYTHONPATH": str(repo)}
+    done = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+        + [str(repo / "tests" / "_trial_module_dist_script.py"), str(tmp_path / "out")]
+        + [str(ckpts)],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"out.{r}.json").read_text()) for r in (0, 1)]
+    written = sorted(p.name for p in ckpts.iterdir() if p.is_dir())
+    # A checkpoint after each of the 3 batches, each written once (by rank 0), all kept.
+    assert len(written) == 3
+    assert ranks[0]["uuids"] == ranks[1]["uuids"] and sorted(ranks[0]["uuids"]) == written
+    assert ranks[0]["kept"] == ranks[0]["uuids"]
+    assert ranks[0]["weight"] == ranks[1]["weight"]
