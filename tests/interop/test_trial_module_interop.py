@@ -260,3 +260,55 @@ def test_trial_module_on_the_equivalent_trainer_schedule_matches_determined(
                 got.weights[model][key], value, rtol=1e-6, atol=1e-7, err_msg=f"{model}.{key}"
             )
     assert not diff_values(expected.final_lrs, got.final_lrs, "lr")
+
+
+def test_the_0_38_1_fixtures_trial_on_the_equivalent_trainer_schedule_matches_determined(
+    tmp_path: pathlib.Path,
+) -> None:
+    """TinyTrial (the code of the Determined 0.38.1 fixture: dropout, momentum, a per-batch LR
+    schedule) trained from scratch on Determined with fit(max_length=Batch(8),
+    validation_period=Batch(2)) and as a TrialModule with max_steps=8,
+    val_check_interval=2, check_val_every_n_epoch=None: the same validations and weights."""
+    import sys
+
+    from lightning_bridge.contract import _import_map
+    from lightning_bridge.contract._code_import import import_trial_class
+
+    from .real_ckpt_cases import isolated, recording
+
+    def trial_class(mapped: bool) -> type:
+        sys.modules.pop("model_def", None)
+        if mapped:
+            _import_map.install(force=True)  # the trial's `determined` is the bridge
+        return import_trial_class("model_def:TinyTrial", FIXTURE / "code")
+
+    conf = {"searcher": {"metric": "val_loss"}}
+    expected: dict[str, list[Any]] = {"train": [], "val": [], "batch_idx": []}
+    with isolated(tmp_path / "determined"):
+        with reference.init(exp_conf=conf, enable_tensorboard_logging=False) as context:
+            trial = recording(reference, trial_class(False), expected)(context)
+            reference.Trainer(trial, context).fit(
+                max_length=reference.Batch(8),
+                validation_period=reference.Batch(2),
+                reporting_period=reference.Batch(2),
+                checkpoint_policy="none",
+            )
+            expected_weights = model_weights(trial.model)
+    got: dict[str, list[Any]] = {"train": [], "val": [], "batch_idx": []}
+    try:
+        cls = trial_class(True)
+        with isolated(tmp_path / "module"):
+            with bridge.init(exp_conf=conf, enable_tensorboard_logging=False) as context:
+                trial = recording(bridge, cls, got)(context)
+                schedule = {"max_steps": 8, "val_check_interval": 2, "log_every_n_steps": 2}
+                pl.Trainer(check_val_every_n_epoch=None, **schedule, **QUIET).fit(
+                    bridge.TrialModule(trial, context)
+                )
+                got_weights = model_weights(trial.model)
+    finally:
+        _import_map.uninstall()
+        sys.modules.pop("model_def", None)
+    assert got["batch_idx"] == expected["batch_idx"] == list(range(8))
+    lines = diff_values(expected["val"], got["val"], "validation")
+    assert len(got["val"]) == 4 and not lines, format_report("validations differ", lines)
+    assert_weights(got_weights, expected_weights)
