@@ -8,7 +8,12 @@ training metrics are reported at Lightning's logging interval (a `Schedule` whos
 period it is) and every epoch's end, to the Trainer's loggers and progress bar (the core's
 observer `LightningReports`), and Lightning's own checkpoints carry the trial's state. The
 length, validations and checkpoints are Lightning's (epochs, `val_check_interval`);
-`lightning_bridge.Trainer` follows Determined's instead.
+`lightning_bridge.Trainer` follows Determined's instead. `latest_checkpoint` continues a
+Determined checkpoint as `fit(latest_checkpoint=...)` does, with Lightning's loop counters
+loaded as from a `ckpt_path` saved at the same batch; `DeterminedCheckpoint` writes them. What
+the module cannot run under a Trainer (`test`, `predict`, some callbacks and precisions) is
+refused before anything runs (`_trial_module_refusals`). docs/trialmodule.md has the whole
+list.
 """
 
 from __future__ import annotations
@@ -141,10 +146,11 @@ class TrialModule(pl.LightningModule):
         self.continued_from: tuple[pathlib.Path, dict[str, Any]] | None = None
         if continued is not None:
             path, payload, state = continued
-            self.continued_from = (path, payload)
             warm = starts_new_run(state, context.get_trial_id(), warm_start, path)
             self.core.resume_from(payload, state, warm_start=warm)
-            self._continues = None if warm else state
+            if not warm:
+                self._continues = state
+                self.continued_from = (path, payload)
         self.trial_models = torch.nn.ModuleList(context.models)
         self._feed: EpochFeed | None = None
         self._lightning_optimizers: dict[int, Any] = {}
