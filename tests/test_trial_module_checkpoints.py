@@ -122,6 +122,54 @@ def test_latest_checkpoint_continues_as_fit_does(
     assert trial.opt.param_groups[0]["lr"] == reference.opt.param_groups[0]["lr"]
 
 
+def test_another_trials_checkpoint_starts_a_new_run_from_its_states() -> None:
+    """As fit() does (Determined's warm start): the weights come back, the batch count and
+    Lightning's counters start at 0."""
+    import pickle
+    import shutil
+
+    _, first = _fit(7, pytorch.Batch(17))
+    other = shutil.copytree(first.checkpoints[-1], pathlib.Path("other").resolve())
+    state = pickle.loads((other / "trial_state.pkl").read_bytes())
+    (other / "trial_state.pkl").write_bytes(pickle.dumps({**state, "trial_id": 7}))
+    with quiet_init(hparams=HPARAMS, exp_conf=CONFIG) as ctx:
+        trial = NoisyTrial(ctx)
+        module = pytorch.TrialModule(trial, ctx, latest_checkpoint=str(other))
+        starts: list[list[torch.Tensor]] = []
+
+        class Start(pl.Callback):
+            def on_train_batch_start(self, trainer: Any, module: Any, *args: Any) -> None:
+                if not starts:
+                    starts.append([p.detach().clone() for p in module.trial.model.parameters()])
+
+        trainer = _trainer(max_steps=3, limit_val_batches=0, callbacks=[Start()])
+        trainer.fit(module)
+    assert module.state.batches_trained == 3 and trainer.global_step == 3
+    saved = torch.load(other / "state_dict.pth", weights_only=False)["models_state_dict"][0]
+    for got, want in zip(starts[0], saved.values(), strict=True):
+        assert torch.equal(got, want)
+
+
+def test_a_checkpoint_with_nothing_left_to_train_leaves_its_state_in_the_module() -> None:
+    _, first = _fit(None, pytorch.Batch(6))
+    batches: list[int] = []
+
+    class Batches(pl.Callback):
+        def on_train_batch_start(self, trainer: Any, module: Any, *args: Any) -> None:
+            batches.append(module.state.batches_trained)
+
+    trial, (module, trainer, _) = _continue(
+        first.checkpoints[-1], max_steps=6, callbacks=[Batches()]
+    )
+    assert batches == []  # nothing left to train
+    assert trainer.global_step == 6 and module.state.batches_trained == 6
+    saved = torch.load(first.checkpoints[-1] / "state_dict.pth", weights_only=False)
+    for got, want in zip(
+        trial.model.parameters(), saved["models_state_dict"][0].values(), strict=True
+    ):
+        assert torch.equal(got, want)
+
+
 def test_latest_checkpoint_that_is_no_checkpoint_fails_with_one_message(
     tmp_path: pathlib.Path,
 ) -> None:
