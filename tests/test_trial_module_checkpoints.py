@@ -292,6 +292,19 @@ def test_determined_checkpoint_best_without_a_metric_is_refused(tmp_path: pathli
         pytorch.DeterminedCheckpoint(checkpoint_policy="sometimes")
 
 
+def test_determined_checkpoint_into_an_unusable_directory_fails_before_training(
+    tmp_path: pathlib.Path,
+) -> None:
+    blocked = tmp_path / "a-file"
+    blocked.write_text("not a directory")
+    with quiet_init(hparams=HPARAMS) as ctx:
+        module = pytorch.TrialModule(NoisyTrial(ctx), ctx)
+        saver = pytorch.DeterminedCheckpoint(blocked, checkpoint_policy="none")
+        with pytest.raises(pytorch.InvalidArgumentError, match="cannot take checkpoints"):
+            _trainer(max_steps=2, callbacks=[saver]).fit(module)
+    assert module.state.batches_trained == 0
+
+
 @pytest.mark.xfail(
     strict=True, reason="needs the trial's stop request to stop the Trainer (trainer.should_stop)"
 )

@@ -139,8 +139,6 @@ class DeterminedCheckpoint(pl.Callback):
                 smaller_is_better=smaller,
             )
         directory = self.dirpath or checkpoint_dir(ctx, setup_of(ctx).checkpoint_dir)
-        if core.is_chief:
-            check_writable(directory)
         checkpointer = Checkpointer(
             directory,
             policy=policy,
@@ -149,7 +147,14 @@ class DeterminedCheckpoint(pl.Callback):
             retention=retention,
             observer=core.observers,
         )
-        self._agreed(trainer, lambda: checkpointer.hold(core), InvalidArgumentError)
+
+        def hold() -> None:
+            # The chief checks and holds the directory; every process learns if it cannot.
+            if core.is_chief:
+                check_writable(directory)
+            checkpointer.hold(core)
+
+        self._agreed(trainer, hold, InvalidArgumentError)
         continued = pl_module.continued_from
         if continued is not None:
             checkpointer.continue_retention(*continued)
