@@ -47,6 +47,7 @@ if TYPE_CHECKING:
     from lightning_bridge.contract._reducer import MetricReducer, Reducer
     from lightning_bridge.contract._trial import PyTorchTrial
     from lightning_bridge.contract._units import Batch, Epoch, TrainUnit
+    from lightning_bridge.translation._determined_checkpoint import DeterminedCheckpoint
     from lightning_bridge.translation._init import init
     from lightning_bridge.translation._trainer_api import Trainer
     from lightning_bridge.translation._trial_module import TrialModule
@@ -57,6 +58,7 @@ _LAZY = {
     "Batch": "lightning_bridge.contract._units",
     "CheckpointLoadContext": "lightning_bridge.contract._load",
     "DataLoader": "lightning_bridge.contract._data",
+    "DeterminedCheckpoint": "lightning_bridge.translation._determined_checkpoint",
     "DistributedContext": "lightning_bridge.contract._distributed",
     "Epoch": "lightning_bridge.contract._units",
     "LightningAdapter": "lightning_bridge.adapter._lightning_trial",
@@ -101,6 +103,7 @@ __all__ = [
     "CheckpointLoadContext",
     "CheckpointWriteError",
     "DataLoader",
+    "DeterminedCheckpoint",
     "DistributedContext",
     "Epoch",
     "InvalidArgumentError",

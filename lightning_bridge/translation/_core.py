@@ -114,6 +114,7 @@ class TrialCore:
         self._validation = ValidationPass()
         self._resume: tuple[dict[str, Any], TrialState | None] | None = None
         self._started = False
+        self._restored = False
         self._shut_down = False
         self._engine: Engine | None = None
         self.last_validation_metrics: dict[str, Any] | None = None
@@ -199,6 +200,7 @@ class TrialCore:
             payload = {k: v for k, v in payload.items() if k not in (EXTRAS_KEY, "trial_state")}
             state = None
         self._resume = (payload, state)
+        self._restored = False
         self.start_batch = state.batches_trained if state is not None else 0
 
     def data_state(self) -> dict[str, Any]:
@@ -219,7 +221,15 @@ class TrialCore:
         if self._started:
             return
         self._started = True
-        if self._resume is not None:
+        self.restore()
+        for cb in self.trial_callbacks.values():
+            cb.on_training_start()
+
+    def restore(self) -> None:
+        """Apply the checkpoint the run continues from, once: where training starts, or
+        before a validation outside a fit (`lightning.Trainer.validate`)."""
+        if self._resume is not None and not self._restored:
+            self._restored = True
             payload, state = self._resume
             logger.info("Restoring trial from checkpoint %s", self.latest_checkpoint)
             apply_payload(self, payload)
@@ -228,8 +238,6 @@ class TrialCore:
                     # Determined < 0.21 (workload_sequencer.pkl) counted batches only.
                     state.epochs_trained = state.batches_trained // self.epoch_len
                 self.state = state
-        for cb in self.trial_callbacks.values():
-            cb.on_training_start()
 
     def shutdown(self) -> None:
         """Fire `on_trial_shutdown` once, last-registered callback first."""

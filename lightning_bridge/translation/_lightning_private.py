@@ -68,6 +68,15 @@ def current_hook(module: Any) -> str | None:
     return module._current_fx_name
 
 
+def may_log(module: Any) -> bool:
+    """Whether Lightning lets the hook a LightningModule runs now call `self.log` (its
+    `_FxValidator` table: e.g. not in `on_validation_end` or `on_train_end`)."""
+    from lightning.pytorch.trainer.connectors.logger_connector.fx_validator import _FxValidator
+
+    hook = module._current_fx_name
+    return hook is not None and _FxValidator.functions.get(hook) is not None
+
+
 def set_current_hook(module: Any, hook: str | None) -> None:
     module._current_fx_name = hook
 
@@ -123,6 +132,50 @@ def attach_fit_loop(
     """Give a stand-in trainer the `fit_loop` and `_logger_connector` Lightning's callbacks read."""
     trainer.fit_loop = FitLoopView(global_step, should_update)
     trainer._logger_connector = trainer.fit_loop
+
+
+def continue_fit_progress(
+    trainer: Any, *, batches: int, epochs: int, epoch_len: int, steps: int
+) -> None:
+    """Load a `lightning.Trainer`'s loop counters as `Trainer.fit(ckpt_path=...)` would from a
+    checkpoint saved after batch `batches` (`on_train_batch_end`, as `ModelCheckpoint(
+    every_n_train_steps=...)` saves): `epochs` finished epochs of `epoch_len` batches,
+    `steps` optimizer steps (manual optimization). Lightning's own restart then counts
+    `max_steps`, `max_epochs`, `current_epoch`, the logging step and the batches left in the
+    epoch from there. Called before the fit loop starts."""
+    loop = trainer.fit_loop
+    state = loop.state_dict()
+    in_epoch = batches - epochs * epoch_len
+    last_batch = in_epoch == 0
+    if last_batch:  # saved after the last batch of the epoch before
+        epochs, in_epoch = epochs - 1, epoch_len
+
+    def progress(started: int, done: int, processed: int | None = None) -> dict[str, int]:
+        return {
+            "ready": started,
+            "started": started,
+            "processed": started if processed is None else processed,
+            "completed": done,
+        }
+
+    state["epoch_progress"] = {
+        "total": progress(epochs + 1, epochs, epochs),
+        "current": progress(epochs + 1, epochs, epochs),
+    }
+    state["epoch_loop.batch_progress"] = {
+        "total": progress(batches, batches - 1),
+        "current": progress(in_epoch, in_epoch - 1),
+        "is_last_batch": last_batch,
+    }
+    state["epoch_loop.manual_optimization.optim_step_progress"] = {
+        "total": {"ready": steps, "completed": steps},
+        "current": {"ready": steps, "completed": steps},
+    }
+    state["epoch_loop.state_dict"] = {
+        **state.get("epoch_loop.state_dict", {}),
+        "_batches_that_stepped": batches - 1,
+    }
+    loop.load_state_dict(state)
 
 
 def optimizer_helpers(package: types.ModuleType) -> types.ModuleType:

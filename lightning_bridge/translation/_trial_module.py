@@ -8,12 +8,19 @@ training metrics are reported at Lightning's logging interval (a `Schedule` whos
 period it is) and every epoch's end, to the Trainer's loggers and progress bar (the core's
 observer `LightningReports`), and Lightning's own checkpoints carry the trial's state. The
 length, validations and checkpoints are Lightning's (epochs, `val_check_interval`);
-`lightning_bridge.Trainer` follows Determined's instead.
+`lightning_bridge.Trainer` follows Determined's instead. `latest_checkpoint` continues a
+Determined checkpoint as `fit(latest_checkpoint=...)` does, with Lightning's loop counters
+loaded as from a `ckpt_path` saved at the same batch; `DeterminedCheckpoint` writes them. What
+the module cannot run under a Trainer (`test`, `predict`, some callbacks and precisions) is
+refused before anything runs (`_trial_module_refusals`). docs/trialmodule.md has the whole
+list.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
+import pathlib
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -21,12 +28,15 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 
-from lightning_bridge._errors import InvalidTrialError
-from lightning_bridge.checkpoint._layout import TrialState
-from lightning_bridge.contract._context import PyTorchTrialContext
+from lightning_bridge._errors import InvalidArgumentError, InvalidTrialError
+from lightning_bridge.checkpoint._layout import TrialState, resolve_checkpoint
+from lightning_bridge.checkpoint._safe_load import read_checkpoint
+from lightning_bridge.contract._context import PyTorchTrialContext, context_setup
 from lightning_bridge.contract._step import prepare_step
 from lightning_bridge.contract._units import Batch
 from lightning_bridge.translation._core import TrialCore
+from lightning_bridge.translation._init import checkpoint_dir, setup_of
+from lightning_bridge.translation._lightning_private import continue_fit_progress, may_log
 from lightning_bridge.translation._metric_reports import (
     log_training,
     log_validation,
@@ -35,8 +45,10 @@ from lightning_bridge.translation._metric_reports import (
 )
 from lightning_bridge.translation._observer import FitObserver, Progress
 from lightning_bridge.translation._payload import trial_payload
+from lightning_bridge.translation._resume import starts_new_run
 from lightning_bridge.translation._schedule import Boundary, Schedule
 from lightning_bridge.translation._trial_data import EpochFeed, FullDatasetPass
+from lightning_bridge.translation._trial_module_refusals import refusal
 
 
 class LightningReports(FitObserver):
@@ -53,7 +65,9 @@ class LightningReports(FitObserver):
             return
         log_training(module.trainer.loggers, metrics, batch_metrics, progress.batches)
         bar = training_values(metrics)
-        if bar:
+        # A report closed in a hook where Lightning allows no `self.log` (DeterminedCheckpoint
+        # saving in `on_validation_end` or `on_train_end`) reaches the loggers above only.
+        if bar and may_log(module):
             module.log_dict(
                 bar, prog_bar=True, logger=False, on_step=True, on_epoch=False, batch_size=1
             )
@@ -62,10 +76,42 @@ class LightningReports(FitObserver):
         module = self._module
         if module._trainer is None or not module.context.get_enable_tensorboard_logging():
             return
-        log_validation(module.trainer.loggers, metrics, progress.batches)
         bar = validation_values(metrics)
+        if module.trainer.state.fn != "fit":
+            # `Trainer.validate`: logged the Lightning way, so that it prints and returns them.
+            if bar:
+                module.log_dict(bar, prog_bar=True, logger=True, batch_size=1)
+            return
+        log_validation(module.trainer.loggers, metrics, progress.batches)
         if bar:
             module.log_dict(bar, prog_bar=True, logger=False, batch_size=1)
+
+
+def _read_latest_checkpoint(
+    context: PyTorchTrialContext,
+    latest_checkpoint: str | os.PathLike[str] | None,
+    trusted: bool,
+) -> tuple[pathlib.Path, dict[str, Any], TrialState | None] | None:
+    """The checkpoint `TrialModule(latest_checkpoint=...)` continues from (a directory, a
+    checkpoint id under the checkpoint directory, or "latest"), read safely now, so that a bad
+    path fails when the module is built, not when training starts."""
+    if latest_checkpoint is None:
+        return None
+    if not isinstance(trusted, bool):
+        raise InvalidArgumentError(f"trust_checkpoint must be True or False; got {trusted!r}.")
+    path = resolve_checkpoint(
+        latest_checkpoint, checkpoint_dir(context, setup_of(context).checkpoint_dir)
+    )
+    if not path.is_dir():
+        raise InvalidArgumentError(
+            f"latest_checkpoint={str(latest_checkpoint)!r} is not a checkpoint directory (nor "
+            "a checkpoint id under the checkpoint directory); pass the folder Determined or "
+            "lightning_bridge wrote, the one holding state_dict.pth."
+        )
+    payload, state = read_checkpoint(
+        path, trusted=trusted, trust_hint="TrialModule(..., trust_checkpoint=True)"
+    )
+    return path, payload, state
 
 
 class TrialModule(pl.LightningModule):
@@ -81,13 +127,30 @@ class TrialModule(pl.LightningModule):
         context: PyTorchTrialContext,
         *,
         test_mode: bool = False,
-        latest_checkpoint: str | None = None,
+        latest_checkpoint: str | os.PathLike[str] | None = None,
+        trust_checkpoint: bool = False,
+        warm_start: bool | None = None,
     ) -> None:
         super().__init__()
         self.automatic_optimization = False
+        continued = _read_latest_checkpoint(context, latest_checkpoint, trust_checkpoint)
         self.core = TrialCore(
-            trial, context, test_mode=test_mode, latest_checkpoint=latest_checkpoint
+            trial,
+            context,
+            test_mode=test_mode,
+            latest_checkpoint=None if continued is None else str(continued[0]),
         )
+        # The run continued from `latest_checkpoint` (its state), for Lightning's counters.
+        self._continues: TrialState | None = None
+        # The checkpoint continued and its payload (`DeterminedCheckpoint`'s retention).
+        self.continued_from: tuple[pathlib.Path, dict[str, Any]] | None = None
+        if continued is not None:
+            path, payload, state = continued
+            warm = starts_new_run(state, context.get_trial_id(), warm_start, path)
+            self.core.resume_from(payload, state, warm_start=warm)
+            if not warm:
+                self._continues = state
+                self.continued_from = (path, payload)
         self.trial_models = torch.nn.ModuleList(context.models)
         self._feed: EpochFeed | None = None
         self._lightning_optimizers: dict[int, Any] = {}
@@ -189,11 +252,41 @@ class TrialModule(pl.LightningModule):
 
     # ----- setup and teardown -----
 
+    def configure_callbacks(self) -> list[pl.Callback]:
+        """Refuse, before anything runs, what a TrialModule cannot do under this Trainer."""
+        problem = refusal(self.trainer, self)
+        if problem:
+            raise InvalidArgumentError(problem)
+        return []
+
     def configure_optimizers(self) -> Any:
         return list(self.core.context.optimizers)
 
     def on_fit_start(self) -> None:
         self.core.startup()
+        if self._continues is not None:
+            self._continue_lightning_counters(self._continues)
+
+    def _continue_lightning_counters(self, state: TrialState) -> None:
+        """A run continued from `latest_checkpoint`: Lightning's counters start where the
+        checkpoint's run stopped, as after `Trainer.fit(ckpt_path=...)`, so `max_steps` and
+        `max_epochs` count from the run's start as `fit(max_length=...)` does in Determined."""
+        if self.trainer.ckpt_path is not None:
+            raise InvalidArgumentError(
+                "TrialModule(latest_checkpoint=...) and Trainer.fit(ckpt_path=...) both name a "
+                "checkpoint to continue from; pass only one."
+            )
+        if state.batches_trained <= 0:
+            return
+        self.core.build_data()  # the epoch length
+        frequency = context_setup(self.context).aggregation_frequency
+        continue_fit_progress(
+            self.trainer,
+            batches=state.batches_trained,
+            epochs=state.batches_trained // self.core.epoch_len,
+            epoch_len=self.core.epoch_len,
+            steps=state.batches_trained // frequency * len(self.context.optimizers),
+        )
 
     def train_dataloader(self) -> Any:
         if self._feed is None:
@@ -221,6 +314,8 @@ class TrialModule(pl.LightningModule):
         self.core.begin_training()
 
     def on_fit_end(self) -> None:
+        # A checkpoint continued with nothing left to train still leaves its state here.
+        self.core.restore()
         self._feed = None
         self.core.shutdown()
 
@@ -236,6 +331,8 @@ class TrialModule(pl.LightningModule):
             return
         core = self.core
         done, epoch_len = core.state.batches_trained, core.epoch_len
+        if not core.window_open:  # a checkpoint (DeterminedCheckpoint) closed it already
+            return
         if done % epoch_len == 0 or Boundary.REPORT in self._schedule.reached(done, epoch_len):
             core.close_training_window()
 
@@ -251,6 +348,8 @@ class TrialModule(pl.LightningModule):
         return self._trainer is not None and bool(self.trainer.sanity_checking)
 
     def on_validation_start(self) -> None:
+        if self.trainer.state.fn == "validate":
+            self.core.restore()  # `Trainer.validate` of a module given a latest_checkpoint
         if self._sanity_checking():
             self.core.discard_validation()
         else:
