@@ -60,6 +60,15 @@ def precision_values() -> list[Any]:
     return values
 
 
+# ----- `TrialModule` under a user's lightning.Trainer ------------------------------------------
+
+
+def trainer_logs_now(trainer: Any) -> bool:
+    """Whether `lightning.Trainer` logs step values after the batch being trained (its logger
+    connector's `should_update_logs`: `log_every_n_steps` counted in optimizer-step batches)."""
+    return bool(trainer._logger_connector.should_update_logs)
+
+
 # ----- the Lightning adapter: attributes Lightning's own code reads and writes ----------------
 
 
