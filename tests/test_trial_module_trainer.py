@@ -3,10 +3,15 @@ requests, clipping, the Trainer arguments it maps or refuses (one process, in pr
 
 from __future__ import annotations
 
+import json
+import os
 import pathlib
+import subprocess
+import sys
 from typing import Any
 
 import lightning.pytorch as pl
+import numpy as np
 import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
@@ -287,3 +292,152 @@ def test_max_steps_counts_optimizer_steps() -> None:
         trainer = pl.Trainer(logger=False, enable_checkpointing=False, max_steps=10, **QUIET)
         trainer.fit(module)
     assert trainer.global_step == 10 and module.state.batches_trained == 5
+
+
+# ----- in new processes: resuming from Lightning's checkpoints, DDP with Lightning's defaults
+
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _script(
+    folder: pathlib.Path, name: str, config: dict[str, Any], torchrun: bool = False
+) -> dict[int, dict[str, Any]]:
+    """Run tests/_trial_module_script.py (under torchrun: two processes); each rank's record."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_PORT"):
+        env.pop(var, None)
+    cmd = [sys.executable]
+    if torchrun:
+        cmd += ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    cmd += [str(REPO / "tests" / "_trial_module_script.py"), str(folder / name), json.dumps(config)]
+    done = subprocess.run(cmd, cwd=folder, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return {
+        int(p.name.split(".")[-2]): json.loads(p.read_text()) for p in folder.glob(f"{name}.*.json")
+    }
+
+
+def _resumed_like_uninterrupted(
+    whole: dict[str, Any], resumed: dict[str, Any], at_step: int
+) -> None:
+    assert resumed["trained"] == whole["trained"][at_step:]  # the same batches, in order
+    assert resumed["validated_at"] == [s for s in whole["validated_at"] if s > at_step]
+    assert (
+        resumed["val_loss"][-len(resumed["validated_at"]) :]
+        == whole["val_loss"][-len(resumed["validated_at"]) :]
+    )
+    assert resumed["weights"] == whole["weights"]  # bit for bit
+    assert resumed["global_step"] == whole["global_step"]
+
+
+SHUFFLED = {"val_check_interval": 0.5}  # 12-batch epochs: validations every 6 batches
+
+
+@pytest.mark.parametrize(
+    ("length", "checkpoint", "at_step"),
+    [
+        ({"max_epochs": 3}, "epoch=1-step=15.ckpt", 15),  # mid-epoch
+        ({"max_epochs": 3}, "end-of-epoch=0.ckpt", 12),  # an epoch's end
+        ({"max_steps": 32}, "epoch=1-step=20.ckpt", 20),
+        ({"max_steps": 32}, "end-of-epoch=1.ckpt", 24),
+    ],
+)
+def test_ckpt_path_resumes_a_shuffled_trial_exactly_in_a_new_process(
+    tmp_path: pathlib.Path, length: dict[str, Any], checkpoint: str, at_step: int
+) -> None:
+    trainer = {**SHUFFLED, **length}
+    whole = _script(tmp_path, "whole", {"ckpt_dir": str(tmp_path / "ck"), "trainer": trainer})
+    assert (
+        len(whole[0]["trained"])
+        == whole[0]["global_step"]
+        == (36 if "max_epochs" in length else 32)
+    )
+    resumed = _script(
+        tmp_path, "resumed", {"ckpt_path": str(tmp_path / "ck" / checkpoint), "trainer": trainer}
+    )
+    _resumed_like_uninterrupted(whole[0], resumed[0], at_step)
+
+
+def test_an_interrupted_fit_continues_from_last_ckpt_as_if_uninterrupted(
+    tmp_path: pathlib.Path,
+) -> None:
+    whole = _script(tmp_path, "whole", {"trainer": {**SHUFFLED, "max_steps": 32}})
+    first = {"ckpt_dir": str(tmp_path / "ck"), "trainer": {**SHUFFLED, "max_steps": 20}}
+    _script(tmp_path, "first", first)
+    last = str(tmp_path / "ck" / "last.ckpt")
+    resumed = _script(
+        tmp_path, "resumed", {"ckpt_path": last, "trainer": {**SHUFFLED, "max_steps": 32}}
+    )
+    _resumed_like_uninterrupted(whole[0], resumed[0], 20)
+
+
+def _like_one_process(one: dict[str, Any], ranks: dict[int, dict[str, Any]]) -> None:
+    assert sorted(ranks) == [0, 1]
+    for rank in ranks.values():
+        assert rank["size"] == rank["world_size"] == 2
+        assert rank["global_step"] == one["global_step"]
+        assert rank["validated_at"] == one["validated_at"]  # every rank validated, once each
+        for got, want in zip(rank["weights"], one["weights"], strict=True):
+            np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
+        # Each rank validated its shard; the reduced metric is the whole set's.
+        np.testing.assert_allclose(rank["val_loss"], one["val_loss"], rtol=1e-5)
+        # Every rank trained half of each global batch (Determined's sharding).
+        assert [i for i, _ in rank["trained"]] == [i for i, _ in one["trained"]]
+    assert ranks[0]["weights"] == ranks[1]["weights"]
+    sums = [a + b for (_, a), (_, b) in zip(ranks[0]["trained"], ranks[1]["trained"], strict=True)]
+    np.testing.assert_allclose(sums, [s for _, s in one["trained"]], atol=1e-3)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["ddp", "ddp_find_unused_parameters_true", "torchrun"])
+def test_two_processes_under_lightnings_defaults_train_like_one(
+    tmp_path: pathlib.Path, strategy: str
+) -> None:
+    trainer = {**SHUFFLED, "max_epochs": 2}
+    one = _script(tmp_path, "one", {"trainer": trainer})[0]
+    if strategy == "torchrun":
+        # A train.py started by torchrun: init() finds the processes, Trainer(devices=2).
+        config = {"devices": 2, "init_engine": False, "trainer": trainer}
+        ranks = _script(tmp_path, "two", config, torchrun=True)
+    else:
+        ranks = _script(tmp_path, "two", {"devices": 2, "strategy": strategy, "trainer": trainer})
+    _like_one_process(one, ranks)
+
+
+@pytest.mark.slow
+def test_ddp_resumes_from_a_mid_epoch_checkpoint_exactly(tmp_path: pathlib.Path) -> None:
+    ddp = {"devices": 2, "strategy": "ddp"}
+    trainer = {**SHUFFLED, "max_epochs": 2}
+    whole = _script(
+        tmp_path, "whole", {**ddp, "ckpt_dir": str(tmp_path / "ck"), "trainer": trainer}
+    )
+    checkpoint = str(tmp_path / "ck" / "epoch=1-step=15.ckpt")
+    resumed = _script(tmp_path, "resumed", {**ddp, "ckpt_path": checkpoint, "trainer": trainer})
+    for rank in (0, 1):
+        _resumed_like_uninterrupted(whole[rank], resumed[rank], 15)
+
+
+@pytest.mark.slow
+def test_ddp_spawn_is_refused_with_one_message(tmp_path: pathlib.Path) -> None:
+    # Lightning pickles the module to processes it spawns: their trials would train, the
+    # caller's would not. The refusal names the strategies that work.
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    config = {
+        "devices": 2,
+        "strategy": "ddp_spawn",
+        "init_engine": False,
+        "trainer": {"max_steps": 2},
+    }
+    cmd = [sys.executable, str(REPO / "tests" / "_trial_module_script.py"), str(tmp_path / "x")]
+    done = subprocess.run(
+        [*cmd, json.dumps(config)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode != 0
+    assert "A TrialModule cannot train under DDPStrategy with start method 'spawn'" in done.stderr
+    assert "Use strategy='ddp'" in done.stderr and "torchrun" in done.stderr
