@@ -29,6 +29,7 @@ LIGHTNING_API = {
     "test_resume",
     "test_search_trial",
     "test_trainer",
+    "test_trial_module_trainer",
 }
 
 

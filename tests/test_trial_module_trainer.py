@@ -134,6 +134,14 @@ SCHEDULES = {
     },
     "max_time": {"max_time": {"seconds": 0}, "max_epochs": 3},
     "max_steps inside an epoch": {"max_steps": 17, "log_every_n_steps": 4},
+    # The trial's aggregation_frequency is Lightning's accumulate_grad_batches: steps (and
+    # so max_steps, log_every_n_steps, every_n_train_steps) count every 2 batches.
+    "accumulate_grad_batches": {
+        "accumulate_grad_batches": 2,
+        "max_steps": 15,
+        "log_every_n_steps": 4,
+        "val_check_interval": 5,
+    },
 }
 
 
@@ -143,7 +151,9 @@ def test_a_trial_module_validates_logs_and_checkpoints_where_a_plain_module_does
 ) -> None:
     kwargs = SCHEDULES[arguments]
     plain = _run(PlainModule(), tmp_path / "plain", **kwargs)
-    with quiet_init(hparams={"global_batch_size": 8, "n_train": N_TRAIN}) as ctx:
+    hparams = {"global_batch_size": 8, "n_train": N_TRAIN}
+    aggregation = kwargs.get("accumulate_grad_batches", 1)
+    with quiet_init(hparams=hparams, aggregation_frequency=aggregation) as ctx:
         trial = LinearTrial(ctx)
         module = pytorch.TrialModule(trial, ctx)
         wrapped = _run(module, tmp_path / "trial", **kwargs)
