@@ -4,8 +4,10 @@ TrialModule tests start (alone, under Lightning's DDP launcher, or under torchru
     python tests/_trial_module_script.py OUT CONFIG_JSON
 
 CONFIG_JSON: `strategy` (None: the Trainer's default), `devices` (None: the Trainer's default,
-as under torchrun), `trainer` (more Trainer arguments), `ckpt_dir` (ModelCheckpoint's folder:
-every 5 steps, every epoch, `last`), `ckpt_path` (`Trainer.fit(ckpt_path=...)`). Every rank
+as under torchrun), `init_engine` (False: `init()` is not told the devices and strategy),
+`hparams` (more of the trial's), `trainer` (more Trainer arguments), `ckpt_dir`
+(ModelCheckpoint's folder: every 5 steps, every epoch, `last`), `ckpt_path`
+(`Trainer.fit(ckpt_path=...)`). Every rank
 writes OUT.RANK.json: the batches the trial trained (index, a fingerprint of its samples), where
 it validated, the validation metrics and the final weights.
 """
@@ -47,6 +49,11 @@ class ShuffledTrial(LinearTrial):
 
     def train_batch(self, batch: Any, epoch_idx: int, batch_idx: int) -> Any:
         self.trained.append((batch_idx, round(float(batch[0].sum()), 4)))
+        # A stop request from one rank only (hparams `stop_at`, `stop_rank`).
+        if batch_idx == self.hp.get("stop_at") and (
+            self.context.distributed.rank == self.hp.get("stop_rank", 0)
+        ):
+            self.context.set_stop_requested(True)
         return super().train_batch(batch, epoch_idx, batch_idx)
 
 
@@ -67,7 +74,7 @@ def main(out: str, config: dict[str, Any]) -> None:
         engine = {"accelerator": "cpu", "devices": config["devices"]}
         if config.get("strategy"):
             engine["strategy"] = config["strategy"]
-    hparams = {"global_batch_size": 8, "n_train": N_TRAIN}
+    hparams = {"global_batch_size": 8, "n_train": N_TRAIN, **config.get("hparams", {})}
     with quiet_init(hparams=hparams, **(engine if config.get("init_engine", True) else {})) as ctx:
         trial = ShuffledTrial(ctx)
         validations = Validations()
@@ -111,6 +118,8 @@ def main(out: str, config: dict[str, Any]) -> None:
             "size": ctx.distributed.size,
             "world_size": trainer.world_size,
             "global_step": trainer.global_step,
+            "should_stop": trainer.should_stop,
+            "stop_requested": module.stop_requested,
             "trained": trial.trained,
             "validated_at": validations.steps,
             "val_loss": [

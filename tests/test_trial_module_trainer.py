@@ -451,3 +451,43 @@ def test_ddp_spawn_is_refused_with_one_message(tmp_path: pathlib.Path) -> None:
     assert done.returncode != 0
     assert "A TrialModule cannot train under DDPStrategy with start method 'spawn'" in done.stderr
     assert "Use strategy='ddp'" in done.stderr and "torchrun" in done.stderr
+
+
+@pytest.mark.slow
+def test_a_stop_request_on_one_rank_stops_every_rank_after_the_same_batch(
+    tmp_path: pathlib.Path,
+) -> None:
+    # Rank 1 alone asks while training batch 6; the next boundary is the report after batch
+    # 10 (log_every_n_steps=5): both ranks stop there.
+    config = {
+        "devices": 2,
+        "strategy": "ddp",
+        "hparams": {"stop_at": 6, "stop_rank": 1},
+        "trainer": {"max_epochs": 3, "log_every_n_steps": 5, "num_sanity_val_steps": 0},
+    }
+    ranks = _script(tmp_path, "stop", config)
+    for rank in ranks.values():
+        assert rank["should_stop"] and rank["stop_requested"]
+        assert rank["global_step"] == len(rank["trained"]) == 10
+    assert ranks[0]["weights"] == ranks[1]["weights"]
+
+
+@pytest.mark.slow
+def test_a_context_built_for_one_process_under_a_ddp_trainer_is_refused(
+    tmp_path: pathlib.Path,
+) -> None:
+    # init() without the devices: the context splits the global batch for one process.
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    config = {"devices": 2, "strategy": "ddp", "init_engine": False, "trainer": {"max_steps": 2}}
+    cmd = [sys.executable, str(REPO / "tests" / "_trial_module_script.py"), str(tmp_path / "x")]
+    done = subprocess.run(
+        [*cmd, json.dumps(config)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode != 0
+    assert "The Trainer runs 2 process(es) but the trial's context was built for 1" in done.stderr
+    assert "init(accelerator=..., devices=2, num_nodes=1, strategy='ddp')" in done.stderr
