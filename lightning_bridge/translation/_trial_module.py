@@ -18,7 +18,17 @@ resume mid-epoch exactly; Lightning's `DistributedSampler` would shard sample by
 restart the epoch. So Lightning gets no `torch.utils.data.DataLoader` to re-wrap: the training
 data is an `EpochFeed` and the validation data a `LoaderFeed`, plain sized iterables, which
 Lightning hands to its loops as they are whatever `use_distributed_sampler` says (its data
-connector re-wraps only `DataLoader` instances, in every Lightning 2.x).
+connector re-wraps only `DataLoader` instances, in every Lightning 2.x). The context splits
+`global_batch_size` over the processes it was built for, so it must be built for the
+Trainer's (`init(devices=N, strategy="ddp")` or torchrun; anything else is refused), and
+strategies that spawn processes from a pickled module (`ddp_spawn`, `ddp_fork`) are refused:
+the caller's trial would stay untrained.
+
+`context.set_stop_requested(True)` is acted on at the trial's next boundary, as in Determined:
+after a batch where Lightning logs, an epoch's end, or a validation. Every process learns there
+whether any asked, and all set `trainer.should_stop` after the same batch (`stop_requested`
+tells a callback). Lightning then ends the fit as for any callback's stop (a last validation
+unless it just ran one; not before `min_steps` / `min_epochs`).
 
 `max_steps` counts what it counts for any manual-optimization LightningModule: optimizer
 steps (`trainer.global_step`), one per wrapped optimizer stepped. A trial stepping one
