@@ -83,7 +83,7 @@ def main(out: str, config: dict[str, Any]) -> None:
             callbacks.append(
                 ModelCheckpoint(
                     dirpath=config["ckpt_dir"],
-                    every_n_train_steps=5,
+                    every_n_train_steps=config.get("every", 5),
                     save_top_k=-1,
                     save_last=True,
                 )
