@@ -31,6 +31,7 @@ LIGHTNING_API = {
     "test_trainer",
     "test_trial_module_checkpoints",
     "test_trial_module_ecosystem",
+    "test_trial_module_trainer",
 }
 
 

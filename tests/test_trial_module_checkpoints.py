@@ -99,11 +99,6 @@ def _same(a: Any, b: Any) -> bool:
             pytorch.Epoch(4),
             {"max_epochs": 4},
             id="mid-epoch-max-epochs",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="needs the trial's epoch feed to report a whole epoch to Lightning's "
-                "restart (EpochFeed.__len__), as ckpt_path resume does",
-            ),
         ),
     ],
 )
@@ -305,9 +300,6 @@ def test_determined_checkpoint_into_an_unusable_directory_fails_before_training(
     assert module.state.batches_trained == 0
 
 
-@pytest.mark.xfail(
-    strict=True, reason="needs the trial's stop request to stop the Trainer (trainer.should_stop)"
-)
 def test_determined_checkpoint_saves_where_a_stop_request_ends_training(
     tmp_path: pathlib.Path,
 ) -> None:

@@ -17,7 +17,6 @@ from typing import Any
 import lightning.pytorch as pl
 import pytest
 import torch
-from lightning.pytorch.utilities.signature_utils import is_param_in_hook_signature
 
 import lightning_bridge as pytorch
 from tests._trials import LinearTrial, Recorder, quiet_init
@@ -271,24 +270,6 @@ def test_16_mixed_on_the_cpu_is_lightnings_bf16_with_its_warning() -> None:
     assert len(trial.losses) == 4 and all(torch.isfinite(torch.tensor(trial.losses)))
 
 
-TAKES_ITERATOR = is_param_in_hook_signature(
-    pytorch.TrialModule.training_step, "dataloader_iter", explicit=True
-)
-
-
-@pytest.mark.skipif(not TAKES_ITERATOR, reason="Lightning converts the batches itself")
-def test_double_precision_is_refused_while_lightning_cannot_convert_the_batches() -> None:
-    with quiet_init() as ctx:
-        module = pytorch.TrialModule(LinearTrial(ctx), ctx)
-        with pytest.raises(pytorch.InvalidArgumentError, match="precision='64-true'"):
-            _trainer(max_steps=2, precision="64-true").fit(module)
-
-
-@pytest.mark.xfail(
-    TAKES_ITERATOR,
-    strict=True,
-    reason="training_step takes dataloader_iter: Lightning converts no batch to float64",
-)
 def test_double_precision_trains_the_trial_in_float64() -> None:
     with quiet_init() as ctx:
         trial = Losses(ctx)

@@ -65,9 +65,12 @@ class EngineSettings:
             raise InvalidArgumentError(
                 f"trainer_kwargs {', '.join(map(repr, unknown))} configure lightning.Trainer's "
                 "own loop, which Trainer.fit does not run on (its loop is the trial's, on "
-                f"lightning.Fabric); supported keys: {', '.join(FABRIC_KEYS + LOOP_KEYS)}. For "
-                "full control of a lightning.Trainer, hand TrialModule(trial, context) to your "
-                "own."
+                f"lightning.Fabric); supported keys: {', '.join(FABRIC_KEYS + LOOP_KEYS)}. Clip "
+                "gradients in the trial (step_optimizer(opt, clip_grads=...)) and accumulate "
+                "them with aggregation_frequency; or hand TrialModule(trial, context) to your "
+                "own lightning.Trainer, which takes its schedule arguments, callbacks and "
+                "gradient_clip_val / gradient_clip_algorithm (applied to the trial's "
+                "optimizers)."
             )
         fabric.update({k: v for k, v in extra.items() if k in FABRIC_KEYS})
         return cls(

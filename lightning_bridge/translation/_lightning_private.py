@@ -60,6 +60,18 @@ def precision_values() -> list[Any]:
     return values
 
 
+# ----- `TrialModule` under a user's lightning.Trainer ------------------------------------------
+
+
+def trainer_logs_now(trainer: Any) -> bool:
+    """Whether `lightning.Trainer` logs step values after the batch being trained, as for a
+    module accumulating `accumulate_grad_batches` batches: its logger connector's
+    `should_update_logs` (`log_every_n_steps` counted in batches that stepped), and not on a
+    batch that only accumulates (`update_train_step_metrics` skips those)."""
+    accumulating = trainer.fit_loop._should_accumulate()
+    return bool(trainer._logger_connector.should_update_logs) and not accumulating
+
+
 # ----- the Lightning adapter: attributes Lightning's own code reads and writes ----------------
 
 

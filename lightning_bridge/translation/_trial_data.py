@@ -42,20 +42,29 @@ class EpochFeed:
 
     All epochs draw from one iterator over the repeated (and sharded, skipped) training loader,
     created once like Determined does, so data order and RNG use match an uninterrupted run.
+    Its length is the trial's epoch: a run `lightning.Trainer` restores from its own checkpoint
+    (`ckpt_path`) counts the batches its epoch already trained and draws only the rest. A run
+    whose trial continues without Lightning's counters (`first_offset` batches of the current
+    epoch trained) first finishes that epoch: Lightning's first epoch is `first_offset`
+    shorter, until `epoch_ended()`.
     """
 
     def __init__(self, iterator: Iterator, epoch_len: int, first_offset: int = 0) -> None:
         self._iterator = iterator
         self._epoch_len = epoch_len
-        # A run continued mid-epoch first finishes that epoch.
         self._offset = first_offset
 
     def __len__(self) -> int:
         return self._epoch_len - self._offset
 
+    def epoch_ended(self) -> None:
+        """Lightning finished an epoch: the next ones are whole trial epochs."""
+        self._offset = 0
+
     def __iter__(self) -> Iterator:
-        count, self._offset = self._epoch_len - self._offset, 0
-        for _ in range(count):
+        # Lightning stops drawing at its own count (the length, less what a restored epoch
+        # trained); nothing is drawn before it asks.
+        for _ in range(len(self)):
             try:
                 yield next(self._iterator)
             except StopIteration:

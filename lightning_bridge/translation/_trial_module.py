@@ -4,16 +4,50 @@ For training a trial with your own `lightning.Trainer`: the module runs the tria
 `TrialCore` (the contract shared with `lightning_bridge.Trainer`) inside Lightning's loops.
 `context.backward` and `step_optimizer` go through Lightning's strategy and precision plugin
 (`manual_backward`, `LightningOptimizer.step`), validation runs as Lightning's validation loop,
-training metrics are reported at Lightning's logging interval (a `Schedule` whose reporting
-period it is) and every epoch's end, to the Trainer's loggers and progress bar (the core's
-observer `LightningReports`), and Lightning's own checkpoints carry the trial's state. The
-length, validations and checkpoints are Lightning's (epochs, `val_check_interval`);
-`lightning_bridge.Trainer` follows Determined's instead. `latest_checkpoint` continues a
-Determined checkpoint as `fit(latest_checkpoint=...)` does, with Lightning's loop counters
-loaded as from a `ckpt_path` saved at the same batch; `DeterminedCheckpoint` writes them. What
-the module cannot run under a Trainer (`test`, `predict`, some callbacks and precisions) is
-refused before anything runs (`_trial_module_refusals`). docs/trialmodule.md has the whole
-list.
+training metrics are reported where Lightning logs (`log_every_n_steps`) and at every epoch's
+end, to the Trainer's loggers and progress bar (the core's observer `LightningReports`), and
+Lightning's own checkpoints carry the trial's state. The schedule is Lightning's: the module
+trains one batch per `training_step(batch, batch_idx)`, so `val_check_interval`,
+`check_val_every_n_epoch`, `limit_*_batches`, `max_epochs`, `max_steps`, `min_steps`,
+`max_time` and `ModelCheckpoint` act as on any LightningModule; `lightning_bridge.Trainer`
+follows Determined's instead.
+
+Which layer shards the data: the trial's. Its `pytorch.DataLoader`s shard batch by batch as
+Determined does (every process its share of each global batch, in Determined's order) and
+resume mid-epoch exactly; Lightning's `DistributedSampler` would shard sample by sample and
+restart the epoch. So Lightning gets no `torch.utils.data.DataLoader` to re-wrap: the training
+data is an `EpochFeed` and the validation data a `LoaderFeed`, plain sized iterables, which
+Lightning hands to its loops as they are whatever `use_distributed_sampler` says (its data
+connector re-wraps only `DataLoader` instances, in every Lightning 2.x). The context splits
+`global_batch_size` over the processes it was built for, so it must be built for the
+Trainer's (`init(devices=N, strategy="ddp")` or torchrun; anything else is refused), and
+strategies that spawn processes from a pickled module (`ddp_spawn`, `ddp_fork`) are refused:
+the caller's trial would stay untrained.
+
+`context.set_stop_requested(True)` is acted on at the trial's next boundary, as in Determined:
+after a batch where Lightning logs, an epoch's end, or a validation. Every process learns there
+whether any asked, and all set `trainer.should_stop` after the same batch (`stop_requested`
+tells a callback). Lightning then ends the fit as for any callback's stop (a last validation
+unless it just ran one; not before `min_steps` / `min_epochs`).
+
+`max_steps` counts what it counts for any manual-optimization LightningModule: optimizer
+steps (`trainer.global_step`), one per wrapped optimizer stepped. A trial stepping one
+optimizer every batch steps once a batch; with `aggregation_frequency=k` once every k batches;
+with two optimizers stepped every batch, twice a batch. Under a user's Trainer the trial's
+`aggregation_frequency` is Lightning's `accumulate_grad_batches` (the same meaning: gradients
+of k batches averaged, one step): the Trainer runs with the trial's value (logging and
+`log_every_n_steps` count steps as with a plain module accumulating k batches); a different
+`accumulate_grad_batches` is refused. `gradient_clip_val` / `gradient_clip_algorithm` clip
+the trial's gradients through Lightning's `clip_gradients` before every optimizer step, after
+the trial's own `clip_grads`, on unscaled gradients. Lightning refuses both arguments for
+manual optimization before any hook of the fit runs; the module holds them back from that check
+(`configure_callbacks`, the last hook before it) and gives them back in `setup`.
+
+`latest_checkpoint` continues a Determined checkpoint as `fit(latest_checkpoint=...)` does, with
+Lightning's loop counters loaded as from a `ckpt_path` saved at the same batch;
+`DeterminedCheckpoint` writes such checkpoints. What the module cannot run under a Trainer
+(`test`, `predict`, some callbacks) is refused before anything runs
+(`_trial_module_refusals`). docs/trialmodule.md has the whole list.
 """
 
 from __future__ import annotations
@@ -21,7 +55,6 @@ from __future__ import annotations
 import contextlib
 import os
 import pathlib
-import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -33,10 +66,15 @@ from lightning_bridge.checkpoint._layout import TrialState, resolve_checkpoint
 from lightning_bridge.checkpoint._safe_load import read_checkpoint
 from lightning_bridge.contract._context import PyTorchTrialContext, context_setup
 from lightning_bridge.contract._step import prepare_step
-from lightning_bridge.contract._units import Batch
 from lightning_bridge.translation._core import TrialCore
 from lightning_bridge.translation._init import checkpoint_dir, setup_of
-from lightning_bridge.translation._lightning_private import continue_fit_progress, may_log
+from lightning_bridge.translation._lightning_private import (
+    continue_fit_progress,
+    is_multiprocessing_launcher,
+    may_log,
+    start_method,
+    trainer_logs_now,
+)
 from lightning_bridge.translation._metric_reports import (
     log_training,
     log_validation,
@@ -46,7 +84,6 @@ from lightning_bridge.translation._metric_reports import (
 from lightning_bridge.translation._observer import FitObserver, Progress
 from lightning_bridge.translation._payload import trial_payload
 from lightning_bridge.translation._resume import starts_new_run
-from lightning_bridge.translation._schedule import Boundary, Schedule
 from lightning_bridge.translation._trial_data import EpochFeed, FullDatasetPass
 from lightning_bridge.translation._trial_module_refusals import refusal
 
@@ -68,8 +105,11 @@ class LightningReports(FitObserver):
         # A report closed in a hook where Lightning allows no `self.log` (DeterminedCheckpoint
         # saving in `on_validation_end` or `on_train_end`) reaches the loggers above only.
         if bar and may_log(module):
+            # In `training_step` a step value; at the epoch's end (`on_train_epoch_end`,
+            # where Lightning takes epoch values only) the epoch's last window.
+            step = not module._epoch_ending
             module.log_dict(
-                bar, prog_bar=True, logger=False, on_step=True, on_epoch=False, batch_size=1
+                bar, prog_bar=True, logger=False, on_step=step, on_epoch=not step, batch_size=1
             )
 
     def on_validation(self, progress: Progress, metrics: dict[str, Any]) -> None:
@@ -112,6 +152,20 @@ def _read_latest_checkpoint(
         path, trusted=trusted, trust_hint="TrialModule(..., trust_checkpoint=True)"
     )
     return path, payload, state
+
+
+class LoaderFeed:
+    """The trial's validation loader as Lightning sees it: a sized iterable, not a
+    `DataLoader`, so Lightning keeps the trial's own (Determined's) sharding."""
+
+    def __init__(self, loader: Any) -> None:
+        self.loader = loader
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self) -> Iterator:
+        return iter(self.loader)
 
 
 class TrialModule(pl.LightningModule):
@@ -157,7 +211,12 @@ class TrialModule(pl.LightningModule):
         # Held in a plain list, not a module attribute: assigning attributes on an nn.Module
         # every optimizer step is measurably slow.
         self._pending_step: list[tuple[Any, Callable | None, int]] = []
-        self._schedule: Schedule | None = None  # built when Lightning's Trainer starts
+        # Trainer arguments Lightning refuses for manual optimization, held back from its check.
+        self._held_back: dict[str, Any] = {}
+        self._stop_requested = False
+        self._epoch_ending = False  # in `on_train_epoch_end`
+        # Lightning restored its loops from its own checkpoint (`ckpt_path`).
+        self._restored_by_lightning = False
         self.core.attach(self)
         self.core.observers.add(LightningReports(self))
 
@@ -245,19 +304,67 @@ class TrialModule(pl.LightningModule):
 
     def on_before_optimizer_step(self, optimizer: Any) -> None:
         # Gradients are unscaled here (precision plugin), so averaging and clipping see true
-        # gradient values.
+        # gradient values: the trial's aggregation and `clip_grads` first, then the Trainer's
+        # `gradient_clip_val` (Lightning's own clipping, which manual optimization calls).
         if self._pending_step and self._pending_step[-1][0] is optimizer:
             _, clip_grads, divisor = self._pending_step[-1]
             prepare_step(optimizer, clip_grads, divisor)
+        if self._trainer is not None and self.trainer.gradient_clip_val:
+            self.clip_gradients(optimizer)
 
     # ----- setup and teardown -----
 
-    def configure_callbacks(self) -> list[pl.Callback]:
-        """Refuse, before anything runs, what a TrialModule cannot do under this Trainer."""
-        problem = refusal(self.trainer, self)
+    def configure_callbacks(self) -> Any:
+        """Hold back the Trainer arguments Lightning refuses for manual optimization (its
+        check follows this hook); `setup` gives them back. See the module docstring. Refuses,
+        before anything runs, what a TrialModule cannot do under this Trainer."""
+        trainer = self.trainer
+        problem = refusal(trainer, self)
         if problem:
             raise InvalidArgumentError(problem)
+        if trainer.gradient_clip_val:
+            self._held_back["gradient_clip_val"] = trainer.gradient_clip_val
+            trainer.gradient_clip_val = None
+        accumulate = trainer.accumulate_grad_batches
+        aggregation = context_setup(self.context).aggregation_frequency
+        if accumulate not in (1, aggregation):
+            raise InvalidArgumentError(
+                f"Trainer(accumulate_grad_batches={accumulate}) and the trial's "
+                f"aggregation_frequency={aggregation} differ. For a TrialModule they are one "
+                "setting (the optimizers step once every N batches, on the gradients of the N "
+                "batches averaged): build the context with "
+                f"init(aggregation_frequency={accumulate}) (Determined's "
+                "optimizations.aggregation_frequency) and give the Trainer the same value or "
+                "leave accumulate_grad_batches out."
+            )
+        trainer.accumulate_grad_batches = 1
+        self._held_back["accumulate_grad_batches"] = aggregation
         return []
+
+    def setup(self, stage: str) -> None:
+        trainer = self.trainer
+        for name, value in self._held_back.items():
+            setattr(trainer, name, value)
+        self._held_back = {}
+        launcher = getattr(trainer.strategy, "launcher", None)
+        if launcher is not None and is_multiprocessing_launcher(launcher):
+            raise InvalidArgumentError(
+                f"A TrialModule cannot train under {type(trainer.strategy).__name__} with start "
+                f"method {start_method(launcher)!r} (strategy='ddp_spawn', 'ddp_fork', "
+                "'ddp_notebook'): each process would train a pickled copy of the trial, and "
+                "the trial in your process would stay untrained. Use strategy='ddp' (every "
+                "process runs your script) or launch the script with torchrun."
+            )
+        processes = context_setup(self.context).processes
+        if trainer.world_size != processes:
+            raise InvalidArgumentError(
+                f"The Trainer runs {trainer.world_size} process(es) but the trial's context "
+                f"was built for {processes}: the global batch would be split wrongly. Build the "
+                "context with the Trainer's processes before the trial, e.g. "
+                f"init(accelerator=..., devices={trainer.num_devices}, "
+                f"num_nodes={trainer.num_nodes}, strategy='ddp') (it starts the processes, as "
+                "Determined does), or launch the script with torchrun."
+            )
 
     def configure_optimizers(self) -> Any:
         return list(self.core.context.optimizers)
@@ -293,7 +400,10 @@ class TrialModule(pl.LightningModule):
             core = self.core
             core.build_data()
             assert core.train_iterator is not None
-            offset = core.start_batch % core.epoch_len
+            # Lightning restoring its loops (from `ckpt_path`, or loaded for `latest_checkpoint`)
+            # counts its epoch's trained batches itself.
+            counted = self._restored_by_lightning or self._continues is not None
+            offset = 0 if counted else core.start_batch % core.epoch_len
             self._feed = EpochFeed(core.train_iterator, core.epoch_len, offset)
         return self._feed
 
@@ -301,16 +411,9 @@ class TrialModule(pl.LightningModule):
         self.core.build_data()
         if not self.core.evaluates_batches:
             return FullDatasetPass()
-        return self.core.val_loader
+        return LoaderFeed(self.core.val_loader)
 
     def on_train_start(self) -> None:
-        every = max(int(getattr(self.trainer, "log_every_n_steps", 50) or 50), 1)
-        self._schedule = Schedule.for_fit(
-            max_length=Batch(sys.maxsize),
-            validation_period=None,
-            checkpoint_period=None,
-            reporting_period=Batch(every),
-        )
         self.core.begin_training()
 
     def on_fit_end(self) -> None:
@@ -321,20 +424,52 @@ class TrialModule(pl.LightningModule):
 
     # ----- training -----
 
-    def training_step(self, dataloader_iter: Iterator) -> None:
-        batch, _, _ = next(dataloader_iter)
-        self.core.train_batch(batch)
+    def transfer_batch_to_device(
+        self, batch: Any, device: torch.device, dataloader_idx: int
+    ) -> Any:
+        # The core moves the batch itself, as Determined does (unless the trial disabled it).
+        return batch
 
-    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
-        # Report at Lightning's logging interval and at every trial epoch's end.
-        if self._trainer is None or self._schedule is None:
-            return
-        core = self.core
-        done, epoch_len = core.state.batches_trained, core.epoch_len
-        if not core.window_open:  # a checkpoint (DeterminedCheckpoint) closed it already
-            return
-        if done % epoch_len == 0 or Boundary.REPORT in self._schedule.reached(done, epoch_len):
-            core.close_training_window()
+    def training_step(self, batch: Any, batch_idx: int) -> None:
+        """Train one trial batch; report where Lightning logs, and stop at that boundary if
+        the trial asked to."""
+        self.core.train_batch(batch)
+        if trainer_logs_now(self.trainer) and self.core.window_open:
+            self.core.close_training_window()
+            self._stop_if_requested()
+
+    def on_train_epoch_end(self) -> None:
+        if self._feed is not None:
+            self._feed.epoch_ended()
+        if self.core.window_open:
+            self._epoch_ending = True
+            try:
+                self.core.close_training_window()
+            finally:
+                self._epoch_ending = False
+        self._stop_if_requested()
+
+    # ----- stop requests -----
+
+    @property
+    def stop_requested(self) -> bool:
+        """Whether the trial's stop request stopped the Trainer (`trainer.should_stop` set).
+
+        As in Determined, `context.set_stop_requested(True)` is acted on at the trial's next
+        boundary: after a batch where Lightning logs (`log_every_n_steps`), an epoch's end or
+        a validation. Every process learns at that boundary whether any asked (a collective),
+        so all stop after the same batch. True from that boundary on (read it in a callback's
+        `on_train_batch_end`, `on_validation_end` or `on_train_epoch_end`)."""
+        return self._stop_requested
+
+    def _stop_if_requested(self) -> None:
+        trainer = self.trainer
+        asks = trainer.strategy.reduce_boolean_decision(
+            bool(self.context.get_stop_requested()), all=False
+        )
+        if asks:
+            self._stop_requested = True
+            trainer.should_stop = True
 
     # ----- validation -----
 
@@ -361,6 +496,9 @@ class TrialModule(pl.LightningModule):
     def on_validation_epoch_end(self) -> None:
         if self._sanity_checking():
             self.core.discard_validation()
+        elif self.trainer.state.fn == "fit":
+            self.core.end_validation(self.device)
+            self._stop_if_requested()
         else:
             self.core.end_validation(self.device)
 
@@ -374,4 +512,5 @@ class TrialModule(pl.LightningModule):
         # restore the rest (RNG last) when training starts, as for a trial checkpoint.
         payload = checkpoint.get("lightning_bridge")
         if payload is not None:
+            self._restored_by_lightning = True
             self.resume_from(payload, TrialState.from_dict(payload.get("trial_state") or {}))

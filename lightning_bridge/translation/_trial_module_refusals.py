@@ -9,7 +9,6 @@ from __future__ import annotations
 from typing import Any
 
 import lightning.pytorch as pl
-from lightning.pytorch.utilities.signature_utils import is_param_in_hook_signature
 
 TEST_REFUSAL = (
     "Trainer.test(module): a PyTorchTrial has no test step or test data. Run its "
@@ -28,11 +27,6 @@ SWA_REFUSAL = (
     "Average the weights in the trial instead (torch.optim.swa_utils.AveragedModel and SWALR, "
     "wrapped with context.wrap_lr_scheduler)."
 )
-DOUBLE_REFUSAL = (
-    "precision='64-true' with a TrialModule: Lightning converts batches to float64 only for a "
-    "training_step that takes a batch, and the trial's models would get float32 batches. Use "
-    "'32-true', or a mixed precision ('bf16-mixed', '16-mixed')."
-)
 
 
 def refusal(trainer: Any, module: pl.LightningModule) -> str | None:
@@ -44,9 +38,4 @@ def refusal(trainer: Any, module: pl.LightningModule) -> str | None:
         return PREDICT_REFUSAL
     if any(isinstance(cb, pl.callbacks.StochasticWeightAveraging) for cb in trainer.callbacks):
         return SWA_REFUSAL
-    takes_iterator = is_param_in_hook_signature(
-        module.training_step, "dataloader_iter", explicit=True
-    )
-    if str(trainer.precision) in ("64-true", "64", "double") and takes_iterator:
-        return DOUBLE_REFUSAL
     return None

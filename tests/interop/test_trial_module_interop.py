@@ -216,35 +216,8 @@ def test_determined_continues_a_determined_checkpoint_callbacks_checkpoint(
 
 # ----- parity at scale ------------------------------------------------------------------------
 
-# Scenarios whose Trainer schedule validates where Determined does only once a TrialModule
-# stops validating at every epoch end besides `val_check_interval` (its training_step takes
-# `dataloader_iter`, and Lightning validates at each epoch end for such steps).
-EPOCH_END_VALIDATION = {"sgd_dropout", "reducers", "stop_requested"}
 
-
-def _parity_params() -> list[Any]:
-    params = []
-    for name in sorted(TRAINER_SCHEDULES):
-        marks = []
-        if name in EPOCH_END_VALIDATION:
-            marks.append(
-                pytest.mark.xfail(
-                    strict=True,
-                    reason="TrialModule also validates at every epoch end with "
-                    "val_check_interval (Lightning's rule for dataloader_iter steps)",
-                )
-            )
-        if name == "stop_requested":
-            marks.append(
-                pytest.mark.xfail(
-                    strict=True, reason="a stop request does not stop the Trainer yet"
-                )
-            )
-        params.append(pytest.param(name, marks=marks))
-    return params
-
-
-@pytest.mark.parametrize("name", _parity_params())
+@pytest.mark.parametrize("name", sorted(TRAINER_SCHEDULES))
 def test_trial_module_on_the_equivalent_trainer_schedule_matches_determined(
     tmp_path: pathlib.Path, name: str
 ) -> None:
