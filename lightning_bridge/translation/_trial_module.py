@@ -25,7 +25,8 @@ strategies that spawn processes from a pickled module (`ddp_spawn`, `ddp_fork`) 
 the caller's trial would stay untrained.
 
 `context.set_stop_requested(True)` is acted on at the trial's next boundary, as in Determined:
-after a batch where Lightning logs, an epoch's end, or a validation. Every process learns there
+after a batch where Lightning logs (a report) or a validation (an epoch's end is no boundary
+unless Lightning validates there, as in Determined). Every process learns there
 whether any asked, and all set `trainer.should_stop` after the same batch (`stop_requested`
 tells a callback). Lightning then ends the fit as for any callback's stop (a last validation
 unless it just ran one; not before `min_steps` / `min_epochs`).
@@ -165,7 +166,10 @@ class LoaderFeed:
         return len(self.loader)
 
     def __iter__(self) -> Iterator:
-        return iter(self.loader)
+        # A generator: the loader's iterator (which draws its seed from torch's RNG) starts at
+        # the first batch, not when Lightning calls `iter()` only to check the data is
+        # iterable (it does for anything but a DataLoader), so the RNG stays Determined's.
+        yield from self.loader
 
 
 class TrialModule(pl.LightningModule):
@@ -434,8 +438,9 @@ class TrialModule(pl.LightningModule):
         """Train one trial batch; report where Lightning logs, and stop at that boundary if
         the trial asked to."""
         self.core.train_batch(batch)
-        if trainer_logs_now(self.trainer) and self.core.window_open:
-            self.core.close_training_window()
+        if trainer_logs_now(self.trainer):
+            if self.core.window_open:
+                self.core.close_training_window()
             self._stop_if_requested()
 
     def on_train_epoch_end(self) -> None:
@@ -447,7 +452,6 @@ class TrialModule(pl.LightningModule):
                 self.core.close_training_window()
             finally:
                 self._epoch_ending = False
-        self._stop_if_requested()
 
     # ----- stop requests -----
 
@@ -456,7 +460,7 @@ class TrialModule(pl.LightningModule):
         """Whether the trial's stop request stopped the Trainer (`trainer.should_stop` set).
 
         As in Determined, `context.set_stop_requested(True)` is acted on at the trial's next
-        boundary: after a batch where Lightning logs (`log_every_n_steps`), an epoch's end or
+        boundary: after a batch where Lightning logs (`log_every_n_steps`) or
         a validation. Every process learns at that boundary whether any asked (a collective),
         so all stop after the same batch. True from that boundary on (read it in a callback's
         `on_train_batch_end`, `on_validation_end` or `on_train_epoch_end`)."""
