@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
-import os
 import pathlib
 import secrets
 import signal
@@ -39,20 +38,12 @@ from lightning_bridge._errors import (
 )
 from lightning_bridge._process import exit_now
 from lightning_bridge.experiment._child import EntrypointFailed
+from lightning_bridge.experiment._exit_codes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from lightning_bridge.experiment._machine_capacity import oversubscription_allowed
 from lightning_bridge.experiment._parser import build_parser
+from lightning_bridge.translation._trial_environment import is_chief
 
 logger = logging.getLogger("lightning_bridge")
-
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
-
-
-def _is_chief() -> bool:
-    """Lightning's launcher re-runs this command for ranks > 0; they print nothing extra."""
-    return (
-        int(os.environ.get("LOCAL_RANK", "0") or 0) == 0
-        and int(os.environ.get("RANK", "0") or 0) == 0
-    )
 
 
 def _seeded(config_path: str, overrides: list[str]) -> tuple[list[str], str | None]:
@@ -102,7 +93,7 @@ def _run(args: argparse.Namespace, from_command_line: bool) -> int:
     if not options.test_mode:  # a search runs its trials (test mode trains its first one)
         from lightning_bridge.experiment._search import run_search
 
-        searched = run_search(args, options, seed_line if _is_chief() else None)
+        searched = run_search(args, options, seed_line if is_chief() else None)
         if searched is not None:
             return searched
     try:
@@ -130,9 +121,9 @@ def _run(args: argparse.Namespace, from_command_line: bool) -> int:
     except BridgeError as exc:
         print(f"lightning-bridge: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    if seed_line and _is_chief():
+    if seed_line and is_chief():
         print(seed_line, flush=True)
-    if warning and _is_chief():
+    if warning and is_chief():
         logger.warning(warning)
     if launcher.name == "local" and not oversubscription_allowed(plan, bool(args.force)):
         return EXIT_USAGE
@@ -158,7 +149,7 @@ def _run(args: argparse.Namespace, from_command_line: bool) -> int:
 
 def _print_mirror(registry: Any, experiment_id: int) -> None:
     """Complete the experiment's MLflow mirror; print where to look at it."""
-    if not _is_chief():
+    if not is_chief():
         return
     from lightning_bridge.tracking._sync import sync_after_run
 
@@ -175,7 +166,7 @@ def _guarded(run: Any) -> int:
         print(f"lightning-bridge: error: {exc}", file=sys.stderr)
         return exc.code
     except CheckpointWriteError as exc:
-        if _is_chief():  # the chief's failure, which every process shares
+        if is_chief():  # the chief's failure, which every process shares
             print(f"lightning-bridge: error: {exc}", file=sys.stderr)
         return EXIT_FAILED
     except InvalidArgumentError as exc:

@@ -346,16 +346,9 @@ def _stop_trials(args: argparse.Namespace, kill: bool) -> int:
 
 
 def _wait_job_end(job_id: str, timeout: float = 120) -> None:
-    import time
+    from lightning_bridge.experiment._slurm import follow_job
 
-    from lightning_bridge.experiment._slurm import job_info
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        info = job_info(job_id)
-        if info is None or not info.live:
-            return
-        time.sleep(0.5)
+    follow_job(job_id, timeout=timeout, interval=0.5)
 
 
 def experiment_pause(args: argparse.Namespace) -> int:

@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import abc
 import logging
-from typing import ClassVar, Protocol
+from typing import ClassVar
 
 from lightning_bridge._errors import InvalidArgumentError
 from lightning_bridge.experiment import _experiments, _runner
+from lightning_bridge.experiment._trial_process import TrialProcess
 from lightning_bridge.record._filesystem import network_filesystem
 from lightning_bridge.record._registry import Registry
 from lightning_bridge.record._settings import SETTINGS_FILE, WorkspaceSettings
@@ -42,19 +43,6 @@ def sqlite_on_network(workspace: Workspace, mounts: str | None = None) -> str | 
         f'write {{"record": "postgresql://USER:PASSWORD@HOST/DATABASE"}} in '
         f"{workspace.root / SETTINGS_FILE}, or choose a --workspace on a local disk"
     )
-
-
-class TrialProcess(Protocol):
-    """A started trial as a search's worker follows it: a local process (`Popen`) or a
-    scheduler's job."""
-
-    def wait(self) -> int:
-        """Block until the trial's process or job ends; its exit code."""
-        ...
-
-    def send_signal(self, sig: int) -> None:
-        """SIGTERM: checkpoint and stop; SIGKILL: end now."""
-        ...
 
 
 class Launcher(abc.ABC):

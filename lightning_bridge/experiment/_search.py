@@ -26,6 +26,7 @@ from lightning_bridge._errors import BridgeError, InvalidArgumentError
 from lightning_bridge.experiment import _runner
 from lightning_bridge.experiment._checkpoints import Source
 from lightning_bridge.experiment._config import ResolvedConfig, load_config, parse_config
+from lightning_bridge.experiment._exit_codes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from lightning_bridge.experiment._experiments import (
     _options_record,
     check_code,
@@ -47,7 +48,6 @@ from lightning_bridge.search._storage import import_optuna
 
 logger = logging.getLogger("lightning_bridge")
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 _EXPERIMENT_NOTE = "experiment"  # what the search keeps for its workers
 
 

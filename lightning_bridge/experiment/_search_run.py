@@ -18,6 +18,7 @@ kills the trials.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -38,9 +39,10 @@ from lightning_bridge.experiment import _runner, _warm
 from lightning_bridge.experiment._checkpoints import Source, fetch, settle_checkpoints
 from lightning_bridge.experiment._config import ResolvedConfig
 from lightning_bridge.experiment._experiments import continue_command, prepare_work_dir
-from lightning_bridge.experiment._launcher import TrialProcess
 from lightning_bridge.experiment._launchers import launcher_for
 from lightning_bridge.experiment._parent import PARENT_ENV
+from lightning_bridge.experiment._signals import handling
+from lightning_bridge.experiment._trial_process import TrialProcess
 from lightning_bridge.record._outage import RETRY_S, is_unavailable, reason
 from lightning_bridge.record._postgres import shown
 from lightning_bridge.record._registry import Registry
@@ -173,10 +175,10 @@ class SearchRun:
         (False)."""
         for number in self.driver.requeue_orphans():
             self.say(f"Search trial {number}: its worker on this machine is gone; pending again")
-        previous = {s: signal.signal(s, self.on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-        self._next_beat = time.monotonic() + self.heartbeat_s
-        self.starter.warm_up()
-        try:
+        with handling(self.on_signal), contextlib.ExitStack() as stack:
+            self._next_beat = time.monotonic() + self.heartbeat_s
+            self.starter.warm_up()
+            stack.callback(self.starter.close)
             while True:
                 try:
                     if self._step():
@@ -187,10 +189,6 @@ class SearchRun:
                     self._storage_away(exc)
                     continue
                 self._storage_back()
-        finally:
-            self.starter.close()
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
         if self.unreachable is not None:
             raise SearchStorageUnavailable(self.unreachable)
         return not self._stopping

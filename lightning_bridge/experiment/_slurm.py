@@ -30,13 +30,14 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from lightning_bridge._errors import InvalidArgumentError
 from lightning_bridge.experiment import _experiments, _runner
 from lightning_bridge.experiment._launcher import Launcher
+from lightning_bridge.experiment._signals import handling
 from lightning_bridge.record._registry import LIVE_JOB_STATES, Registry
 from lightning_bridge.record._schema import TrialState
 from lightning_bridge.translation._cluster_info import NODE_ADDRS_ENV
@@ -166,6 +167,46 @@ def job_info(job_id: str) -> JobInfo | None:
         reason="" if reason == "None" else reason,
         restarts=int(fields.get("Restarts", "0") or 0),
     )
+
+
+def follow_job(
+    job_id: str,
+    on_change: Callable[[JobInfo | None, JobInfo | None], None] | None = None,
+    timeout: float | None = None,
+    interval: float = POLL_S,
+) -> JobInfo | None:
+    """Poll the job (`scontrol show job`) until it ends, or until `timeout` seconds passed;
+    `on_change(info, last)` each time its state changes (`info` None: Slurm no longer knows
+    it). The last state seen (None: gone). The one loop that follows a job to its end."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    last: JobInfo | None = None
+    while True:
+        info = job_info(job_id)
+        if on_change is not None and (info is None or info != last):
+            on_change(info, last)
+        if info is None or not info.live:
+            return info
+        last = info
+        if deadline is not None and time.monotonic() >= deadline:
+            return info
+        time.sleep(interval)
+
+
+def _recorder(
+    registry: Registry, trial_id: int, job_id: str, say_requeued: bool = False
+) -> Callable[[JobInfo | None, JobInfo | None], None]:
+    """`follow_job`'s `on_change` that records the job's state for the trial as it changes
+    (and logs a requeue, `say_requeued`)."""
+
+    def record(info: JobInfo | None, last: JobInfo | None) -> None:
+        if info is None:
+            registry.job_state(trial_id, "GONE", "no longer known to Slurm")
+            return
+        registry.job_state(trial_id, info.state, info.reason, info.restarts)
+        if say_requeued and last is not None and info.restarts > last.restarts:
+            logger.info("Slurm job %s was requeued (%s)", job_id, info.reason)
+
+    return record
 
 
 def signal_job(job_id: str, signum: int | None) -> None:
@@ -367,27 +408,8 @@ class SlurmLauncher(Launcher):
                 else:
                     print(f"Cancelling Slurm job {job_id}", flush=True)
 
-        previous: dict[int, Any] = {}
-        if threading.current_thread() is threading.main_thread():
-            previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-        last: JobInfo | None = None
-        try:
-            while True:
-                info = job_info(job_id)
-                if info is None:
-                    registry.job_state(trial_id, "GONE", "no longer known to Slurm")
-                    break
-                if info != last:
-                    registry.job_state(trial_id, info.state, info.reason, info.restarts)
-                    if last is not None and info.restarts > last.restarts:
-                        logger.info("Slurm job %s was requeued (%s)", job_id, info.reason)
-                    last = info
-                if not info.live:
-                    break
-                time.sleep(POLL_S)
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
+        with handling(on_signal):
+            follow_job(job_id, _recorder(registry, trial_id, job_id, say_requeued=True))
         return bool(signals)
 
 
@@ -402,19 +424,9 @@ class SlurmJob:
         self._trial_id = trial_id
 
     def wait(self) -> int:
-        last: JobInfo | None = None
         with Registry(self._workspace) as registry:  # this thread's own connection
-            while True:
-                info = job_info(self.job_id)
-                if info is None:
-                    registry.job_state(self._trial_id, "GONE", "no longer known to Slurm")
-                    return 1
-                if info != last:
-                    registry.job_state(self._trial_id, info.state, info.reason, info.restarts)
-                    last = info
-                if not info.live:
-                    return 0 if info.state == "COMPLETED" else 1
-                time.sleep(POLL_S)
+            info = follow_job(self.job_id, _recorder(registry, self._trial_id, self.job_id))
+        return 0 if info is not None and info.state == "COMPLETED" else 1
 
     def send_signal(self, sig: int) -> None:
         signal_job(self.job_id, None if sig == signal.SIGKILL else sig)

@@ -34,7 +34,6 @@ import pathlib
 import shlex
 import signal
 import sys
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -42,6 +41,7 @@ from typing import Any
 from lightning_bridge._errors import InvalidArgumentError
 from lightning_bridge.experiment import _runner
 from lightning_bridge.experiment._config import ResolvedConfig
+from lightning_bridge.experiment._signals import handling
 from lightning_bridge.experiment._slurm import (
     POLL_S,
     JobInfo,
@@ -161,11 +161,7 @@ class WorkerJobs:
 
         launcher = SlurmLauncher()
         launcher.check(self.plan)
-        previous: dict[int, Any] = {}
-        if threading.current_thread() is threading.main_thread():
-            stops = (signal.SIGINT, signal.SIGTERM)
-            previous = {s: signal.signal(s, self._on_signal) for s in stops}
-        try:
+        with handling(self._on_signal):
             try:
                 for number in range(self.count):
                     if self._signals:
@@ -179,9 +175,6 @@ class WorkerJobs:
                 self._turn_through_outages()
                 time.sleep(POLL_S)
             self._relay()
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
         if self.unreachable is not None:
             raise SearchStorageUnavailable(self.unreachable)
         finished = self.driver.is_finished()
