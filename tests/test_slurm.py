@@ -24,6 +24,7 @@ import pytest
 import torch
 import yaml
 
+from lightning_bridge._errors import InvalidArgumentError
 from lightning_bridge.experiment._cli import main
 from lightning_bridge.experiment._runner import Options, prepare
 from lightning_bridge.experiment._slurm import SlurmSettings
@@ -251,6 +252,28 @@ def test_sbatch_options_map_determined_keys(tmp_path: pathlib.Path) -> None:
     assert settings.sbatch_args == ("--time=01:00:00",) and settings.max_restarts == 3
     one_node = SlurmSettings.of(prepare(_folder(tmp_path, _config(), "one"), None, Options()))
     assert one_node.resources(gpus=False) == ["--nodes=1", "--ntasks=1", "--cpus-per-task=1"]
+
+
+@pytest.mark.parametrize(
+    ("section", "message"),
+    [
+        ("--time=10", "slurm: expected a mapping (sbatch_args, slots_per_node)"),
+        ({"sbatch_args": "--time=10"}, 'slurm.sbatch_args: expected a list of strings, e.g. ["'),
+        ({"sbatch_args": ["--time=10", 3]}, "slurm.sbatch_args: expected a list of strings"),
+        ({"slots_per_node": 0}, "slurm.slots_per_node: expected a positive integer, got 0"),
+        ({"slots_per_node": "2"}, "slurm.slots_per_node: expected a positive integer, got '2'"),
+        ({"gpu_type": 100}, "slurm.gpu_type: expected a string (the GPU type of --gres), got 100"),
+    ],
+)
+def test_a_bad_slurm_section_is_one_line(
+    tmp_path: pathlib.Path, section: Any, message: str
+) -> None:
+    """Determined's `slurm` keys and types, each bad one refused in one line."""
+    plan = prepare(_folder(tmp_path, _config(slurm=section)), None, Options())
+    with pytest.raises(InvalidArgumentError) as refused:
+        SlurmSettings.of(plan)
+    assert str(refused.value).startswith(message), refused.value
+    assert "\n" not in str(refused.value)
 
 
 def test_refused_without_sbatch(tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:

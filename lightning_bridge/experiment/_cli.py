@@ -25,20 +25,17 @@ import pathlib
 import secrets
 import signal
 import sys
-import traceback
 from collections.abc import Sequence
 from typing import Any
 
 from lightning_bridge import _logging
 from lightning_bridge._errors import (
     BridgeError,
-    CheckpointWriteError,
     InvalidArgumentError,
     WorkspaceError,
 )
 from lightning_bridge._process import exit_now
-from lightning_bridge.experiment._child import EntrypointFailed
-from lightning_bridge.experiment._exit_codes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
+from lightning_bridge.experiment._exit_codes import EXIT_FAILED, EXIT_OK, EXIT_USAGE, guarded
 from lightning_bridge.experiment._machine_capacity import oversubscription_allowed
 from lightning_bridge.experiment._parser import build_parser
 from lightning_bridge.translation._trial_environment import is_chief
@@ -107,17 +104,11 @@ def _run(args: argparse.Namespace, from_command_line: bool) -> int:
         # Loaded after the config checks, so a config error answers at once.
         from lightning_bridge.experiment import _experiments
         from lightning_bridge.experiment._checkpoints import AlreadyComplete
+        from lightning_bridge.experiment._preflight import preflight
         from lightning_bridge.experiment._summary import run_summary
         from lightning_bridge.record._registry import Registry
 
-        _experiments.check_storage(plan)
-        _experiments.check_code(plan, Workspace(args.workspace))
-        plan.check_engine()
-        from lightning_bridge.experiment._launchers import launcher_for
-
-        launcher = launcher_for(options.launcher)
-        launcher.check(plan)
-        launcher.check_record(Workspace(args.workspace))
+        launcher = preflight(plan, Workspace(args.workspace), new=True, engine=True)
     except BridgeError as exc:
         print(f"lightning-bridge: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -138,7 +129,7 @@ def _run(args: argparse.Namespace, from_command_line: bool) -> int:
         except BridgeError as exc:
             print(f"lightning-bridge: error: {exc}", file=sys.stderr)
             return EXIT_USAGE
-        code = _guarded(
+        code = guarded(
             lambda: launcher.run_trial(registry, plan, trial, relaunch=from_command_line)
         )
         if code == 0:
@@ -158,39 +149,10 @@ def _print_mirror(registry: Any, experiment_id: int) -> None:
         print(line, flush=True)
 
 
-def _guarded(run: Any) -> int:
-    """Run a trial: bridge errors as one message, the trial's own errors with a traceback."""
-    try:
-        code = int(run())
-    except EntrypointFailed as exc:  # a script ended by a signal, or not stopping after one
-        print(f"lightning-bridge: error: {exc}", file=sys.stderr)
-        return exc.code
-    except CheckpointWriteError as exc:
-        if is_chief():  # the chief's failure, which every process shares
-            print(f"lightning-bridge: error: {exc}", file=sys.stderr)
-        return EXIT_FAILED
-    except InvalidArgumentError as exc:
-        print(f"lightning-bridge: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except BridgeError as exc:
-        print(f"lightning-bridge: error: {exc}", file=sys.stderr)
-        return EXIT_FAILED
-    except (SystemExit, KeyboardInterrupt):
-        raise
-    except BaseException:
-        traceback.print_exc()
-        print("lightning-bridge: error: the trial failed (traceback above)", file=sys.stderr)
-        return EXIT_FAILED
-    if code != 0:
-        print(f"lightning-bridge: error: the entrypoint exited with code {code}", file=sys.stderr)
-        return code if code > 0 else EXIT_FAILED
-    return EXIT_OK
-
-
 def _trial(args: argparse.Namespace, from_command_line: bool) -> int:
     from lightning_bridge.experiment._experiments import run_from_file
 
-    return _guarded(lambda: run_from_file(pathlib.Path(args.run_file)))
+    return guarded(lambda: run_from_file(pathlib.Path(args.run_file)))
 
 
 def _search_worker(args: argparse.Namespace, from_command_line: bool) -> int:
@@ -202,7 +164,7 @@ def _search_worker(args: argparse.Namespace, from_command_line: bool) -> int:
 def _continue(args: argparse.Namespace, from_command_line: bool) -> int:
     from lightning_bridge.experiment._commands import experiment_continue
 
-    return _guarded(lambda: experiment_continue(args))
+    return guarded(lambda: experiment_continue(args))
 
 
 def _record_command(name: str, module: str = "_commands") -> Any:

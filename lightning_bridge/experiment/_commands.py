@@ -439,7 +439,7 @@ def checkpoint_download(args: argparse.Namespace) -> int:
         from lightning_bridge.experiment._model_commands import model_download
 
         return model_download(args)
-    from lightning_bridge.experiment._checkpoints import storage_of
+    from lightning_bridge.experiment._checkpoints import trial_checkpoint_storage
 
     with open_registry(args) as registry:
         checkpoint = registry.checkpoint(args.uuid)
@@ -450,7 +450,7 @@ def checkpoint_download(args: argparse.Namespace) -> int:
                 "`lightning-bridge checkpoint list` shows the checkpoints kept."
             )
         experiment = registry.experiment(checkpoint.experiment_id)
-        storage = storage_of(registry, experiment, checkpoint.trial_id)
+        storage = trial_checkpoint_storage(registry, experiment, checkpoint.trial_id)
         out = storage.fetch(checkpoint.uuid, pathlib.Path(args.out).expanduser().resolve())
     if args.json:
         _print_json({**as_dict(checkpoint), "downloaded_to": str(out)})

@@ -41,6 +41,7 @@ from lightning_bridge.experiment._config import ResolvedConfig
 from lightning_bridge.experiment._experiments import continue_command, prepare_work_dir
 from lightning_bridge.experiment._launchers import launcher_for
 from lightning_bridge.experiment._parent import PARENT_ENV
+from lightning_bridge.experiment._search_storage import StorageOutage
 from lightning_bridge.experiment._signals import handling
 from lightning_bridge.experiment._trial_process import TrialProcess
 from lightning_bridge.record._outage import RETRY_S, is_unavailable, reason
@@ -147,8 +148,7 @@ class SearchRun:
         self.unreachable: str | None = None  # a trial's node could not reach a service
         self._paused = False  # a trial was stopped from outside (`experiment pause`)
         self._next_beat = 0.0
-        self._away_since: float | None = None
-        self._reopen = False
+        self._outage = StorageOutage()
         # Forks the trials' processes (see _warm); with their MLflow mirror's client imported
         # when the record is mirrored (else each trial imports it, seconds, at its end).
         mirrored = _mirrored(self.workspace.root, options.tracking_uri)
@@ -202,9 +202,8 @@ class SearchRun:
     def _step(self) -> bool:
         """One turn of the loop: start trials while there is room, handle the trials that
         ended, keep this worker's trials alive. True when the worker is done."""
-        if self._reopen:
+        if self._outage.reopen():
             self.driver = SearchDriver(self.storage, self.driver.name, job=self.driver.job)
-            self._reopen = False
         if not self._stopping:
             self._fill()
         if not self.running and (self._stopping or self.driver.is_finished()):
@@ -234,33 +233,24 @@ class SearchRun:
     def _storage_away(self, exc: BaseException) -> None:
         """The storage did not answer: the running trials go on (they hold their own reports
         back); the worker opens the storage again every second, for up to `RETRY_S`."""
-        now = time.monotonic()
-        if self._away_since is None:
-            self._away_since = now
+        away = self._outage.away(close=self.driver.close)
+        if away is None:
             self.say(
                 f"The search storage is unavailable ({reason(exc)}); the running trials go "
                 f"on, retrying for up to {RETRY_S:.0f} s"
             )
-        elif now - self._away_since > RETRY_S:
+        elif away > RETRY_S:
             raise SearchStorageUnavailable(
                 f"the search storage {self.storage} stayed unavailable for {RETRY_S:.0f} s "
                 f"({reason(exc)}); the trials are checkpointed: continue the search once it "
                 "is back (lightning-bridge experiment continue ID, or search-worker)"
             ) from None
         time.sleep(1.0)
-        if not self._reopen:
-            self._reopen = True  # its connections do not recover: opened again next turn
-            try:
-                self.driver.close()
-            except Exception:  # noqa: BLE001 - closing a connection that is already gone
-                pass
 
     def _storage_back(self) -> None:
-        if self._away_since is not None:
-            self.say(
-                f"The search storage is back after {time.monotonic() - self._away_since:.0f} s"
-            )
-            self._away_since = None
+        away = self._outage.back()
+        if away is not None:
+            self.say(f"The search storage is back after {away:.0f} s")
 
     def _stop_all(self) -> None:
         """Start no more trials; the running ones checkpoint and stop (as on a signal)."""

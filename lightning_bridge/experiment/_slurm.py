@@ -7,7 +7,7 @@ Lightning's Slurm environment), `slurm.gpu_type` (`--gres=gpu:TYPE:N`),
 `resources.resource_pool` (the partition), `slurm.sbatch_args` (passed on, last, so they win)
 and `max_restarts` (the job requeues itself after a failure up to that many times; every job
 is `--requeue`, so a preempted job or one whose node was lost runs again). The job runs
-`python -m lightning_bridge.experiment._slurm_job RUN_FILE`, which trains the trial from its
+`python -m lightning_bridge.experiment.slurm_job RUN_FILE`, which trains the trial from its
 run description and, after a requeue, continues it from its latest checkpoint. Before the time
 limit Slurm sends the job `SIGNAL_DEFAULT` (SIGUSR1, 120 s before): the trial checkpoints at
 its batch and the job requeues itself.
@@ -34,8 +34,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import pydantic
+
 from lightning_bridge._errors import InvalidArgumentError
 from lightning_bridge.experiment import _experiments, _runner
+from lightning_bridge.experiment._config_schema import SLURM_MESSAGES, SlurmSection
 from lightning_bridge.experiment._launcher import Launcher
 from lightning_bridge.experiment._signals import handling
 from lightning_bridge.record._registry import LIVE_JOB_STATES, Registry
@@ -46,6 +49,8 @@ logger = logging.getLogger("lightning_bridge")
 
 SIGNAL_DEFAULT = "B:USR1@120"  # sbatch --signal: the batch shell (the trial), 120 s before
 POLL_S = 1.0
+# What a trial's job runs (`python -m JOB_MODULE RUN_FILE`): a stable name (`slurm_job`).
+JOB_MODULE = "lightning_bridge.experiment.slurm_job"
 # The line a job that cannot reach a shared service ends with, in its output (`_slurm_job`).
 UNREACHABLE = "lightning-bridge: error: unreachable from node"
 _TIMEOUT_S = 60
@@ -74,6 +79,20 @@ def _slurm(*command: str, check: bool = True) -> subprocess.CompletedProcess[str
     return done
 
 
+def slurm_section(given: Any) -> SlurmSection:
+    """The config's `slurm` section, validated (`SlurmSection`): InvalidArgumentError with
+    the one line its first bad key gets (`SLURM_MESSAGES`)."""
+    try:
+        return SlurmSection.model_validate(given or {})
+    except pydantic.ValidationError as exc:
+        error = exc.errors()[0]
+        key = str(error["loc"][0]) if error["loc"] else ""
+        if key not in SLURM_MESSAGES or error["type"] in ("model_type", "dict_type"):
+            key = ""
+        value = given.get(key) if key and isinstance(given, dict) else given
+        raise InvalidArgumentError(SLURM_MESSAGES[key].format(value=value)) from None
+
+
 @dataclasses.dataclass(frozen=True)
 class SlurmSettings:
     """The trial's Slurm request, from Determined's config keys."""
@@ -88,20 +107,9 @@ class SlurmSettings:
     @classmethod
     def of(cls, plan: _runner.Plan) -> SlurmSettings:
         raw = plan.config.raw
-        slurm = raw.get("slurm") or {}
-        if not isinstance(slurm, dict):
-            raise InvalidArgumentError("slurm: expected a mapping (sbatch_args, slots_per_node)")
-        args = slurm.get("sbatch_args") or []
-        if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
-            raise InvalidArgumentError(
-                'slurm.sbatch_args: expected a list of strings, e.g. ["--time=01:00:00"]'
-            )
-        per_node = slurm.get("slots_per_node")
-        if per_node is not None and (not isinstance(per_node, int) or per_node < 1):
-            raise InvalidArgumentError(
-                f"slurm.slots_per_node: expected a positive integer, got {per_node!r}"
-            )
-        gpu_type = slurm.get("gpu_type")
+        section = slurm_section(raw.get("slurm"))
+        per_node, gpu_type = section.slots_per_node, section.gpu_type
+        args = section.sbatch_args or []
         pool = (raw.get("resources") or {}).get("resource_pool")
         return cls(
             slots=plan.processes,
@@ -331,7 +339,7 @@ class SlurmLauncher(Launcher):
         # A search's trial runs in its own copy of the folder, there before any task starts.
         _experiments.prepare_work_dir(plan, trial)
         script = trial.trial_dir / "job.sh"
-        command = [sys.executable, "-m", "lightning_bridge.experiment._slurm_job"]
+        command = [sys.executable, "-m", JOB_MODULE]
         command.append(str(trial.run_file))
         lines = [
             "#!/bin/bash",

@@ -1,7 +1,9 @@
-"""What a trial's Slurm job runs: `python -m lightning_bridge.experiment._slurm_job RUN_FILE`.
+"""What a trial's Slurm job runs: `python -m lightning_bridge.experiment.slurm_job RUN_FILE`
+(job scripts written before name this module, `..._slurm_job`, which runs the same `main`).
 
-It trains the trial of the run description as `lightning-bridge _trial RUN_FILE` does, with
-three things of its own:
+It trains the trial of the run description as `lightning-bridge _trial RUN_FILE` does, from
+the run description and the trial runner alone (not through the command line), with a few
+things of its own:
 
 - A requeued job (`SLURM_RESTART_COUNT` > 0: `scontrol requeue`, a preemption, a node lost)
   continues from the trial's latest durable checkpoint, as `experiment continue` would: the
@@ -59,7 +61,7 @@ from typing import Any
 
 from lightning_bridge._errors import BridgeError
 from lightning_bridge.experiment._checkpoints import fetch, settle_checkpoints
-from lightning_bridge.experiment._exit_codes import EXIT_UNREACHABLE
+from lightning_bridge.experiment._exit_codes import EXIT_UNREACHABLE, guarded
 from lightning_bridge.experiment._slurm import HOOK_ENV, UNREACHABLE
 from lightning_bridge.record._registry import Registry
 from lightning_bridge.record._schema import TrialState
@@ -210,7 +212,23 @@ def run_hook_for_tasks(run_file: pathlib.Path) -> int:
     return 0
 
 
+def _train(run_file: pathlib.Path) -> int:
+    """Train the trial of the run description, as `lightning-bridge _trial RUN_FILE` does but
+    without the command line: the bridge's logging, then the trial runner; its exit code."""
+    from lightning_bridge import _logging
+    from lightning_bridge.experiment._experiments import run_from_file
+
+    _logging.configure()
+    try:
+        return guarded(lambda: run_from_file(run_file))
+    except KeyboardInterrupt:  # outside training: a fit stops on SIGINT by itself
+        print("lightning-bridge: interrupted (no training was running)", file=sys.stderr)
+        return 128 + signal.SIGINT
+
+
 def main(argv: list[str]) -> int:
+    """The job: `RUN_FILE` (a task of it), or `--before-tasks RUN_FILE` (the batch shell of a
+    job across nodes); its exit code."""
     restarts = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
     if argv[0] == "--before-tasks":  # the batch shell of a job across nodes
         run_file = pathlib.Path(argv[1]).resolve()
@@ -252,10 +270,8 @@ def main(argv: list[str]) -> int:
     for sig in (signal.SIGUSR1, signal.SIGTERM):  # the fit's own SIGTERM handler comes later
         signal.signal(sig, on_signal)
 
-    from lightning_bridge.experiment._cli import main as cli
-
     try:
-        code = cli(["_trial", str(run_file)])
+        code = _train(run_file)
     except SystemExit as exc:  # the fit's own exit once a signal stopped it
         code = exc.code if isinstance(exc.code, int) else 1
     finally:

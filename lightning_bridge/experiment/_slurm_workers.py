@@ -41,6 +41,7 @@ from typing import Any
 from lightning_bridge._errors import InvalidArgumentError
 from lightning_bridge.experiment import _runner
 from lightning_bridge.experiment._config import ResolvedConfig
+from lightning_bridge.experiment._search_storage import StorageOutage
 from lightning_bridge.experiment._signals import handling
 from lightning_bridge.experiment._slurm import (
     POLL_S,
@@ -119,8 +120,7 @@ class WorkerJobs:
         self._signals = 0
         self._stopped_because: str | None = None
         self.storage = storage
-        self._reopen = False
-        self._away_since: float | None = None
+        self._outage = StorageOutage()
 
     # ----- submitting -----
 
@@ -187,24 +187,18 @@ class WorkerJobs:
         restarting): the jobs go on meanwhile; its connections are opened anew, and a job's
         end is handled once the storage is back. Away longer than `RETRY_S`: the error."""
         try:
-            if self._reopen:
+            if self._outage.reopen():
                 self.driver = SearchDriver(self.storage, self.driver.name)
-                self._reopen = False
             self._turn()
-            self._away_since = None
+            self._outage.back()
         except Exception as exc:
             if not is_unavailable(exc):
                 raise
-            now = time.monotonic()
-            if self._away_since is None:
-                self._away_since = now
+            away = self._outage.away(close=self.driver.close)
+            if away is None:
                 self.say(f"The search storage is unavailable ({reason(exc)}); retrying")
-            elif now - self._away_since > RETRY_S:
+            elif away > RETRY_S:
                 raise
-            if not self._reopen:
-                self._reopen = True
-                with contextlib.suppress(Exception):
-                    self.driver.close()
 
     def _turn(self) -> None:
         """One poll: each job's state (recorded for its trials as it changes), its new
