@@ -36,7 +36,6 @@ from lightning_bridge._errors import (
 )
 from lightning_bridge._process import exit_now
 from lightning_bridge.experiment._exit_codes import EXIT_FAILED, EXIT_OK, EXIT_USAGE, guarded
-from lightning_bridge.experiment._machine_capacity import oversubscription_allowed
 from lightning_bridge.experiment._parser import build_parser
 from lightning_bridge.translation._trial_environment import is_chief
 
@@ -100,7 +99,6 @@ def _run(args: argparse.Namespace, from_command_line: bool) -> int:
                 "--worker-jobs runs a search's trials in Slurm worker jobs, and this run "
                 "trains one trial (a single searcher, or --test); leave --worker-jobs out"
             )
-        warning = _runner.unused_warning(plan)
         # Loaded after the config checks, so a config error answers at once.
         from lightning_bridge.experiment import _experiments
         from lightning_bridge.experiment._checkpoints import AlreadyComplete
@@ -109,6 +107,7 @@ def _run(args: argparse.Namespace, from_command_line: bool) -> int:
         from lightning_bridge.record._registry import Registry
 
         launcher = preflight(plan, Workspace(args.workspace), new=True, engine=True)
+        warning = _runner.unused_warning(plan, launcher.config_keys)
     except BridgeError as exc:
         print(f"lightning-bridge: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -116,7 +115,7 @@ def _run(args: argparse.Namespace, from_command_line: bool) -> int:
         print(seed_line, flush=True)
     if warning and is_chief():
         logger.warning(warning)
-    if launcher.name == "local" and not oversubscription_allowed(plan, bool(args.force)):
+    if not launcher.allows(plan, bool(args.force)):
         return EXIT_USAGE
     with Registry(args.workspace) as registry:
         try:

@@ -14,15 +14,21 @@ from __future__ import annotations
 
 import abc
 import logging
+import os
+import sys
+from collections.abc import Sequence
 from typing import ClassVar
 
 from lightning_bridge._errors import InvalidArgumentError
 from lightning_bridge.experiment import _experiments, _runner
+from lightning_bridge.experiment._parent import PARENT_ENV
 from lightning_bridge.experiment._trial_process import TrialProcess
+from lightning_bridge.experiment._warm import WarmStarter
 from lightning_bridge.record._filesystem import network_filesystem
 from lightning_bridge.record._registry import Registry
 from lightning_bridge.record._settings import SETTINGS_FILE, WorkspaceSettings
 from lightning_bridge.record._workspace import Workspace
+from lightning_bridge.translation._run_description import ENV_VAR
 
 logger = logging.getLogger("lightning_bridge")
 
@@ -50,6 +56,25 @@ class Launcher(abc.ABC):
 
     name: ClassVar[str]
     several_machines: ClassVar[bool] = False  # whether trials run on other machines
+    # Whether a scheduler places the trials (no machine capacity of this one bounds them).
+    scheduler_places: ClassVar[bool] = False
+    # Config keys this launcher reads besides those every run reads (not reported unused).
+    config_keys: ClassVar[tuple[str, ...]] = ()
+
+    def allows(self, plan: _runner.Plan, force: bool) -> bool:
+        """Whether the run may go on as planned on the machine it lands on (`force`: the
+        user accepted a slower run); a launcher whose scheduler places trials: always."""
+        return True
+
+    def check_worker_jobs(self, plan: _runner.Plan, count: int | None) -> None:
+        """Refuse `--worker-jobs` (`count`) where it cannot apply, before anything is
+        recorded: only a launcher with worker jobs takes it."""
+        if count is None:
+            return
+        raise InvalidArgumentError(
+            "--worker-jobs runs a search's trials in Slurm jobs; add --launcher slurm (on this "
+            "machine a search already starts its trials from one warm process)"
+        )
 
     def check(self, plan: _runner.Plan) -> None:  # noqa: B027 - most launchers need nothing
         """Refuse a plan this launcher cannot run (InvalidArgumentError), before anything is
@@ -72,12 +97,28 @@ class Launcher(abc.ABC):
         ran (then a search stops starting trials); None when that was not its end."""
         return None
 
+    @abc.abstractmethod
     def start(
-        self, registry: Registry, plan: _runner.Plan, trial: _runner.TrialRun
+        self,
+        registry: Registry,
+        plan: _runner.Plan,
+        trial: _runner.TrialRun,
+        devices: Sequence[str] = (),
     ) -> TrialProcess:
-        """Start a search's recorded trial and return at once (a search's worker follows it);
-        the local launcher's is the worker's own subprocess start."""
-        raise NotImplementedError(f"the {self.name} launcher starts a search's trials itself")
+        """Start a search's recorded trial and return at once, its handle (the search's
+        worker follows it); `devices`: the GPUs it gets on this machine (a launcher whose
+        scheduler places trials gets none)."""
+
+    def warm_up(self, preload: Sequence[str]) -> None:  # noqa: B027 - nothing to warm
+        """Get ready to start a search's trials quickly (`preload`: what their processes
+        import), from now until `close`."""
+
+    def ready(self) -> bool:
+        """Whether a trial started now starts at once (see `_warm.WarmStarter.ready`)."""
+        return True
+
+    def close(self) -> None:  # noqa: B027 - nothing to end
+        """End what `warm_up` started."""
 
     @abc.abstractmethod
     def run_trial(
@@ -91,9 +132,59 @@ class Launcher(abc.ABC):
 
 
 class LocalLauncher(Launcher):
-    """The trial runs on this machine, as `run` always ran it (`_experiments.run_trial`)."""
+    """The trial runs on this machine, as `run` always ran it (`_experiments.run_trial`); a
+    search's trial in a process of its own, forked from a warm process where it is safe
+    (`_warm.WarmStarter`), else started cold."""
 
     name = "local"
+
+    def __init__(self) -> None:
+        self._starter: WarmStarter | None = None
+
+    @property
+    def starter(self) -> WarmStarter:
+        if self._starter is None:
+            self._starter = WarmStarter()
+        return self._starter
+
+    def warm_up(self, preload: Sequence[str]) -> None:
+        self._starter = WarmStarter(preload)
+        self._starter.warm_up()
+
+    def ready(self) -> bool:
+        return self._starter is None or self._starter.ready()
+
+    def close(self) -> None:
+        if self._starter is not None:
+            self._starter.close()
+
+    def start(
+        self,
+        registry: Registry,
+        plan: _runner.Plan,
+        trial: _runner.TrialRun,
+        devices: Sequence[str] = (),
+    ) -> TrialProcess:
+        """The trial's process (`lightning-bridge _trial RUN_FILE`) in its own copy of the
+        folder, its output in the trial's `output.log`, ended with the process that started
+        it (`PARENT_ENV`)."""
+        trial.trial_dir.mkdir(parents=True, exist_ok=True)
+        _runner.describe_run(plan, trial).write(trial.run_file)
+        _experiments.prepare_work_dir(plan, trial)  # the trial's process starts in its copy
+        env = {k: v for k, v in os.environ.items() if k != ENV_VAR}
+        env[PARENT_ENV] = str(os.getpid())
+        if devices:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(devices)
+        command = [sys.executable, "-m", "lightning_bridge", "_trial", str(trial.run_file)]
+        output = str(trial.trial_dir / "output.log")
+        return self.starter.start(command, cwd=trial.working_dir(plan), env=env, output=output)
+
+    def allows(self, plan: _runner.Plan, force: bool) -> bool:
+        """More processes than this machine runs side by side: refused for devices, asked
+        about (or `force`) for CPU cores (`_machine_capacity`)."""
+        from lightning_bridge.experiment._machine_capacity import oversubscription_allowed
+
+        return oversubscription_allowed(plan, force)
 
     def run_trial(
         self,

@@ -52,8 +52,6 @@ def preflight(
     launcher = launcher_for(plan.options.launcher)
     launcher.check(plan)
     if search:
-        from lightning_bridge.experiment._slurm_workers import check_worker_jobs
-
-        check_worker_jobs(plan, plan.options.worker_jobs)
+        launcher.check_worker_jobs(plan, plan.options.worker_jobs)
     launcher.check_record(workspace)
     return launcher

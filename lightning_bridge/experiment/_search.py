@@ -115,9 +115,8 @@ def run_search(
         config_file = pathlib.Path(args.config).resolve()
         folder = pathlib.Path(args.context_dir or config_file.parent).resolve()
         first = _runner.prepare_config(config.first_configuration(), folder, options)
-        warning = _runner.unused_warning(first)
         storage = _absolute(args.storage) if args.storage else None
-        preflight(
+        launcher = preflight(
             first,
             Workspace(args.workspace),
             new=True,
@@ -125,6 +124,7 @@ def run_search(
             search_storage=storage,
             written=[pathlib.Path(storage)] if storage else [],
         )
+        warning = _runner.unused_warning(first, launcher.config_keys)
     except BridgeError as exc:
         return _error(exc)
     if seed_line:
@@ -210,7 +210,7 @@ def _serve(
     lost_after_s: float,
 ) -> int:
     worker: SearchRun | WorkerJobs
-    if options.launcher == "slurm" and options.worker_jobs:
+    if options.worker_jobs:  # the launcher took them (`preflight`): its worker jobs
         worker = WorkerJobs(
             registry,
             driver,

@@ -28,7 +28,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -38,9 +37,8 @@ from lightning_bridge._errors import BridgeError
 from lightning_bridge.experiment import _runner, _warm
 from lightning_bridge.experiment._checkpoints import Source, fetch, settle_checkpoints
 from lightning_bridge.experiment._config import ResolvedConfig
-from lightning_bridge.experiment._experiments import continue_command, prepare_work_dir
+from lightning_bridge.experiment._experiments import continue_command
 from lightning_bridge.experiment._launchers import launcher_for
-from lightning_bridge.experiment._parent import PARENT_ENV
 from lightning_bridge.experiment._search_storage import StorageOutage
 from lightning_bridge.experiment._signals import handling
 from lightning_bridge.experiment._trial_process import TrialProcess
@@ -50,7 +48,7 @@ from lightning_bridge.record._registry import Registry
 from lightning_bridge.record._schema import TrialState
 from lightning_bridge.record._settings import WorkspaceSettings
 from lightning_bridge.search import SearchDriver, TrialSpec
-from lightning_bridge.translation._run_description import ENV_VAR, SearchConnection
+from lightning_bridge.translation._run_description import SearchConnection
 
 # How often a worker with room looks for pending trials (seconds): a trial closes itself in
 # the search when its fit ends, before its process exits, and the next may start then.
@@ -72,6 +70,7 @@ class Launched:
     run: _runner.TrialRun
     process: TrialProcess
     gpus: list[str]
+    own_job: bool = False  # a scheduler's job of its own: its output is the job's
 
 
 def visible_gpus() -> list[str]:
@@ -139,7 +138,7 @@ class SearchRun:
         self._gpus: list[str] = []
         self.launcher = launcher_for(options.launcher)
         # On a cluster the scheduler places the trials (the searcher bounds how many run).
-        self.capacity = self._machine_capacity() if self.launcher.name == "local" else 1 << 16
+        self.capacity = 1 << 16 if self.launcher.scheduler_places else self._machine_capacity()
         self.running: dict[int, Launched] = {}
         self.ran: list[int] = []
         self._events: queue.SimpleQueue[tuple[int, int]] = queue.SimpleQueue()
@@ -152,7 +151,7 @@ class SearchRun:
         # Forks the trials' processes (see _warm); with their MLflow mirror's client imported
         # when the record is mirrored (else each trial imports it, seconds, at its end).
         mirrored = _mirrored(self.workspace.root, options.tracking_uri)
-        self.starter = _warm.WarmStarter(_warm.PRELOAD + (_warm.MIRROR_PRELOAD if mirrored else ()))
+        self._preload = _warm.PRELOAD + (_warm.MIRROR_PRELOAD if mirrored else ())
 
     def _machine_capacity(self) -> int:
         """How many trials fit at once: whole sets of `processes` GPUs (each trial gets its
@@ -177,8 +176,8 @@ class SearchRun:
             self.say(f"Search trial {number}: its worker on this machine is gone; pending again")
         with handling(self.on_signal), contextlib.ExitStack() as stack:
             self._next_beat = time.monotonic() + self.heartbeat_s
-            self.starter.warm_up()
-            stack.callback(self.starter.close)
+            self.launcher.warm_up(self._preload)
+            stack.callback(self.launcher.close)
             while True:
                 try:
                     if self._step():
@@ -292,7 +291,7 @@ class SearchRun:
             self.say(f"Search trial {number}: its worker was not heard of; pending again")
 
     def _fill(self) -> None:
-        if not self.starter.ready():
+        if not self.launcher.ready():
             return  # still importing: a trial pulled now would wait (see `WarmStarter.ready`)
         while len(self.running) < self.capacity and not self._stopping:
             spec = self.driver.next_trial()
@@ -357,27 +356,15 @@ class SearchRun:
         trial = self._record(spec)
         config = ResolvedConfig(self.config.raw, self.config.model, self.config.space, spec.hparams)
         plan = _runner.prepare_config(config, self.context_dir, self.options)
-        if self.launcher.name != "local":
-            self._start(spec, trial, self.launcher.start(self.registry, plan, trial), [])
-            return
-        trial.trial_dir.mkdir(parents=True, exist_ok=True)
-        _runner.describe_run(plan, trial).write(trial.run_file)
-        prepare_work_dir(plan, trial)  # the trial's process starts in its own copy
-        env = {k: v for k, v in os.environ.items() if k != ENV_VAR}
-        env[PARENT_ENV] = str(os.getpid())
         gpus: list[str] = []
         if self._gpus:
             taken = {g for launched in self.running.values() for g in launched.gpus}
             gpus = [g for g in self._gpus if g not in taken][: self.processes]
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
-        command = [sys.executable, "-m", "lightning_bridge", "_trial", str(trial.run_file)]
-        output = str(trial.trial_dir / "output.log")
-        cwd = trial.working_dir(plan)
-        process = self.starter.start(command, cwd=cwd, env=env, output=output)
+        process = self.launcher.start(self.registry, plan, trial, devices=gpus)
         if self.slurm_job is not None:  # the trial runs in this worker's job (as a step would)
             self.registry.job_submitted(trial.trial_id, "slurm", *self.slurm_job)
             self._job_state(trial.trial_id, "RUNNING")
-        self._start(spec, trial, process, gpus)
+        self._start(spec, trial, process, gpus, own_job=self.launcher.scheduler_places)
 
     def _part_end(self, code: int) -> str:
         """How a trial's part of this worker's job ended: CANCELLED when the job is being
@@ -402,9 +389,14 @@ class SearchRun:
         self.registry.job_state(trial_id, state, reason, restarts)
 
     def _start(
-        self, spec: TrialSpec, trial: _runner.TrialRun, process: TrialProcess, gpus: list[str]
+        self,
+        spec: TrialSpec,
+        trial: _runner.TrialRun,
+        process: TrialProcess,
+        gpus: list[str],
+        own_job: bool = False,
     ) -> None:
-        launched = Launched(spec, trial, process, gpus)
+        launched = Launched(spec, trial, process, gpus, own_job)
         self.running[trial.trial_id] = launched
         self.ran.append(trial.trial_id)
         threading.Thread(
@@ -449,7 +441,7 @@ class SearchRun:
         if recorded.message:
             line += f": {recorded.message}"
         if crashed and not stopping:
-            job = self.registry.job(trial_id) if self.launcher.name != "local" else None
+            job = self.registry.job(trial_id) if launched.own_job else None
             output = job.output if job is not None else launched.run.trial_dir / "output.log"
             line += f" (its output: {output})"
         del self.running[trial_id]

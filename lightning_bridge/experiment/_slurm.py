@@ -31,7 +31,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pydantic
@@ -255,11 +255,29 @@ class SlurmLauncher(Launcher):
 
     name = "slurm"
     several_machines = True
+    scheduler_places = True
+    config_keys = ("slurm", "resources.resource_pool", "max_restarts")
 
     def __init__(self) -> None:
         self.gpus: bool | None = None
 
     # ----- refusals, before anything is recorded or submitted -----
+
+    def check_worker_jobs(self, plan: _runner.Plan, count: int | None) -> None:
+        """A search's trials in `count` worker jobs (`_slurm_workers`): each runs trials on
+        one node."""
+        if count is None:
+            return
+        if count < 1:
+            raise InvalidArgumentError(f"--worker-jobs: expected a positive count, got {count}")
+        settings = SlurmSettings.of(plan)
+        if settings.nodes > 1:
+            raise InvalidArgumentError(
+                f"--worker-jobs: a trial of {settings.slots} slots spans {settings.nodes} "
+                f"nodes (slurm.slots_per_node {settings.slots_per_node}), and a worker job runs "
+                "trials on one node; leave --worker-jobs out (each trial is then a job of its "
+                "own)"
+            )
 
     def check(self, plan: _runner.Plan) -> None:
         settings = SlurmSettings.of(plan)
@@ -374,8 +392,15 @@ class SlurmLauncher(Launcher):
             what=f"trial {trial.trial_id}'s job",
         )
 
-    def start(self, registry: Registry, plan: _runner.Plan, trial: _runner.TrialRun) -> SlurmJob:
-        """Submit a search's trial; the job, for its worker to follow."""
+    def start(
+        self,
+        registry: Registry,
+        plan: _runner.Plan,
+        trial: _runner.TrialRun,
+        devices: Sequence[str] = (),
+    ) -> SlurmJob:
+        """Submit a search's trial; the job, for its worker to follow (Slurm places it:
+        `devices` is not this machine's to give)."""
         job_id, output = self.submit(plan, trial)
         registry.job_submitted(trial.trial_id, self.name, job_id, str(output))
         return SlurmJob(job_id, registry.workspace.root, trial.trial_id)

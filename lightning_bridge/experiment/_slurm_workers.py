@@ -38,7 +38,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from lightning_bridge._errors import InvalidArgumentError
 from lightning_bridge.experiment import _runner
 from lightning_bridge.experiment._config import ResolvedConfig
 from lightning_bridge.experiment._search_storage import StorageOutage
@@ -61,23 +60,11 @@ from lightning_bridge.search import SearchDriver
 
 
 def check_worker_jobs(plan: _runner.Plan, count: int | None) -> None:
-    """Refuse `--worker-jobs` where it cannot apply, before anything is recorded."""
-    if count is None:
-        return
-    if plan.options.launcher != "slurm":
-        raise InvalidArgumentError(
-            "--worker-jobs runs a search's trials in Slurm jobs; add --launcher slurm (on this "
-            "machine a search already starts its trials from one warm process)"
-        )
-    if count < 1:
-        raise InvalidArgumentError(f"--worker-jobs: expected a positive count, got {count}")
-    settings = SlurmSettings.of(plan)
-    if settings.nodes > 1:
-        raise InvalidArgumentError(
-            f"--worker-jobs: a trial of {settings.slots} slots spans {settings.nodes} nodes "
-            f"(slurm.slots_per_node {settings.slots_per_node}), and a worker job runs trials "
-            "on one node; leave --worker-jobs out (each trial is then a job of its own)"
-        )
+    """Refuse `--worker-jobs` where it cannot apply, before anything is recorded (the plan's
+    launcher says: only the Slurm launcher has worker jobs)."""
+    from lightning_bridge.experiment._launchers import launcher_for
+
+    launcher_for(plan.options.launcher).check_worker_jobs(plan, count)
 
 
 @dataclasses.dataclass
