@@ -1,13 +1,22 @@
-"""Where a trial runs: a launcher starts a trial's processes and waits for its end.
+"""Where a trial runs: the launcher contract, in three parts (DESIGN.md, "Where trials run").
 
-`run --launcher NAME` picks one (`_launchers.launcher_for`); the experiment's record keeps the
-name (in its options), so `experiment continue` starts its trials the same way. `local` runs
-the trial on this machine as `run` always has; `slurm` submits each trial as an `sbatch` job
-(`_slurm`). A launcher checks
-what it needs before anything is recorded or submitted (`check`), then runs each trial to its
-end (`run_trial`), which records how it ended either way. Every trial reports to the
-workspace's record: SQLite on a network file system, whose locking SQLite cannot rely on, is
-warned about (one machine) or refused (trials on several machines, `check_record`).
+- The **launcher** (`Launcher`) checks before anything is recorded or submitted what it needs
+  (`check`, `check_worker_jobs`, `check_record`: SQLite on a network file system is warned
+  about on one machine, refused for trials on several) and whether the run may go on here
+  (`allows`); it runs a single trial to its end (`run_trial`, which records how it ended
+  either way) and starts a search's trial (`start`), returning its handle.
+- The **handle** answers for a started trial (`TrialProcess`: pid, wait, signal), and for a
+  recorded trial that runs now (`running` -> `RunningTrial`: what `experiment pause | kill`
+  stop), so nothing outside the launchers branches on where a trial runs.
+- The **environment** inside the trial's processes (`translation._trial_environment`)
+  answers the launcher's questions there: requeued, restarts, node addresses, the signal
+  that means "time is short", and whether the trial keeps its search trial.
+
+`run --launcher NAME` picks one (`_launchers.launcher_for`, the registry of names); the
+experiment's record keeps the name (in its options), so `experiment continue` starts its
+trials the same way. `local` runs trials on this machine (a search's forked from a warm
+process, `_warm`); `slurm` submits each trial as an `sbatch` job (`_slurm`), or a search's
+trials into worker jobs (`_slurm_workers`).
 """
 
 from __future__ import annotations
@@ -15,17 +24,22 @@ from __future__ import annotations
 import abc
 import logging
 import os
+import signal
+import socket
 import sys
 from collections.abc import Sequence
 from typing import ClassVar
 
 from lightning_bridge._errors import InvalidArgumentError
+from lightning_bridge._process import pid_alive
 from lightning_bridge.experiment import _experiments, _runner
 from lightning_bridge.experiment._parent import PARENT_ENV
 from lightning_bridge.experiment._trial_process import TrialProcess
 from lightning_bridge.experiment._warm import WarmStarter
 from lightning_bridge.record._filesystem import network_filesystem
+from lightning_bridge.record._records import Job, Trial
 from lightning_bridge.record._registry import Registry
+from lightning_bridge.record._schema import TrialState
 from lightning_bridge.record._settings import SETTINGS_FILE, WorkspaceSettings
 from lightning_bridge.record._workspace import Workspace
 from lightning_bridge.translation._run_description import ENV_VAR
@@ -49,6 +63,36 @@ def sqlite_on_network(workspace: Workspace, mounts: str | None = None) -> str | 
         f'write {{"record": "postgresql://USER:PASSWORD@HOST/DATABASE"}} in '
         f"{workspace.root / SETTINGS_FILE}, or choose a --workspace on a local disk"
     )
+
+
+class RunningTrial(abc.ABC):
+    """A recorded trial that runs now, as `experiment pause | kill` reaches it: the handle
+    its launcher gives for it from the record (`Launcher.running`)."""
+
+    # What runs it: signalled once however many of the experiment's trials it runs (a
+    # search's worker job runs several).
+    key: str
+
+    @abc.abstractmethod
+    def stop(self, registry: Registry, trial_id: int, kill: bool, signal_it: bool) -> str:
+        """Pause the trial (it checkpoints and stops) or `kill` it, signalling what runs it
+        when `signal_it` (not yet signalled); where it runs, for the command's line."""
+
+    def wait_stopped(self) -> None:  # noqa: B027 - a process is gone once killed
+        """After a kill: until what ran it has ended (the trial's own last words first)."""
+
+
+class ProcessOnThisMachine(RunningTrial):
+    """A trial's process on this machine (`pid`)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.key = f"process {pid}"
+
+    def stop(self, registry: Registry, trial_id: int, kill: bool, signal_it: bool) -> str:
+        if signal_it:
+            os.kill(self.pid, signal.SIGKILL if kill else signal.SIGTERM)
+        return self.key
 
 
 class Launcher(abc.ABC):
@@ -91,6 +135,11 @@ class Launcher(abc.ABC):
                 f"--launcher {self.name} runs trials on several machines, and {reason}."
             )
         logger.warning("%s.", reason[0].upper() + reason[1:])
+
+    def running(self, trial: Trial, job: Job | None) -> RunningTrial | None:
+        """The recorded trial's handle while it runs where this launcher put it (`job`: its
+        recorded job, if any); None when it does not run there now."""
+        return None
 
     def unreachable(self, registry: Registry, trial_id: int) -> str | None:
         """Why a trial that ended could not reach the services trials report to, from where it
@@ -178,6 +227,14 @@ class LocalLauncher(Launcher):
         command = [sys.executable, "-m", "lightning_bridge", "_trial", str(trial.run_file)]
         output = str(trial.trial_dir / "output.log")
         return self.starter.start(command, cwd=trial.working_dir(plan), env=env, output=output)
+
+    def running(self, trial: Trial, job: Job | None) -> RunningTrial | None:
+        """The trial's process, alive on this machine, as recorded."""
+        if trial.state != TrialState.ACTIVE.value or trial.pid is None:
+            return None
+        if trial.host != socket.gethostname() or not pid_alive(trial.pid):
+            return None
+        return ProcessOnThisMachine(trial.pid)
 
     def allows(self, plan: _runner.Plan, force: bool) -> bool:
         """More processes than this machine runs side by side: refused for devices, asked

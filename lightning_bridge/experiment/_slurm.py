@@ -39,8 +39,9 @@ import pydantic
 from lightning_bridge._errors import InvalidArgumentError
 from lightning_bridge.experiment import _experiments, _runner
 from lightning_bridge.experiment._config_schema import SLURM_MESSAGES, SlurmSection
-from lightning_bridge.experiment._launcher import Launcher
+from lightning_bridge.experiment._launcher import Launcher, RunningTrial
 from lightning_bridge.experiment._signals import handling
+from lightning_bridge.record._records import Job, Trial
 from lightning_bridge.record._registry import LIVE_JOB_STATES, Registry
 from lightning_bridge.record._schema import TrialState
 from lightning_bridge.translation._cluster_info import NODE_ADDRS_ENV
@@ -335,6 +336,12 @@ class SlurmLauncher(Launcher):
             out.append(f"--signal={SIGNAL_DEFAULT}")
         return [*out, *settings.sbatch_args]
 
+    def running(self, trial: Trial, job: Job | None) -> RunningTrial | None:
+        """The trial's recorded job while Slurm has it (pending or running)."""
+        if job is None or job.state not in LIVE_JOB_STATES:
+            return None
+        return RunningJob(job.job_id)
+
     def unreachable(self, registry: Registry, trial_id: int) -> str | None:
         job = registry.job(trial_id)
         return unreachable_in(pathlib.Path(job.output)) if job is not None else None
@@ -444,6 +451,35 @@ class SlurmLauncher(Launcher):
         with handling(on_signal):
             follow_job(job_id, _recorder(registry, trial_id, job_id, say_requeued=True))
         return bool(signals)
+
+
+class RunningJob(RunningTrial):
+    """A recorded trial's live Slurm job, as `experiment pause | kill` reaches it."""
+
+    def __init__(self, job_id: str) -> None:
+        self.job_id = job_id
+        self.key = f"Slurm job {job_id}"
+
+    def stop(self, registry: Registry, trial_id: int, kill: bool, signal_it: bool) -> str:
+        info = job_info(self.job_id)
+        if not kill and info is not None and info.state == "PENDING":
+            # Nothing runs yet that could checkpoint: the trial is recorded paused first (so
+            # its coordinator takes the job's end for a pause), then its job is cancelled;
+            # `continue` submits it again.
+            registry.trial_ended(
+                trial_id,
+                TrialState.STOPPED,
+                f"paused while its Slurm job {self.job_id} was pending",
+                if_active=True,
+            )
+            signal_job(self.job_id, None)
+            return f"{self.key}, pending: cancelled"
+        if signal_it:
+            signal_job(self.job_id, None if kill else signal.SIGTERM)
+        return self.key
+
+    def wait_stopped(self) -> None:
+        follow_job(self.job_id, timeout=120, interval=0.5)
 
 
 class SlurmJob:
