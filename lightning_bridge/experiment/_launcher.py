@@ -105,6 +105,13 @@ class Launcher(abc.ABC):
     # Config keys this launcher reads besides those every run reads (not reported unused).
     config_keys: ClassVar[tuple[str, ...]] = ()
 
+    def capacity(self, options: _runner.Options, processes: int) -> tuple[int, list[str]]:
+        """How many of a search's trials (of `processes` processes each) this launcher runs
+        at once from one worker, and the GPUs it shares out among them (`start`'s
+        `devices`); a launcher whose scheduler places trials: as many as the searcher
+        allows."""
+        return 1 << 16, []
+
     def allows(self, plan: _runner.Plan, force: bool) -> bool:
         """Whether the run may go on as planned on the machine it lands on (`force`: the
         user accepted a slower run); a launcher whose scheduler places trials: always."""
@@ -235,6 +242,12 @@ class LocalLauncher(Launcher):
         if trial.host != socket.gethostname() or not pid_alive(trial.pid):
             return None
         return ProcessOnThisMachine(trial.pid)
+
+    def capacity(self, options: _runner.Options, processes: int) -> tuple[int, list[str]]:
+        """Whole sets of `processes` GPUs of this machine, else of its CPU cores."""
+        from lightning_bridge.experiment._machine_capacity import trials_at_once
+
+        return trials_at_once(options.accelerator, options.devices, processes)
 
     def allows(self, plan: _runner.Plan, force: bool) -> bool:
         """More processes than this machine runs side by side: refused for devices, asked

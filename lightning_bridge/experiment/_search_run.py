@@ -27,7 +27,6 @@ import queue
 import shutil
 import signal
 import socket
-import subprocess
 import threading
 import time
 from collections.abc import Callable
@@ -71,23 +70,6 @@ class Launched:
     process: TrialProcess
     gpus: list[str]
     own_job: bool = False  # a scheduler's job of its own: its output is the job's
-
-
-def visible_gpus() -> list[str]:
-    """The GPUs trials may use: `CUDA_VISIBLE_DEVICES` when set, else those `nvidia-smi`
-    lists (none on a machine without it). Torch is not imported for this."""
-    given = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if given is not None:
-        return [g.strip() for g in given.split(",") if g.strip() and g.strip() != "-1"]
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
-        return []
-    try:
-        listed = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.SubprocessError):
-        return []
-    lines = [line for line in listed.stdout.splitlines() if line.startswith("GPU ")]
-    return [str(i) for i in range(len(lines))] if listed.returncode == 0 else []
 
 
 def _say(message: str) -> None:
@@ -135,10 +117,9 @@ class SearchRun:
         self.note_key = f"record@{shown(shared)}" if shared else self._host_key
         first = _runner.prepare_config(config.first_configuration(), context_dir, options)
         self.processes = first.processes
-        self._gpus: list[str] = []
         self.launcher = launcher_for(options.launcher)
         # On a cluster the scheduler places the trials (the searcher bounds how many run).
-        self.capacity = 1 << 16 if self.launcher.scheduler_places else self._machine_capacity()
+        self.capacity, self._gpus = self.launcher.capacity(options, self.processes)
         self.running: dict[int, Launched] = {}
         self.ran: list[int] = []
         self._events: queue.SimpleQueue[tuple[int, int]] = queue.SimpleQueue()
@@ -152,20 +133,6 @@ class SearchRun:
         # when the record is mirrored (else each trial imports it, seconds, at its end).
         mirrored = _mirrored(self.workspace.root, options.tracking_uri)
         self._preload = _warm.PRELOAD + (_warm.MIRROR_PRELOAD if mirrored else ())
-
-    def _machine_capacity(self) -> int:
-        """How many trials fit at once: whole sets of `processes` GPUs (each trial gets its
-        own), else of CPU cores; at least one."""
-        accelerator = (self.options.accelerator or "auto").lower()
-        gpus = [] if accelerator == "cpu" else visible_gpus()
-        if isinstance(self.options.devices, str):
-            return 1  # devices named explicitly: every trial uses the same ones
-        if gpus:
-            self._gpus = gpus
-            return max(len(gpus) // self.processes, 1)
-        # In a Slurm allocation (a worker job, `salloc`): its cores on this node, not the node's.
-        cores = int(os.environ.get("SLURM_CPUS_ON_NODE", "0") or 0) or os.cpu_count() or 1
-        return max(cores // self.processes, 1)
 
     # ----- the loop -----
 

@@ -29,11 +29,12 @@ import shutil
 import subprocess
 from collections.abc import Mapping
 
-from lightning_bridge.translation._cluster_info import NODE_ADDRS_ENV
-
 logger = logging.getLogger("lightning_bridge")
 
 ENV_VAR = "LIGHTNING_BRIDGE_TRIAL_ENVIRONMENT"
+# The addresses of a trial's nodes in node-rank order, comma-separated, when a launcher spreads
+# it over several (a Slurm job across nodes exports them); unset: one machine.
+NODE_ADDRS_ENV = "LIGHTNING_BRIDGE_NODE_ADDRS"
 _SCONTROL_TIMEOUT_S = 60
 
 
