@@ -785,7 +785,7 @@ def kept_checkpoints(
 ) -> list[pathlib.Path]:
     """The checkpoint directories the record keeps for an experiment (default: the newest),
     oldest batch first; local storage only."""
-    from lightning_bridge.experiment._checkpoints import storage_of
+    from lightning_bridge.experiment._checkpoints import trial_checkpoint_storage
     from lightning_bridge.record._registry import Registry
 
     with Registry(workspace) as registry:
@@ -794,7 +794,9 @@ def kept_checkpoints(
         experiment = registry.experiment(experiment_id)
         found = []
         for checkpoint in registry.checkpoints(experiment_id=experiment_id):
-            path = storage_of(registry, experiment, checkpoint.trial_id).local_path(checkpoint.uuid)
+            path = trial_checkpoint_storage(registry, experiment, checkpoint.trial_id).local_path(
+                checkpoint.uuid
+            )
             assert path is not None and path.is_dir(), checkpoint
             found.append(path)
     return found

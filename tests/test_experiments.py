@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import signal
+import subprocess
 from collections.abc import Iterator
 from typing import Any
 
@@ -13,13 +15,22 @@ import pytest
 import torch
 
 from lightning_bridge.experiment._cli import main
+from lightning_bridge.record._registry import Registry
 from tests._folders import (  # isolated_imports: an autouse fixture
     SEED_7,
     checkpoint_weights,
+    cli_env,
+    command,
+    fault_folder,
+    finish,
     isolated_imports,  # noqa: F401
     kept_checkpoints,
     run_in_process,
+    start,
+    start_run,
     steps_completed,
+    wait_for,
+    workspace,
     write_folder,
 )
 
@@ -186,3 +197,47 @@ def test_unknown_ids_exit_2(runs: Runs, capsys: pytest.CaptureFixture[str]) -> N
     assert "experiment 99 not found in the workspace" in capsys.readouterr().err
     assert runs.cli("trial", "logs", "99") == 2
     assert "trial 99 not found" in capsys.readouterr().err
+
+
+@pytest.mark.processes
+def test_pause_then_kill_reach_a_trial_training_on_this_machine(tmp_path: pathlib.Path) -> None:
+    """`experiment pause` of a run training on this machine stops its trial's process after a
+    checkpoint (the run exits 0, the trial STOPPED part way); `experiment kill` of its
+    continuation ends that process at once, the trial recorded STOPPED, killed there."""
+    folder = fault_folder(tmp_path, hyperparameters={"sleep": 0.3, "mark_at": 3})
+    ws = workspace(folder)
+
+    def lb(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            command(*args, "--workspace", str(ws)),
+            env=cli_env(),
+            capture_output=True,
+            text=True,
+            timeout=180,
+            check=False,
+        )
+
+    def trial() -> Any:
+        with Registry(ws) as registry:
+            return registry.trial(1)
+
+    run = start_run(folder)
+    wait_for(folder / "training.0", run)
+    paused = lb("experiment", "pause", "1")
+    assert paused.returncode == 0, paused.stdout + paused.stderr
+    code, out, err, _ = finish(run, 180)
+    assert code == 0, out + err
+    stopped = trial()
+    assert stopped.state == "STOPPED" and 3 <= stopped.batches_trained < 40, stopped
+    assert f"Trial 1 (process {stopped.pid}): checkpoints and stops" in paused.stdout
+
+    continuing = ["experiment", "continue", "1", "--workspace", str(ws)]
+    continued = start(continuing, folder, tmp_path / "log")
+    wait_for(lambda: trial().batches_trained > stopped.batches_trained, continued, 180)
+    killed = lb("experiment", "kill", "1")
+    assert killed.returncode == 0, killed.stdout + killed.stderr
+    continued.wait(60)
+    assert continued.returncode == -signal.SIGKILL
+    ended = trial()
+    assert ended.state == "STOPPED" and ended.batches_trained < 40, ended
+    assert ended.message == f"killed (process {ended.pid})", ended

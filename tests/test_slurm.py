@@ -24,6 +24,7 @@ import pytest
 import torch
 import yaml
 
+from lightning_bridge._errors import InvalidArgumentError
 from lightning_bridge.experiment._cli import main
 from lightning_bridge.experiment._runner import Options, prepare
 from lightning_bridge.experiment._slurm import SlurmSettings
@@ -253,6 +254,28 @@ def test_sbatch_options_map_determined_keys(tmp_path: pathlib.Path) -> None:
     assert one_node.resources(gpus=False) == ["--nodes=1", "--ntasks=1", "--cpus-per-task=1"]
 
 
+@pytest.mark.parametrize(
+    ("section", "message"),
+    [
+        ("--time=10", "slurm: expected a mapping (sbatch_args, slots_per_node)"),
+        ({"sbatch_args": "--time=10"}, 'slurm.sbatch_args: expected a list of strings, e.g. ["'),
+        ({"sbatch_args": ["--time=10", 3]}, "slurm.sbatch_args: expected a list of strings"),
+        ({"slots_per_node": 0}, "slurm.slots_per_node: expected a positive integer, got 0"),
+        ({"slots_per_node": "2"}, "slurm.slots_per_node: expected a positive integer, got '2'"),
+        ({"gpu_type": 100}, "slurm.gpu_type: expected a string (the GPU type of --gres), got 100"),
+    ],
+)
+def test_a_bad_slurm_section_is_one_line(
+    tmp_path: pathlib.Path, section: Any, message: str
+) -> None:
+    """Determined's `slurm` keys and types, each bad one refused in one line."""
+    plan = prepare(_folder(tmp_path, _config(slurm=section)), None, Options())
+    with pytest.raises(InvalidArgumentError) as refused:
+        SlurmSettings.of(plan)
+    assert str(refused.value).startswith(message), refused.value
+    assert "\n" not in str(refused.value)
+
+
 def test_refused_without_sbatch(tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:
     config = _folder(tmp_path, _config())
     env_path = os.environ["PATH"]
@@ -472,6 +495,53 @@ def test_a_search_trial_whose_job_is_requeued_ends_with_the_same_weights(
     assert "The trial keeps its search trial" in (trial_dir / f"slurm-{first}.out").read_text()
     describe = lb("experiment", "describe", "1", "--workspace", str(ws), cwd=tmp_path).stdout
     assert f"slurm job {first} COMPLETED (requeued 1 times)" in describe, describe
+
+
+# The slow trial as a Trainer-API script (`python3 train.py`): the fit's length is the run's
+# (the searcher's 24 batches), its periods the config's, and it continues from the checkpoint
+# the runner names.
+SLOW_TRAIN_PY = """
+import determined as det
+from determined import pytorch
+from model_def import LinearTrial
+
+info = det.get_cluster_info()
+with pytorch.init() as ctx:
+    trainer = pytorch.Trainer(LinearTrial(ctx), ctx)
+    trainer.fit(
+        validation_period=pytorch.Batch(8),
+        checkpoint_period=pytorch.Batch(2),
+        latest_checkpoint=info.latest_checkpoint,
+    )
+"""
+
+
+@pytest.mark.slurm
+def test_a_script_search_trial_whose_job_is_requeued_keeps_its_trial(
+    tmp_path: pathlib.Path,
+    slurm_cluster: SlurmCluster,
+    local_weights: dict[str, torch.Tensor],
+) -> None:
+    """The search requeue above with a Trainer-API script entrypoint, which trains in a child
+    process of the job: that process too keeps its search trial when its job is requeued, so
+    the requeued job continues it, no other job is submitted for it, and the trial is trained
+    once (two runs of one job, 24 batches) to the uninterrupted weights."""
+    ws = tmp_path / "ws"
+    searcher = {**_config()["searcher"], "name": "random", "max_trials": 1}
+    config = _folder(tmp_path, _config(searcher=searcher, entrypoint="python3 train.py"))
+    (config.parent / "train.py").write_text(SLOW_TRAIN_PY)
+    out, first = _requeued_mid_trial(slurm_cluster, config, ws)
+    assert "finished, 1 trials in all" in out, out[-4000:]
+    started = [line for line in out.splitlines() if "bracket 0) " in line]  # submissions
+    assert len(started) == 1 and ") starts:" in started[0], out[-4000:]
+    assert _job(ws).job_id == first
+    _ends_as_uninterrupted(ws, local_weights, restarts=1)
+    trial_dir = ws / "experiments/1/trials/1"
+    assert [p.name for p in trial_dir.glob("slurm-*.out")] == [f"slurm-{first}.out"]
+    output = (trial_dir / f"slurm-{first}.out").read_text()
+    assert "The trial keeps its search trial" in output, output[-3000:]
+    with Registry(ws) as registry:
+        assert len(registry.trials()) == 1
 
 
 @pytest.mark.slurm

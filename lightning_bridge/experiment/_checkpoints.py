@@ -41,7 +41,9 @@ class Source:
     checkpoint: Checkpoint | None = None
 
 
-def storage_of(registry: Registry, experiment: Experiment, trial_id: int) -> CheckpointStorage:
+def trial_checkpoint_storage(
+    registry: Registry, experiment: Experiment, trial_id: int
+) -> CheckpointStorage:
     """Where an experiment's checkpoints are stored (the trial's folder by default)."""
     trial_dir = registry.workspace.trial_dir(experiment.id, trial_id)
     section = experiment.config.get("checkpoint_storage")
@@ -52,7 +54,7 @@ def fetch(registry: Registry, checkpoint: Checkpoint, into: pathlib.Path) -> pat
     """A local directory holding the complete checkpoint: where it is, for local storage;
     else downloaded into `into/<uuid>` (reused when an earlier download completed)."""
     experiment = registry.experiment(checkpoint.experiment_id)
-    storage = storage_of(registry, experiment, checkpoint.trial_id)
+    storage = trial_checkpoint_storage(registry, experiment, checkpoint.trial_id)
     local = storage.local_path(checkpoint.uuid)
     if local is not None:
         if not storage.is_complete(checkpoint.uuid):
@@ -152,7 +154,7 @@ def settle_checkpoints(registry: Registry, trial_id: int) -> None:
     finish (its local copy gone) is deleted from storage, as it never was complete."""
     trial = registry.trial(trial_id)
     experiment = registry.experiment(trial.experiment_id)
-    storage = storage_of(registry, experiment, trial_id)
+    storage = trial_checkpoint_storage(registry, experiment, trial_id)
     staging = registry.workspace.trial_dir(experiment.id, trial_id) / "checkpoints"
     every = CheckpointState.UPLOADING, CheckpointState.COMPLETED, CheckpointState.DELETED
     rows = {c.uuid: c for c in registry.checkpoints(trial_id=trial_id, states=every)}
@@ -247,7 +249,9 @@ def apply_experiment_retention(registry: Registry, experiment_id: int) -> list[s
     removed = []
     for checkpoint in every:
         if checkpoint.uuid not in keep:
-            storage_of(registry, experiment, checkpoint.trial_id).delete(checkpoint.uuid)
+            trial_checkpoint_storage(registry, experiment, checkpoint.trial_id).delete(
+                checkpoint.uuid
+            )
             registry.checkpoint_deleted(checkpoint.uuid)
             removed.append(checkpoint.uuid)
     return removed

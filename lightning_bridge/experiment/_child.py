@@ -19,12 +19,12 @@ import logging
 import os
 import signal
 import subprocess
-import threading
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from lightning_bridge._errors import BridgeError
+from lightning_bridge.experiment._signals import handling
 
 logger = logging.getLogger("lightning_bridge")
 
@@ -130,23 +130,19 @@ def run_child(
         if group:
             _signal_group(group[0], signum)
 
-    previous: dict[int, Any] = {}
-    if threading.current_thread() is threading.main_thread():
-        previous = {sig: signal.signal(sig, forward) for sig in FORWARDED}
     terminal = _Terminal()
-    try:
-        proc = subprocess.Popen(list(command), cwd=cwd, env=dict(env), process_group=0)
-        group.append(proc.pid)
-        terminal.give(proc.pid)
-        if forwarded:  # a signal came while the child was starting
-            _signal_group(proc.pid, forwarded[0])
-        code, killed = _wait(proc, terminal, forwarded, timeout + margin)
-    finally:
-        terminal.take_back()
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        if group and _running(group[0]):  # the runner itself is failing: leave nothing
-            _signal_group(group[0], signal.SIGKILL)
+    with handling(forward, FORWARDED):
+        try:
+            proc = subprocess.Popen(list(command), cwd=cwd, env=dict(env), process_group=0)
+            group.append(proc.pid)
+            terminal.give(proc.pid)
+            if forwarded:  # a signal came while the child was starting
+                _signal_group(proc.pid, forwarded[0])
+            code, killed = _wait(proc, terminal, forwarded, timeout + margin)
+        finally:
+            terminal.take_back()
+            if group and _running(group[0]):  # the runner itself is failing: leave nothing
+                _signal_group(group[0], signal.SIGKILL)
     return ChildRun(code, forwarded[0] if forwarded else 0, killed)
 
 

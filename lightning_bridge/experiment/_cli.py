@@ -21,38 +21,25 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
-import os
 import pathlib
 import secrets
 import signal
 import sys
-import traceback
 from collections.abc import Sequence
 from typing import Any
 
 from lightning_bridge import _logging
 from lightning_bridge._errors import (
     BridgeError,
-    CheckpointWriteError,
     InvalidArgumentError,
     WorkspaceError,
 )
 from lightning_bridge._process import exit_now
-from lightning_bridge.experiment._child import EntrypointFailed
-from lightning_bridge.experiment._machine_capacity import oversubscription_allowed
+from lightning_bridge.experiment._exit_codes import EXIT_FAILED, EXIT_OK, EXIT_USAGE, guarded
 from lightning_bridge.experiment._parser import build_parser
+from lightning_bridge.translation._trial_environment import is_chief
 
 logger = logging.getLogger("lightning_bridge")
-
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
-
-
-def _is_chief() -> bool:
-    """Lightning's launcher re-runs this command for ranks > 0; they print nothing extra."""
-    return (
-        int(os.environ.get("LOCAL_RANK", "0") or 0) == 0
-        and int(os.environ.get("RANK", "0") or 0) == 0
-    )
 
 
 def _seeded(config_path: str, overrides: list[str]) -> tuple[list[str], str | None]:
@@ -102,7 +89,7 @@ def _run(args: argparse.Namespace, from_command_line: bool) -> int:
     if not options.test_mode:  # a search runs its trials (test mode trains its first one)
         from lightning_bridge.experiment._search import run_search
 
-        searched = run_search(args, options, seed_line if _is_chief() else None)
+        searched = run_search(args, options, seed_line if is_chief() else None)
         if searched is not None:
             return searched
     try:
@@ -112,29 +99,23 @@ def _run(args: argparse.Namespace, from_command_line: bool) -> int:
                 "--worker-jobs runs a search's trials in Slurm worker jobs, and this run "
                 "trains one trial (a single searcher, or --test); leave --worker-jobs out"
             )
-        warning = _runner.unused_warning(plan)
         # Loaded after the config checks, so a config error answers at once.
         from lightning_bridge.experiment import _experiments
         from lightning_bridge.experiment._checkpoints import AlreadyComplete
+        from lightning_bridge.experiment._preflight import preflight
         from lightning_bridge.experiment._summary import run_summary
         from lightning_bridge.record._registry import Registry
 
-        _experiments.check_storage(plan)
-        _experiments.check_code(plan, Workspace(args.workspace))
-        plan.check_engine()
-        from lightning_bridge.experiment._launchers import launcher_for
-
-        launcher = launcher_for(options.launcher)
-        launcher.check(plan)
-        launcher.check_record(Workspace(args.workspace))
+        launcher = preflight(plan, Workspace(args.workspace), new=True, engine=True)
+        warning = _runner.unused_warning(plan, launcher.config_keys)
     except BridgeError as exc:
         print(f"lightning-bridge: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    if seed_line and _is_chief():
+    if seed_line and is_chief():
         print(seed_line, flush=True)
-    if warning and _is_chief():
+    if warning and is_chief():
         logger.warning(warning)
-    if launcher.name == "local" and not oversubscription_allowed(plan, bool(args.force)):
+    if not launcher.allows(plan, bool(args.force)):
         return EXIT_USAGE
     with Registry(args.workspace) as registry:
         try:
@@ -147,7 +128,7 @@ def _run(args: argparse.Namespace, from_command_line: bool) -> int:
         except BridgeError as exc:
             print(f"lightning-bridge: error: {exc}", file=sys.stderr)
             return EXIT_USAGE
-        code = _guarded(
+        code = guarded(
             lambda: launcher.run_trial(registry, plan, trial, relaunch=from_command_line)
         )
         if code == 0:
@@ -158,7 +139,7 @@ def _run(args: argparse.Namespace, from_command_line: bool) -> int:
 
 def _print_mirror(registry: Any, experiment_id: int) -> None:
     """Complete the experiment's MLflow mirror; print where to look at it."""
-    if not _is_chief():
+    if not is_chief():
         return
     from lightning_bridge.tracking._sync import sync_after_run
 
@@ -167,39 +148,10 @@ def _print_mirror(registry: Any, experiment_id: int) -> None:
         print(line, flush=True)
 
 
-def _guarded(run: Any) -> int:
-    """Run a trial: bridge errors as one message, the trial's own errors with a traceback."""
-    try:
-        code = int(run())
-    except EntrypointFailed as exc:  # a script ended by a signal, or not stopping after one
-        print(f"lightning-bridge: error: {exc}", file=sys.stderr)
-        return exc.code
-    except CheckpointWriteError as exc:
-        if _is_chief():  # the chief's failure, which every process shares
-            print(f"lightning-bridge: error: {exc}", file=sys.stderr)
-        return EXIT_FAILED
-    except InvalidArgumentError as exc:
-        print(f"lightning-bridge: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except BridgeError as exc:
-        print(f"lightning-bridge: error: {exc}", file=sys.stderr)
-        return EXIT_FAILED
-    except (SystemExit, KeyboardInterrupt):
-        raise
-    except BaseException:
-        traceback.print_exc()
-        print("lightning-bridge: error: the trial failed (traceback above)", file=sys.stderr)
-        return EXIT_FAILED
-    if code != 0:
-        print(f"lightning-bridge: error: the entrypoint exited with code {code}", file=sys.stderr)
-        return code if code > 0 else EXIT_FAILED
-    return EXIT_OK
-
-
 def _trial(args: argparse.Namespace, from_command_line: bool) -> int:
     from lightning_bridge.experiment._experiments import run_from_file
 
-    return _guarded(lambda: run_from_file(pathlib.Path(args.run_file)))
+    return guarded(lambda: run_from_file(pathlib.Path(args.run_file)))
 
 
 def _search_worker(args: argparse.Namespace, from_command_line: bool) -> int:
@@ -211,7 +163,7 @@ def _search_worker(args: argparse.Namespace, from_command_line: bool) -> int:
 def _continue(args: argparse.Namespace, from_command_line: bool) -> int:
     from lightning_bridge.experiment._commands import experiment_continue
 
-    return _guarded(lambda: experiment_continue(args))
+    return guarded(lambda: experiment_continue(args))
 
 
 def _record_command(name: str, module: str = "_commands") -> Any:

@@ -275,62 +275,33 @@ def experiment_continue(args: argparse.Namespace) -> int:
 
 
 def _stop_trials(args: argparse.Namespace, kill: bool) -> int:
-    """Signal every running trial of the experiment: its Slurm job (`scancel`), or its process
-    on this machine. Pause: SIGTERM (the trial checkpoints and stops); kill: cancel the job /
-    SIGKILL, recorded STOPPED."""
-    import os
-    import signal
-    import socket
-
-    from lightning_bridge._process import pid_alive
-    from lightning_bridge.record._registry import LIVE_JOB_STATES
+    """Stop every running trial of the experiment where it runs, as its launcher's handle
+    reaches it (`running_trial`: its Slurm job, its process on this machine). Pause: the
+    trial checkpoints and stops; kill: it ends now, recorded STOPPED."""
+    from lightning_bridge.experiment._launcher import RunningTrial
+    from lightning_bridge.experiment._launchers import running_trial
     from lightning_bridge.record._schema import TrialState
 
     verb = "killed" if kill else "paused"
     done = []
     signalled: set[str] = set()  # a search's worker job runs several trials: signalled once
-    awaited: list[tuple[int, str, str | None]] = []  # trial, where it runs, its job
+    awaited: list[tuple[int, str, RunningTrial]] = []  # trial, where it runs, its handle
     with open_registry(args) as registry:
         registry.reconcile()
         registry.experiment(args.id)
         jobs = {j.trial_id: j for j in registry.jobs(args.id)}
         for trial in registry.trials(args.id):
-            job = jobs.get(trial.id)
-            if job is not None and job.state in LIVE_JOB_STATES:
-                from lightning_bridge.experiment._slurm import job_info, signal_job
-
-                info = job_info(job.job_id)
-                if not kill and info is not None and info.state == "PENDING":
-                    # Nothing runs yet that could checkpoint: the trial is recorded paused
-                    # first (so its coordinator takes the job's end for a pause), then its job
-                    # is cancelled; `continue` submits it again.
-                    registry.trial_ended(
-                        trial.id,
-                        TrialState.STOPPED,
-                        f"paused while its Slurm job {job.job_id} was pending",
-                        if_active=True,
-                    )
-                    signal_job(job.job_id, None)
-                    where = f"Slurm job {job.job_id}, pending: cancelled"
-                else:
-                    if job.job_id not in signalled:
-                        signal_job(job.job_id, None if kill else signal.SIGTERM)
-                    where = f"Slurm job {job.job_id}"
-                signalled.add(job.job_id)
-            elif trial.state == TrialState.ACTIVE.value and trial.pid is not None:
-                if trial.host != socket.gethostname() or not pid_alive(trial.pid):
-                    continue
-                os.kill(trial.pid, signal.SIGKILL if kill else signal.SIGTERM)
-                where = f"process {trial.pid}"
-            else:
+            running = running_trial(trial, jobs.get(trial.id))
+            if running is None:
                 continue
+            where = running.stop(registry, trial.id, kill, running.key not in signalled)
+            signalled.add(running.key)
             done.append({"trial_id": trial.id, "where": where})
-            awaited.append((trial.id, where, job.job_id if job is not None else None))
+            awaited.append((trial.id, where, running))
         # Every trial signalled first, then each end awaited: a killed search's trials end
         # together, not one after the other (its coordinator would pause the others meanwhile).
-        for trial_id, where, job_id in awaited if kill else []:
-            if job_id is not None:
-                _wait_job_end(job_id)  # the trial's own last words come first
+        for trial_id, where, running in awaited if kill else []:
+            running.wait_stopped()  # the trial's own last words come first
             if registry.trial(trial_id).state != TrialState.COMPLETED.value:
                 registry.trial_ended(trial_id, TrialState.STOPPED, f"killed ({where})")
     if args.json:
@@ -343,19 +314,6 @@ def _stop_trials(args: argparse.Namespace, kill: bool) -> int:
     if done and not kill and not args.json:
         print(f"Continue with: lightning-bridge experiment continue {args.id}")
     return 0
-
-
-def _wait_job_end(job_id: str, timeout: float = 120) -> None:
-    import time
-
-    from lightning_bridge.experiment._slurm import job_info
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        info = job_info(job_id)
-        if info is None or not info.live:
-            return
-        time.sleep(0.5)
 
 
 def experiment_pause(args: argparse.Namespace) -> int:
@@ -446,7 +404,7 @@ def checkpoint_download(args: argparse.Namespace) -> int:
         from lightning_bridge.experiment._model_commands import model_download
 
         return model_download(args)
-    from lightning_bridge.experiment._checkpoints import storage_of
+    from lightning_bridge.experiment._checkpoints import trial_checkpoint_storage
 
     with open_registry(args) as registry:
         checkpoint = registry.checkpoint(args.uuid)
@@ -457,7 +415,7 @@ def checkpoint_download(args: argparse.Namespace) -> int:
                 "`lightning-bridge checkpoint list` shows the checkpoints kept."
             )
         experiment = registry.experiment(checkpoint.experiment_id)
-        storage = storage_of(registry, experiment, checkpoint.trial_id)
+        storage = trial_checkpoint_storage(registry, experiment, checkpoint.trial_id)
         out = storage.fetch(checkpoint.uuid, pathlib.Path(args.out).expanduser().resolve())
     if args.json:
         _print_json({**as_dict(checkpoint), "downloaded_to": str(out)})

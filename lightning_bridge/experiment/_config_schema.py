@@ -179,6 +179,25 @@ class CheckpointStorage(_Model):
         return sorted(k for k in every - set(reads) if getattr(self, k) is not None)
 
 
+class SlurmSection(_Model):
+    """Determined's `slurm` section (its keys and types): read by the Slurm launcher, which
+    validates it (`slurm_section`); other launchers report it unused. `max_restarts` is the
+    config's top-level key (`ExperimentConfig`)."""
+
+    sbatch_args: list[StrictStr] | None = None
+    slots_per_node: Annotated[StrictInt, Field(ge=1)] | None = None
+    gpu_type: StrictStr | None = None
+
+
+# The one line a bad `slurm` key gets (the key: its message; `{value}`: what was given).
+SLURM_MESSAGES = {
+    "": "slurm: expected a mapping (sbatch_args, slots_per_node)",
+    "sbatch_args": 'slurm.sbatch_args: expected a list of strings, e.g. ["--time=01:00:00"]',
+    "slots_per_node": "slurm.slots_per_node: expected a positive integer, got {value!r}",
+    "gpu_type": "slurm.gpu_type: expected a string (the GPU type of --gres), got {value!r}",
+}
+
+
 class ExperimentConfig(BaseModel):
     """The keys the runner uses; the rest of the config is kept as given."""
 

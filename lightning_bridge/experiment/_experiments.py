@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import pathlib
 import shlex
 import shutil
@@ -39,6 +38,7 @@ from lightning_bridge.record._registry import Registry
 from lightning_bridge.record._schema import TrialState
 from lightning_bridge.record._workspace import Workspace
 from lightning_bridge.translation._run_description import RunDescription
+from lightning_bridge.translation._trial_environment import is_chief
 
 logger = logging.getLogger("lightning_bridge")
 
@@ -305,11 +305,7 @@ def run_from_file(run_file: pathlib.Path) -> int:
         seed=run.trial_seed,
         search=run.search,
     )
-    chief = (
-        int(os.environ.get("LOCAL_RANK", "0") or 0) == 0
-        and int(os.environ.get("RANK", "0") or 0) == 0
-    )
-    if not chief:
+    if not is_chief():
         return _runner.execute(plan, trial)
     with Registry(workspace) as registry:
         return run_trial(registry, plan, trial)

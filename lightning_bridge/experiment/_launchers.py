@@ -6,7 +6,8 @@ from __future__ import annotations
 import pathlib
 
 from lightning_bridge._errors import InvalidArgumentError
-from lightning_bridge.experiment._launcher import Launcher, LocalLauncher
+from lightning_bridge.experiment._launcher import Launcher, LocalLauncher, RunningTrial
+from lightning_bridge.record._records import Job, Trial
 from lightning_bridge.record._settings import SETTINGS_FILE, WorkspaceSettings
 
 LAUNCHERS = ("local", "slurm")
@@ -34,3 +35,13 @@ def default_launcher(workspace: pathlib.Path) -> str:
         return "local"
     launcher_for(name, f"{workspace / SETTINGS_FILE}: launcher")  # an unknown name refused
     return name
+
+
+def running_trial(trial: Trial, job: Job | None) -> RunningTrial | None:
+    """A recorded trial's handle while it runs: where its recorded job's launcher put it,
+    else its process on this machine; None when it runs nowhere now."""
+    if job is not None:
+        found = launcher_for(job.launcher, "the record's job launcher").running(trial, job)
+        if found is not None:
+            return found
+    return LocalLauncher().running(trial, None)

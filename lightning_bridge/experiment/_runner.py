@@ -196,13 +196,10 @@ def prepare_config(config: ResolvedConfig, folder: pathlib.Path, options: Option
     return plan
 
 
-def unused_warning(plan: Plan) -> str | None:
-    """The one warning listing the config keys the run does not use, and what Determined
-    would have refused that the bridge runs."""
-    unused = plan.config.unused_keys
-    if plan.options.launcher == "slurm":  # the Slurm launcher's keys
-        used = ("slurm", "resources.resource_pool", "max_restarts")
-        unused = [k for k in unused if k.split(" ")[0] not in used]
+def unused_warning(plan: Plan, launcher_keys: tuple[str, ...] = ()) -> str | None:
+    """The one warning listing the config keys the run does not use (its launcher reads
+    `launcher_keys`), and what Determined would have refused that the bridge runs."""
+    unused = [k for k in plan.config.unused_keys if k.split(" ")[0] not in launcher_keys]
     lines = [
         f"Determined 0.38.1 would not run this config: {line}"
         for line in plan.config.determined_differences

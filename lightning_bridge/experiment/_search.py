@@ -26,16 +26,15 @@ from lightning_bridge._errors import BridgeError, InvalidArgumentError
 from lightning_bridge.experiment import _runner
 from lightning_bridge.experiment._checkpoints import Source
 from lightning_bridge.experiment._config import ResolvedConfig, load_config, parse_config
+from lightning_bridge.experiment._exit_codes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from lightning_bridge.experiment._experiments import (
     _options_record,
-    check_code,
-    check_storage,
     continue_command,
 )
-from lightning_bridge.experiment._launchers import launcher_for
+from lightning_bridge.experiment._preflight import preflight
 from lightning_bridge.experiment._search_run import SearchRun, SearchStorageUnavailable
 from lightning_bridge.experiment._search_storage import check_search_storage
-from lightning_bridge.experiment._slurm_workers import WorkerJobs, check_worker_jobs
+from lightning_bridge.experiment._slurm_workers import WorkerJobs
 from lightning_bridge.experiment._source import warm_start_source
 from lightning_bridge.experiment._summary import checkpoint_line, format_value, table
 from lightning_bridge.record._registry import Registry
@@ -47,7 +46,6 @@ from lightning_bridge.search._storage import import_optuna
 
 logger = logging.getLogger("lightning_bridge")
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 _EXPERIMENT_NOTE = "experiment"  # what the search keeps for its workers
 
 
@@ -78,7 +76,7 @@ def _search_name(config: ResolvedConfig) -> str:
     return f"{name[:40] or 'search'}-{secrets.token_hex(3)}"
 
 
-def storage_of(registry: Registry, experiment_id: int, search: dict[str, Any]) -> str:
+def search_storage_url(registry: Registry, experiment_id: int, search: dict[str, Any]) -> str:
     """The storage of a recorded search (its default: a journal file in its folder)."""
     stored = search.get("storage")
     if stored:
@@ -117,24 +115,22 @@ def run_search(
         config_file = pathlib.Path(args.config).resolve()
         folder = pathlib.Path(args.context_dir or config_file.parent).resolve()
         first = _runner.prepare_config(config.first_configuration(), folder, options)
-        warning = _runner.unused_warning(first)
-        check_storage(first)
-        import_optuna()
-        if args.storage:  # before the experiment is recorded: a refusal leaves nothing
-            check_search_storage(_absolute(args.storage))
-        written = [pathlib.Path(_absolute(args.storage))] if args.storage else []
-        check_code(first, Workspace(args.workspace), *written)
-        launcher = launcher_for(options.launcher)
-        launcher.check(first)
-        check_worker_jobs(first, options.worker_jobs)
-        launcher.check_record(Workspace(args.workspace))
+        storage = _absolute(args.storage) if args.storage else None
+        launcher = preflight(
+            first,
+            Workspace(args.workspace),
+            new=True,
+            search=True,
+            search_storage=storage,
+            written=[pathlib.Path(storage)] if storage else [],
+        )
+        warning = _runner.unused_warning(first, launcher.config_keys)
     except BridgeError as exc:
         return _error(exc)
     if seed_line:
         print(seed_line, flush=True)
     if warning:
         logger.warning(warning)
-    storage = _absolute(args.storage) if args.storage else None
     name = _search_name(config)
     with Registry(args.workspace) as registry:
         try:
@@ -149,7 +145,7 @@ def run_search(
                 searcher_metric=config.model.searcher.metric,
                 smaller_is_better=config.model.searcher.smaller_is_better,
             )
-            url = storage or storage_of(registry, experiment_id, {})
+            url = storage or search_storage_url(registry, experiment_id, {})
             driver = SearchDriver(url, name, config.search)
         except BridgeError as exc:
             return _error(exc)
@@ -214,7 +210,7 @@ def _serve(
     lost_after_s: float,
 ) -> int:
     worker: SearchRun | WorkerJobs
-    if options.launcher == "slurm" and options.worker_jobs:
+    if options.worker_jobs:  # the launcher took them (`preflight`): its worker jobs
         worker = WorkerJobs(
             registry,
             driver,
@@ -295,9 +291,7 @@ def search_worker(args: argparse.Namespace) -> int:
                 "where this machine has it)"
             )
         try:  # before anything is recorded in this workspace
-            launcher = launcher_for(options.launcher)
-            launcher.check(first)
-            launcher.check_record(Workspace(args.workspace))
+            preflight(first, Workspace(args.workspace))
         except BridgeError as exc:
             return _error(exc)
         with Registry(args.workspace) as registry:
@@ -383,7 +377,7 @@ def continue_search(
     experiment = registry.experiment(experiment_id)
     search = experiment.options["search"]
     import_optuna()
-    storage = storage_of(registry, experiment_id, search)
+    storage = search_storage_url(registry, experiment_id, search)
     driver = SearchDriver(storage, str(search["name"]))
     try:
         if driver.is_finished():
@@ -394,11 +388,8 @@ def continue_search(
         config = parse_config(experiment.config)
         folder = pathlib.Path(experiment.context_dir)
         options = _launched_by(experiment.options, launcher, worker_jobs)
-        chosen = launcher_for(options.launcher)
         first = _runner.prepare_config(config.first_configuration(), folder, options)
-        chosen.check(first)
-        check_worker_jobs(first, options.worker_jobs)
-        chosen.check_record(registry.workspace)
+        preflight(first, registry.workspace, search=True)
         source = _source(registry, config)
         print(f"Experiment {experiment_id}: continuing search {search['name']}", flush=True)
         return _serve(

@@ -18,6 +18,7 @@ kills the trials.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -26,8 +27,6 @@ import queue
 import shutil
 import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -37,17 +36,18 @@ from lightning_bridge._errors import BridgeError
 from lightning_bridge.experiment import _runner, _warm
 from lightning_bridge.experiment._checkpoints import Source, fetch, settle_checkpoints
 from lightning_bridge.experiment._config import ResolvedConfig
-from lightning_bridge.experiment._experiments import continue_command, prepare_work_dir
-from lightning_bridge.experiment._launcher import TrialProcess
+from lightning_bridge.experiment._experiments import continue_command
 from lightning_bridge.experiment._launchers import launcher_for
-from lightning_bridge.experiment._parent import PARENT_ENV
+from lightning_bridge.experiment._search_storage import StorageOutage
+from lightning_bridge.experiment._signals import handling
+from lightning_bridge.experiment._trial_process import TrialProcess
 from lightning_bridge.record._outage import RETRY_S, is_unavailable, reason
 from lightning_bridge.record._postgres import shown
 from lightning_bridge.record._registry import Registry
 from lightning_bridge.record._schema import TrialState
 from lightning_bridge.record._settings import WorkspaceSettings
 from lightning_bridge.search import SearchDriver, TrialSpec
-from lightning_bridge.translation._run_description import ENV_VAR, SearchConnection
+from lightning_bridge.translation._run_description import SearchConnection
 
 # How often a worker with room looks for pending trials (seconds): a trial closes itself in
 # the search when its fit ends, before its process exits, and the next may start then.
@@ -69,23 +69,7 @@ class Launched:
     run: _runner.TrialRun
     process: TrialProcess
     gpus: list[str]
-
-
-def visible_gpus() -> list[str]:
-    """The GPUs trials may use: `CUDA_VISIBLE_DEVICES` when set, else those `nvidia-smi`
-    lists (none on a machine without it). Torch is not imported for this."""
-    given = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if given is not None:
-        return [g.strip() for g in given.split(",") if g.strip() and g.strip() != "-1"]
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
-        return []
-    try:
-        listed = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.SubprocessError):
-        return []
-    lines = [line for line in listed.stdout.splitlines() if line.startswith("GPU ")]
-    return [str(i) for i in range(len(lines))] if listed.returncode == 0 else []
+    own_job: bool = False  # a scheduler's job of its own: its output is the job's
 
 
 def _say(message: str) -> None:
@@ -133,10 +117,9 @@ class SearchRun:
         self.note_key = f"record@{shown(shared)}" if shared else self._host_key
         first = _runner.prepare_config(config.first_configuration(), context_dir, options)
         self.processes = first.processes
-        self._gpus: list[str] = []
         self.launcher = launcher_for(options.launcher)
         # On a cluster the scheduler places the trials (the searcher bounds how many run).
-        self.capacity = self._machine_capacity() if self.launcher.name == "local" else 1 << 16
+        self.capacity, self._gpus = self.launcher.capacity(options, self.processes)
         self.running: dict[int, Launched] = {}
         self.ran: list[int] = []
         self._events: queue.SimpleQueue[tuple[int, int]] = queue.SimpleQueue()
@@ -145,26 +128,11 @@ class SearchRun:
         self.unreachable: str | None = None  # a trial's node could not reach a service
         self._paused = False  # a trial was stopped from outside (`experiment pause`)
         self._next_beat = 0.0
-        self._away_since: float | None = None
-        self._reopen = False
+        self._outage = StorageOutage()
         # Forks the trials' processes (see _warm); with their MLflow mirror's client imported
         # when the record is mirrored (else each trial imports it, seconds, at its end).
         mirrored = _mirrored(self.workspace.root, options.tracking_uri)
-        self.starter = _warm.WarmStarter(_warm.PRELOAD + (_warm.MIRROR_PRELOAD if mirrored else ()))
-
-    def _machine_capacity(self) -> int:
-        """How many trials fit at once: whole sets of `processes` GPUs (each trial gets its
-        own), else of CPU cores; at least one."""
-        accelerator = (self.options.accelerator or "auto").lower()
-        gpus = [] if accelerator == "cpu" else visible_gpus()
-        if isinstance(self.options.devices, str):
-            return 1  # devices named explicitly: every trial uses the same ones
-        if gpus:
-            self._gpus = gpus
-            return max(len(gpus) // self.processes, 1)
-        # In a Slurm allocation (a worker job, `salloc`): its cores on this node, not the node's.
-        cores = int(os.environ.get("SLURM_CPUS_ON_NODE", "0") or 0) or os.cpu_count() or 1
-        return max(cores // self.processes, 1)
+        self._preload = _warm.PRELOAD + (_warm.MIRROR_PRELOAD if mirrored else ())
 
     # ----- the loop -----
 
@@ -173,10 +141,10 @@ class SearchRun:
         (False)."""
         for number in self.driver.requeue_orphans():
             self.say(f"Search trial {number}: its worker on this machine is gone; pending again")
-        previous = {s: signal.signal(s, self.on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-        self._next_beat = time.monotonic() + self.heartbeat_s
-        self.starter.warm_up()
-        try:
+        with handling(self.on_signal), contextlib.ExitStack() as stack:
+            self._next_beat = time.monotonic() + self.heartbeat_s
+            self.launcher.warm_up(self._preload)
+            stack.callback(self.launcher.close)
             while True:
                 try:
                     if self._step():
@@ -187,10 +155,6 @@ class SearchRun:
                     self._storage_away(exc)
                     continue
                 self._storage_back()
-        finally:
-            self.starter.close()
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
         if self.unreachable is not None:
             raise SearchStorageUnavailable(self.unreachable)
         return not self._stopping
@@ -204,9 +168,8 @@ class SearchRun:
     def _step(self) -> bool:
         """One turn of the loop: start trials while there is room, handle the trials that
         ended, keep this worker's trials alive. True when the worker is done."""
-        if self._reopen:
+        if self._outage.reopen():
             self.driver = SearchDriver(self.storage, self.driver.name, job=self.driver.job)
-            self._reopen = False
         if not self._stopping:
             self._fill()
         if not self.running and (self._stopping or self.driver.is_finished()):
@@ -236,33 +199,24 @@ class SearchRun:
     def _storage_away(self, exc: BaseException) -> None:
         """The storage did not answer: the running trials go on (they hold their own reports
         back); the worker opens the storage again every second, for up to `RETRY_S`."""
-        now = time.monotonic()
-        if self._away_since is None:
-            self._away_since = now
+        away = self._outage.away(close=self.driver.close)
+        if away is None:
             self.say(
                 f"The search storage is unavailable ({reason(exc)}); the running trials go "
                 f"on, retrying for up to {RETRY_S:.0f} s"
             )
-        elif now - self._away_since > RETRY_S:
+        elif away > RETRY_S:
             raise SearchStorageUnavailable(
                 f"the search storage {self.storage} stayed unavailable for {RETRY_S:.0f} s "
                 f"({reason(exc)}); the trials are checkpointed: continue the search once it "
                 "is back (lightning-bridge experiment continue ID, or search-worker)"
             ) from None
         time.sleep(1.0)
-        if not self._reopen:
-            self._reopen = True  # its connections do not recover: opened again next turn
-            try:
-                self.driver.close()
-            except Exception:  # noqa: BLE001 - closing a connection that is already gone
-                pass
 
     def _storage_back(self) -> None:
-        if self._away_since is not None:
-            self.say(
-                f"The search storage is back after {time.monotonic() - self._away_since:.0f} s"
-            )
-            self._away_since = None
+        away = self._outage.back()
+        if away is not None:
+            self.say(f"The search storage is back after {away:.0f} s")
 
     def _stop_all(self) -> None:
         """Start no more trials; the running ones checkpoint and stop (as on a signal)."""
@@ -304,7 +258,7 @@ class SearchRun:
             self.say(f"Search trial {number}: its worker was not heard of; pending again")
 
     def _fill(self) -> None:
-        if not self.starter.ready():
+        if not self.launcher.ready():
             return  # still importing: a trial pulled now would wait (see `WarmStarter.ready`)
         while len(self.running) < self.capacity and not self._stopping:
             spec = self.driver.next_trial()
@@ -369,27 +323,15 @@ class SearchRun:
         trial = self._record(spec)
         config = ResolvedConfig(self.config.raw, self.config.model, self.config.space, spec.hparams)
         plan = _runner.prepare_config(config, self.context_dir, self.options)
-        if self.launcher.name != "local":
-            self._start(spec, trial, self.launcher.start(self.registry, plan, trial), [])
-            return
-        trial.trial_dir.mkdir(parents=True, exist_ok=True)
-        _runner.describe_run(plan, trial).write(trial.run_file)
-        prepare_work_dir(plan, trial)  # the trial's process starts in its own copy
-        env = {k: v for k, v in os.environ.items() if k != ENV_VAR}
-        env[PARENT_ENV] = str(os.getpid())
         gpus: list[str] = []
         if self._gpus:
             taken = {g for launched in self.running.values() for g in launched.gpus}
             gpus = [g for g in self._gpus if g not in taken][: self.processes]
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
-        command = [sys.executable, "-m", "lightning_bridge", "_trial", str(trial.run_file)]
-        output = str(trial.trial_dir / "output.log")
-        cwd = trial.working_dir(plan)
-        process = self.starter.start(command, cwd=cwd, env=env, output=output)
+        process = self.launcher.start(self.registry, plan, trial, devices=gpus)
         if self.slurm_job is not None:  # the trial runs in this worker's job (as a step would)
             self.registry.job_submitted(trial.trial_id, "slurm", *self.slurm_job)
             self._job_state(trial.trial_id, "RUNNING")
-        self._start(spec, trial, process, gpus)
+        self._start(spec, trial, process, gpus, own_job=self.launcher.scheduler_places)
 
     def _part_end(self, code: int) -> str:
         """How a trial's part of this worker's job ended: CANCELLED when the job is being
@@ -414,9 +356,14 @@ class SearchRun:
         self.registry.job_state(trial_id, state, reason, restarts)
 
     def _start(
-        self, spec: TrialSpec, trial: _runner.TrialRun, process: TrialProcess, gpus: list[str]
+        self,
+        spec: TrialSpec,
+        trial: _runner.TrialRun,
+        process: TrialProcess,
+        gpus: list[str],
+        own_job: bool = False,
     ) -> None:
-        launched = Launched(spec, trial, process, gpus)
+        launched = Launched(spec, trial, process, gpus, own_job)
         self.running[trial.trial_id] = launched
         self.ran.append(trial.trial_id)
         threading.Thread(
@@ -461,7 +408,7 @@ class SearchRun:
         if recorded.message:
             line += f": {recorded.message}"
         if crashed and not stopping:
-            job = self.registry.job(trial_id) if self.launcher.name != "local" else None
+            job = self.registry.job(trial_id) if launched.own_job else None
             output = job.output if job is not None else launched.run.trial_dir / "output.log"
             line += f" (its output: {output})"
         del self.running[trial_id]

@@ -7,7 +7,7 @@ Lightning's Slurm environment), `slurm.gpu_type` (`--gres=gpu:TYPE:N`),
 `resources.resource_pool` (the partition), `slurm.sbatch_args` (passed on, last, so they win)
 and `max_restarts` (the job requeues itself after a failure up to that many times; every job
 is `--requeue`, so a preempted job or one whose node was lost runs again). The job runs
-`python -m lightning_bridge.experiment._slurm_job RUN_FILE`, which trains the trial from its
+`python -m lightning_bridge.experiment.slurm_job RUN_FILE`, which trains the trial from its
 run description and, after a requeue, continues it from its latest checkpoint. Before the time
 limit Slurm sends the job `SIGNAL_DEFAULT` (SIGUSR1, 120 s before): the trial checkpoints at
 its batch and the job requeues itself.
@@ -30,21 +30,28 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
+from collections.abc import Callable, Sequence
 from typing import Any
+
+import pydantic
 
 from lightning_bridge._errors import InvalidArgumentError
 from lightning_bridge.experiment import _experiments, _runner
-from lightning_bridge.experiment._launcher import Launcher
+from lightning_bridge.experiment._config_schema import SLURM_MESSAGES, SlurmSection
+from lightning_bridge.experiment._launcher import Launcher, RunningTrial
+from lightning_bridge.experiment._signals import handling
+from lightning_bridge.record._records import Job, Trial
 from lightning_bridge.record._registry import LIVE_JOB_STATES, Registry
 from lightning_bridge.record._schema import TrialState
-from lightning_bridge.translation._cluster_info import NODE_ADDRS_ENV
+from lightning_bridge.translation._trial_environment import NODE_ADDRS_ENV
 
 logger = logging.getLogger("lightning_bridge")
 
 SIGNAL_DEFAULT = "B:USR1@120"  # sbatch --signal: the batch shell (the trial), 120 s before
 POLL_S = 1.0
+# What a trial's job runs (`python -m JOB_MODULE RUN_FILE`): a stable name (`slurm_job`).
+JOB_MODULE = "lightning_bridge.experiment.slurm_job"
 # The line a job that cannot reach a shared service ends with, in its output (`_slurm_job`).
 UNREACHABLE = "lightning-bridge: error: unreachable from node"
 _TIMEOUT_S = 60
@@ -73,6 +80,20 @@ def _slurm(*command: str, check: bool = True) -> subprocess.CompletedProcess[str
     return done
 
 
+def slurm_section(given: Any) -> SlurmSection:
+    """The config's `slurm` section, validated (`SlurmSection`): InvalidArgumentError with
+    the one line its first bad key gets (`SLURM_MESSAGES`)."""
+    try:
+        return SlurmSection.model_validate(given or {})
+    except pydantic.ValidationError as exc:
+        error = exc.errors()[0]
+        key = str(error["loc"][0]) if error["loc"] else ""
+        if key not in SLURM_MESSAGES or error["type"] in ("model_type", "dict_type"):
+            key = ""
+        value = given.get(key) if key and isinstance(given, dict) else given
+        raise InvalidArgumentError(SLURM_MESSAGES[key].format(value=value)) from None
+
+
 @dataclasses.dataclass(frozen=True)
 class SlurmSettings:
     """The trial's Slurm request, from Determined's config keys."""
@@ -87,20 +108,9 @@ class SlurmSettings:
     @classmethod
     def of(cls, plan: _runner.Plan) -> SlurmSettings:
         raw = plan.config.raw
-        slurm = raw.get("slurm") or {}
-        if not isinstance(slurm, dict):
-            raise InvalidArgumentError("slurm: expected a mapping (sbatch_args, slots_per_node)")
-        args = slurm.get("sbatch_args") or []
-        if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
-            raise InvalidArgumentError(
-                'slurm.sbatch_args: expected a list of strings, e.g. ["--time=01:00:00"]'
-            )
-        per_node = slurm.get("slots_per_node")
-        if per_node is not None and (not isinstance(per_node, int) or per_node < 1):
-            raise InvalidArgumentError(
-                f"slurm.slots_per_node: expected a positive integer, got {per_node!r}"
-            )
-        gpu_type = slurm.get("gpu_type")
+        section = slurm_section(raw.get("slurm"))
+        per_node, gpu_type = section.slots_per_node, section.gpu_type
+        args = section.sbatch_args or []
         pool = (raw.get("resources") or {}).get("resource_pool")
         return cls(
             slots=plan.processes,
@@ -168,6 +178,46 @@ def job_info(job_id: str) -> JobInfo | None:
     )
 
 
+def follow_job(
+    job_id: str,
+    on_change: Callable[[JobInfo | None, JobInfo | None], None] | None = None,
+    timeout: float | None = None,
+    interval: float = POLL_S,
+) -> JobInfo | None:
+    """Poll the job (`scontrol show job`) until it ends, or until `timeout` seconds passed;
+    `on_change(info, last)` each time its state changes (`info` None: Slurm no longer knows
+    it). The last state seen (None: gone). The one loop that follows a job to its end."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    last: JobInfo | None = None
+    while True:
+        info = job_info(job_id)
+        if on_change is not None and (info is None or info != last):
+            on_change(info, last)
+        if info is None or not info.live:
+            return info
+        last = info
+        if deadline is not None and time.monotonic() >= deadline:
+            return info
+        time.sleep(interval)
+
+
+def _recorder(
+    registry: Registry, trial_id: int, job_id: str, say_requeued: bool = False
+) -> Callable[[JobInfo | None, JobInfo | None], None]:
+    """`follow_job`'s `on_change` that records the job's state for the trial as it changes
+    (and logs a requeue, `say_requeued`)."""
+
+    def record(info: JobInfo | None, last: JobInfo | None) -> None:
+        if info is None:
+            registry.job_state(trial_id, "GONE", "no longer known to Slurm")
+            return
+        registry.job_state(trial_id, info.state, info.reason, info.restarts)
+        if say_requeued and last is not None and info.restarts > last.restarts:
+            logger.info("Slurm job %s was requeued (%s)", job_id, info.reason)
+
+    return record
+
+
 def signal_job(job_id: str, signum: int | None) -> None:
     """`scancel`: send the job's processes (batch shell and steps) `signum`, or cancel it."""
     command = ["scancel", job_id] if signum is None else ["scancel", "--full"]
@@ -206,11 +256,29 @@ class SlurmLauncher(Launcher):
 
     name = "slurm"
     several_machines = True
+    scheduler_places = True
+    config_keys = ("slurm", "resources.resource_pool", "max_restarts")
 
     def __init__(self) -> None:
         self.gpus: bool | None = None
 
     # ----- refusals, before anything is recorded or submitted -----
+
+    def check_worker_jobs(self, plan: _runner.Plan, count: int | None) -> None:
+        """A search's trials in `count` worker jobs (`_slurm_workers`): each runs trials on
+        one node."""
+        if count is None:
+            return
+        if count < 1:
+            raise InvalidArgumentError(f"--worker-jobs: expected a positive count, got {count}")
+        settings = SlurmSettings.of(plan)
+        if settings.nodes > 1:
+            raise InvalidArgumentError(
+                f"--worker-jobs: a trial of {settings.slots} slots spans {settings.nodes} "
+                f"nodes (slurm.slots_per_node {settings.slots_per_node}), and a worker job runs "
+                "trials on one node; leave --worker-jobs out (each trial is then a job of its "
+                "own)"
+            )
 
     def check(self, plan: _runner.Plan) -> None:
         settings = SlurmSettings.of(plan)
@@ -268,6 +336,12 @@ class SlurmLauncher(Launcher):
             out.append(f"--signal={SIGNAL_DEFAULT}")
         return [*out, *settings.sbatch_args]
 
+    def running(self, trial: Trial, job: Job | None) -> RunningTrial | None:
+        """The trial's recorded job while Slurm has it (pending or running)."""
+        if job is None or job.state not in LIVE_JOB_STATES:
+            return None
+        return RunningJob(job.job_id)
+
     def unreachable(self, registry: Registry, trial_id: int) -> str | None:
         job = registry.job(trial_id)
         return unreachable_in(pathlib.Path(job.output)) if job is not None else None
@@ -290,7 +364,7 @@ class SlurmLauncher(Launcher):
         # A search's trial runs in its own copy of the folder, there before any task starts.
         _experiments.prepare_work_dir(plan, trial)
         script = trial.trial_dir / "job.sh"
-        command = [sys.executable, "-m", "lightning_bridge.experiment._slurm_job"]
+        command = [sys.executable, "-m", JOB_MODULE]
         command.append(str(trial.run_file))
         lines = [
             "#!/bin/bash",
@@ -325,8 +399,15 @@ class SlurmLauncher(Launcher):
             what=f"trial {trial.trial_id}'s job",
         )
 
-    def start(self, registry: Registry, plan: _runner.Plan, trial: _runner.TrialRun) -> SlurmJob:
-        """Submit a search's trial; the job, for its worker to follow."""
+    def start(
+        self,
+        registry: Registry,
+        plan: _runner.Plan,
+        trial: _runner.TrialRun,
+        devices: Sequence[str] = (),
+    ) -> SlurmJob:
+        """Submit a search's trial; the job, for its worker to follow (Slurm places it:
+        `devices` is not this machine's to give)."""
         job_id, output = self.submit(plan, trial)
         registry.job_submitted(trial.trial_id, self.name, job_id, str(output))
         return SlurmJob(job_id, registry.workspace.root, trial.trial_id)
@@ -367,28 +448,38 @@ class SlurmLauncher(Launcher):
                 else:
                     print(f"Cancelling Slurm job {job_id}", flush=True)
 
-        previous: dict[int, Any] = {}
-        if threading.current_thread() is threading.main_thread():
-            previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-        last: JobInfo | None = None
-        try:
-            while True:
-                info = job_info(job_id)
-                if info is None:
-                    registry.job_state(trial_id, "GONE", "no longer known to Slurm")
-                    break
-                if info != last:
-                    registry.job_state(trial_id, info.state, info.reason, info.restarts)
-                    if last is not None and info.restarts > last.restarts:
-                        logger.info("Slurm job %s was requeued (%s)", job_id, info.reason)
-                    last = info
-                if not info.live:
-                    break
-                time.sleep(POLL_S)
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
+        with handling(on_signal):
+            follow_job(job_id, _recorder(registry, trial_id, job_id, say_requeued=True))
         return bool(signals)
+
+
+class RunningJob(RunningTrial):
+    """A recorded trial's live Slurm job, as `experiment pause | kill` reaches it."""
+
+    def __init__(self, job_id: str) -> None:
+        self.job_id = job_id
+        self.key = f"Slurm job {job_id}"
+
+    def stop(self, registry: Registry, trial_id: int, kill: bool, signal_it: bool) -> str:
+        info = job_info(self.job_id)
+        if not kill and info is not None and info.state == "PENDING":
+            # Nothing runs yet that could checkpoint: the trial is recorded paused first (so
+            # its coordinator takes the job's end for a pause), then its job is cancelled;
+            # `continue` submits it again.
+            registry.trial_ended(
+                trial_id,
+                TrialState.STOPPED,
+                f"paused while its Slurm job {self.job_id} was pending",
+                if_active=True,
+            )
+            signal_job(self.job_id, None)
+            return f"{self.key}, pending: cancelled"
+        if signal_it:
+            signal_job(self.job_id, None if kill else signal.SIGTERM)
+        return self.key
+
+    def wait_stopped(self) -> None:
+        follow_job(self.job_id, timeout=120, interval=0.5)
 
 
 class SlurmJob:
@@ -402,19 +493,9 @@ class SlurmJob:
         self._trial_id = trial_id
 
     def wait(self) -> int:
-        last: JobInfo | None = None
         with Registry(self._workspace) as registry:  # this thread's own connection
-            while True:
-                info = job_info(self.job_id)
-                if info is None:
-                    registry.job_state(self._trial_id, "GONE", "no longer known to Slurm")
-                    return 1
-                if info != last:
-                    registry.job_state(self._trial_id, info.state, info.reason, info.restarts)
-                    last = info
-                if not info.live:
-                    return 0 if info.state == "COMPLETED" else 1
-                time.sleep(POLL_S)
+            info = follow_job(self.job_id, _recorder(registry, self._trial_id, self.job_id))
+        return 0 if info is not None and info.state == "COMPLETED" else 1
 
     def send_signal(self, sig: int) -> None:
         signal_job(self.job_id, None if sig == signal.SIGKILL else sig)

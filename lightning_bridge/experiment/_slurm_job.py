@@ -1,7 +1,9 @@
-"""What a trial's Slurm job runs: `python -m lightning_bridge.experiment._slurm_job RUN_FILE`.
+"""What a trial's Slurm job runs: `python -m lightning_bridge.experiment.slurm_job RUN_FILE`
+(job scripts written before name this module, `..._slurm_job`, which runs the same `main`).
 
-It trains the trial of the run description as `lightning-bridge _trial RUN_FILE` does, with
-three things of its own:
+It trains the trial of the run description as `lightning-bridge _trial RUN_FILE` does, from
+the run description and the trial runner alone (not through the command line), with a few
+things of its own:
 
 - A requeued job (`SLURM_RESTART_COUNT` > 0: `scontrol requeue`, a preemption, a node lost)
   continues from the trial's latest durable checkpoint, as `experiment continue` would: the
@@ -26,15 +28,19 @@ three things of its own:
   the batch, checkpoint) and then requeues the job, which continues from that checkpoint.
 - A search's trial stopped because its job is requeued (the time limit's signal above, or
   `scontrol requeue` / a preemption: Slurm counted the restart before it sent SIGTERM) keeps
-  its search trial (`continues_in_place`): the requeued job continues it, and the search's
+  its search trial: the requeued job continues it, and the search's
   coordinator, still following the same job, starts no other. Any other stop (`experiment
   pause`, the coordinator's Ctrl-C: SIGTERM without a restart) gives the trial back.
   Either signal during start-up (`experiment pause` of a trial still importing) waits until
   the fit catches SIGTERM: the trial stops after its first batch instead of dying unrecorded.
 - A trial that failed requeues the job while its restarts are under `max_restarts`, and
   the requeued job continues it from its latest checkpoint. A search's trial that failed so
-  keeps its search trial too (`continues_in_place`); only its last failure (no restarts
-  left) closes it as failed in the search.
+  keeps its search trial too; only its last failure (no restarts left) closes it as failed
+  in the search. The job decides both and says so through the environment it exports to
+  every process of its trial (`SlurmJobEnvironment`): a script entrypoint's process, or
+  torchrun's ranks, answer as a trial class trained in the job's own process does; the time
+  limit's signal, which only the job receives, is noted in a file beside the run description
+  (`TIME_SHORT_NOTE`) for them.
 """
 
 from __future__ import annotations
@@ -55,14 +61,18 @@ from typing import Any
 
 from lightning_bridge._errors import BridgeError
 from lightning_bridge.experiment._checkpoints import fetch, settle_checkpoints
-from lightning_bridge.experiment._slurm import HOOK_ENV, UNREACHABLE, job_info
+from lightning_bridge.experiment._exit_codes import EXIT_UNREACHABLE, guarded
+from lightning_bridge.experiment._slurm import HOOK_ENV, UNREACHABLE
 from lightning_bridge.record._registry import Registry
 from lightning_bridge.record._schema import TrialState
 from lightning_bridge.record._settings import WorkspaceSettings
 from lightning_bridge.record._workspace import Workspace
 from lightning_bridge.translation._run_description import RunDescription
+from lightning_bridge.translation._trial_environment import SlurmJobEnvironment, is_chief
 
-EXIT_UNREACHABLE = 3
+# The file (beside the run description, per job and run) the job notes its time limit's signal
+# in, for every process of its trial (`SlurmJobEnvironment`).
+TIME_SHORT_NOTE = "time-limit-signal"
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
@@ -124,10 +134,6 @@ def task_environment(environ: Mapping[str, str]) -> dict[str, str]:
     return out
 
 
-def _chief() -> bool:
-    return int(os.environ.get("SLURM_PROCID", "0") or 0) == 0
-
-
 def _continue_from_latest(run_file: pathlib.Path) -> None:
     """Name the trial's latest durable checkpoint in its run description (a requeued job)."""
     run = RunDescription.read(run_file)
@@ -148,19 +154,6 @@ def _requeue(reason: str) -> None:
     if job:
         print(f"lightning-bridge: requeueing Slurm job {job} ({reason})", flush=True)
         subprocess.run(["scontrol", "requeue", job], check=False)
-
-
-def requeued_by_slurm(job_id: str | None, restarts: int) -> str | None:
-    """Why this job runs again after its trial stopped: Slurm counts a requeue (`scontrol
-    requeue`, a preemption) in the job's `Restarts` before it signals the job, so a count
-    above this run's (`SLURM_RESTART_COUNT`) means the job is being requeued. None when it
-    is not (a pause, a cancellation) or Slurm does not say."""
-    if not job_id:
-        return None
-    info = job_info(job_id)
-    if info is None or info.restarts <= restarts:
-        return None
-    return f"Slurm job {job_id} is requeued (restart {info.restarts}) and continues it"
 
 
 def _stop_when_training(trained: threading.Event, ours: Any) -> None:
@@ -219,7 +212,23 @@ def run_hook_for_tasks(run_file: pathlib.Path) -> int:
     return 0
 
 
+def _train(run_file: pathlib.Path) -> int:
+    """Train the trial of the run description, as `lightning-bridge _trial RUN_FILE` does but
+    without the command line: the bridge's logging, then the trial runner; its exit code."""
+    from lightning_bridge import _logging
+    from lightning_bridge.experiment._experiments import run_from_file
+
+    _logging.configure()
+    try:
+        return guarded(lambda: run_from_file(run_file))
+    except KeyboardInterrupt:  # outside training: a fit stops on SIGINT by itself
+        print("lightning-bridge: interrupted (no training was running)", file=sys.stderr)
+        return 128 + signal.SIGINT
+
+
 def main(argv: list[str]) -> int:
+    """The job: `RUN_FILE` (a task of it), or `--before-tasks RUN_FILE` (the batch shell of a
+    job across nodes); its exit code."""
     restarts = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
     if argv[0] == "--before-tasks":  # the batch shell of a job across nodes
         run_file = pathlib.Path(argv[1]).resolve()
@@ -233,49 +242,41 @@ def main(argv: list[str]) -> int:
             return code
     else:  # one task per process: the record's writer is rank 0 (`run_from_file`)
         os.environ.update(task_environment(os.environ))
+    job_id = os.environ.get("SLURM_JOB_ID")
+    described = RunDescription.read(run_file)
+    max_restarts = int(described.raw_config.get("max_restarts", 5) or 0)
+    # This job decides whether its trial keeps its search trial: every process of the trial
+    # (a script entrypoint's too) asks this environment, inherited from here.
+    environment = SlurmJobEnvironment(
+        job_id=job_id or "",
+        restart_count=restarts,
+        max_restarts=max_restarts,
+        time_short="SIGUSR1",
+        signal_note=str(run_file.with_name(f"{TIME_SHORT_NOTE}.{job_id}.{restarts}")),
+    )
+    environment.export_to(os.environ)
     received: list[int] = []  # the first stop signal: SIGUSR1 (time limit) or SIGTERM
     trained = threading.Event()  # the trial's command returned: nothing left to stop
 
     def on_signal(signum: int, frame: Any) -> None:
         if not received:
             received.append(signum)
+            if signum == environment.time_short_signal:
+                environment.note_time_short()
             stop = threading.Thread(target=_stop_when_training, args=(trained, on_signal))
             stop.daemon = True
             stop.start()
 
     for sig in (signal.SIGUSR1, signal.SIGTERM):  # the fit's own SIGTERM handler comes later
         signal.signal(sig, on_signal)
-    job_id = os.environ.get("SLURM_JOB_ID")
-
-    described = RunDescription.read(run_file)
-    max_restarts = int(described.raw_config.get("max_restarts", 5) or 0)
-
-    def runs_again() -> str | None:
-        if received == [signal.SIGUSR1]:  # this job requeues itself once the trial stopped
-            return f"its time limit is near: Slurm job {job_id} requeues itself and continues it"
-        return requeued_by_slurm(job_id, restarts)
-
-    def runs_again_after_failure() -> str | None:
-        if not job_id or restarts >= max_restarts:
-            return None
-        return (
-            f"Slurm job {job_id} requeues itself after the failure (restart {restarts + 1} "
-            f"of max_restarts {max_restarts}) and continues it"
-        )
-
-    if described.search is not None:
-        from lightning_bridge.translation._search_report import continues_in_place
-
-        continues_in_place(runs_again, runs_again_after_failure)
-    from lightning_bridge.experiment._cli import main as cli
 
     try:
-        code = cli(["_trial", str(run_file)])
+        code = _train(run_file)
     except SystemExit as exc:  # the fit's own exit once a signal stopped it
         code = exc.code if isinstance(exc.code, int) else 1
     finally:
         trained.set()
-    if not _chief():
+    if not is_chief():  # one task (or process) reads how the trial ended
         return code
     run = RunDescription.read(run_file)
     assert run.record is not None
@@ -283,7 +284,7 @@ def main(argv: list[str]) -> int:
         state = registry.trial(run.record.trial_id).state
     if received == [signal.SIGUSR1] and state == TrialState.STOPPED.value:
         _requeue("its time limit is near: the trial checkpointed")
-    elif code != 0 and runs_again_after_failure() is not None:
+    elif code != 0 and environment.keeps_search_trial(failed=True) is not None:
         _requeue(f"the trial failed; restart {restarts + 1} of max_restarts {max_restarts}")
     return code
 

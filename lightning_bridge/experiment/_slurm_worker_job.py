@@ -23,7 +23,8 @@ from typing import Any
 
 from lightning_bridge._errors import BridgeError
 from lightning_bridge.experiment._config import parse_config
-from lightning_bridge.experiment._search import _launched_by, _source, storage_of
+from lightning_bridge.experiment._exit_codes import EXIT_UNREACHABLE
+from lightning_bridge.experiment._search import _launched_by, _source, search_storage_url
 from lightning_bridge.experiment._search_run import SearchRun, SearchStorageUnavailable
 from lightning_bridge.experiment._search_storage import check_search_storage
 from lightning_bridge.experiment._slurm import UNREACHABLE, _slurm
@@ -31,8 +32,6 @@ from lightning_bridge.experiment._slurm_job import _requeue
 from lightning_bridge.record._registry import Registry
 from lightning_bridge.search import SearchDriver
 from lightning_bridge.search._storage import import_optuna
-
-EXIT_UNREACHABLE = 3
 
 
 def main(argv: list[str]) -> int:
@@ -50,7 +49,7 @@ def main(argv: list[str]) -> int:
         registry = Registry(args.workspace)
         experiment = registry.experiment(args.experiment_id)
         search = experiment.options["search"]
-        storage = storage_of(registry, args.experiment_id, search)
+        storage = search_storage_url(registry, args.experiment_id, search)
         import_optuna()
         check_search_storage(storage, str(search["name"]))
     except Exception as exc:  # noqa: BLE001 - the drivers' own errors too

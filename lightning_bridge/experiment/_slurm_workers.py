@@ -34,14 +34,14 @@ import pathlib
 import shlex
 import signal
 import sys
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
-from lightning_bridge._errors import InvalidArgumentError
 from lightning_bridge.experiment import _runner
 from lightning_bridge.experiment._config import ResolvedConfig
+from lightning_bridge.experiment._search_storage import StorageOutage
+from lightning_bridge.experiment._signals import handling
 from lightning_bridge.experiment._slurm import (
     POLL_S,
     JobInfo,
@@ -60,23 +60,11 @@ from lightning_bridge.search import SearchDriver
 
 
 def check_worker_jobs(plan: _runner.Plan, count: int | None) -> None:
-    """Refuse `--worker-jobs` where it cannot apply, before anything is recorded."""
-    if count is None:
-        return
-    if plan.options.launcher != "slurm":
-        raise InvalidArgumentError(
-            "--worker-jobs runs a search's trials in Slurm jobs; add --launcher slurm (on this "
-            "machine a search already starts its trials from one warm process)"
-        )
-    if count < 1:
-        raise InvalidArgumentError(f"--worker-jobs: expected a positive count, got {count}")
-    settings = SlurmSettings.of(plan)
-    if settings.nodes > 1:
-        raise InvalidArgumentError(
-            f"--worker-jobs: a trial of {settings.slots} slots spans {settings.nodes} nodes "
-            f"(slurm.slots_per_node {settings.slots_per_node}), and a worker job runs trials "
-            "on one node; leave --worker-jobs out (each trial is then a job of its own)"
-        )
+    """Refuse `--worker-jobs` where it cannot apply, before anything is recorded (the plan's
+    launcher says: only the Slurm launcher has worker jobs)."""
+    from lightning_bridge.experiment._launchers import launcher_for
+
+    launcher_for(plan.options.launcher).check_worker_jobs(plan, count)
 
 
 @dataclasses.dataclass
@@ -119,8 +107,7 @@ class WorkerJobs:
         self._signals = 0
         self._stopped_because: str | None = None
         self.storage = storage
-        self._reopen = False
-        self._away_since: float | None = None
+        self._outage = StorageOutage()
 
     # ----- submitting -----
 
@@ -161,11 +148,7 @@ class WorkerJobs:
 
         launcher = SlurmLauncher()
         launcher.check(self.plan)
-        previous: dict[int, Any] = {}
-        if threading.current_thread() is threading.main_thread():
-            stops = (signal.SIGINT, signal.SIGTERM)
-            previous = {s: signal.signal(s, self._on_signal) for s in stops}
-        try:
+        with handling(self._on_signal):
             try:
                 for number in range(self.count):
                     if self._signals:
@@ -179,9 +162,6 @@ class WorkerJobs:
                 self._turn_through_outages()
                 time.sleep(POLL_S)
             self._relay()
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
         if self.unreachable is not None:
             raise SearchStorageUnavailable(self.unreachable)
         finished = self.driver.is_finished()
@@ -194,24 +174,18 @@ class WorkerJobs:
         restarting): the jobs go on meanwhile; its connections are opened anew, and a job's
         end is handled once the storage is back. Away longer than `RETRY_S`: the error."""
         try:
-            if self._reopen:
+            if self._outage.reopen():
                 self.driver = SearchDriver(self.storage, self.driver.name)
-                self._reopen = False
             self._turn()
-            self._away_since = None
+            self._outage.back()
         except Exception as exc:
             if not is_unavailable(exc):
                 raise
-            now = time.monotonic()
-            if self._away_since is None:
-                self._away_since = now
+            away = self._outage.away(close=self.driver.close)
+            if away is None:
                 self.say(f"The search storage is unavailable ({reason(exc)}); retrying")
-            elif now - self._away_since > RETRY_S:
+            elif away > RETRY_S:
                 raise
-            if not self._reopen:
-                self._reopen = True
-                with contextlib.suppress(Exception):
-                    self.driver.close()
 
     def _turn(self) -> None:
         """One poll: each job's state (recorded for its trials as it changes), its new

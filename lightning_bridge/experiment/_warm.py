@@ -43,9 +43,10 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import IO, Any, Protocol
+from typing import IO, Any
 
 from lightning_bridge._process import exit_now, pid_alive
+from lightning_bridge.experiment._trial_process import TrialProcess
 
 logger = logging.getLogger("lightning_bridge")
 
@@ -79,19 +80,6 @@ PRELOAD = (
 # cold import of MLflow's client takes 4-8 s), preloaded when the record is mirrored.
 MIRROR_PRELOAD = ("?mlflow", "?mlflow.tracking", "lightning_bridge.tracking._mirror")
 _PR_SET_PDEATHSIG = 1
-
-
-class TrialProcess(Protocol):
-    """What the worker needs of a trial's process (`subprocess.Popen` has it)."""
-
-    @property
-    def pid(self) -> int: ...
-
-    def wait(self) -> int: ...
-
-    def poll(self) -> int | None: ...
-
-    def send_signal(self, sig: int) -> None: ...
 
 
 class WarmTrial:

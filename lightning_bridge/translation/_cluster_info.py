@@ -11,10 +11,9 @@ import os
 from typing import Any
 
 from lightning_bridge.translation._run_description import RunDescription
+from lightning_bridge.translation._trial_environment import NODE_ADDRS_ENV, TrialEnvironment
 
-# The addresses of a trial's nodes in node-rank order, comma-separated, when a launcher spreads
-# it over several (a Slurm job across nodes exports them); unset: one machine.
-NODE_ADDRS_ENV = "LIGHTNING_BRIDGE_NODE_ADDRS"
+__all__ = ["NODE_ADDRS_ENV", "ClusterInfo", "TrialInfo", "get_cluster_info"]
 
 
 class TrialInfo:
@@ -56,9 +55,7 @@ class ClusterInfo:
     def container_addrs(self) -> list[str]:
         """The addresses of the trial's nodes in node-rank order (Determined gave one per
         container): those its launcher names (`NODE_ADDRS_ENV`), else this machine's."""
-        named = os.environ.get(NODE_ADDRS_ENV, "")
-        addrs = [a.strip() for a in named.split(",") if a.strip()]
-        return addrs or ["127.0.0.1"]
+        return TrialEnvironment.current().node_addrs
 
     @property
     def gpu_uuids(self) -> list[str]:

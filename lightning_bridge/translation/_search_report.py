@@ -15,16 +15,16 @@ itself, so the worker that started it has nothing to relay:
 - when the fit ends, the trial is closed in the search: completed, given back (a signal stopped
   it: it resumes from its checkpoint), failed, or ended by InvalidHP (the searcher replaces it
   where Determined's does). A trial stopped by a signal keeps its search trial instead of
-  giving it back when the job that runs it will run it again itself (a Slurm job being
-  requeued: `continues_in_place`), so that no other job is started for it; so does a trial
-  that failed while its job has restarts left (`max_restarts`): only its last failure closes
-  it as failed.
+  giving it back when the process that started it will run it again itself (a Slurm job
+  being requeued), so that no other job is started for it; so does a trial that failed while
+  its job has restarts left (`max_restarts`): only its last failure closes it as failed. The
+  starter decides, and says so through the trial's environment (`TrialEnvironment`), which
+  every process of the trial inherits, a script entrypoint's too.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from typing import Any
 
 from lightning_bridge._errors import TrialRuntimeError, is_invalid_hp
@@ -37,38 +37,19 @@ from lightning_bridge.search import SearchDriver, TrialSpec
 from lightning_bridge.translation._metrics import searcher_value
 from lightning_bridge.translation._observer import FitObserver, FitOutcome, Progress
 from lightning_bridge.translation._run_description import RunDescription
+from lightning_bridge.translation._trial_environment import TrialEnvironment
 
 logger = logging.getLogger("lightning_bridge")
 
 # The time metrics the trial counts itself (batches and epochs are also in every validation).
 _UNITS = ("batches", "epochs", "records")
 
-# Set by the job that runs this process's trial (`continues_in_place`).
-_continues: Callable[[], str | None] | None = None
-_continues_after_failure: Callable[[], str | None] | None = None
 
-
-def continues_in_place(
-    check: Callable[[], str | None] | None,
-    after_failure: Callable[[], str | None] | None = None,
-) -> None:
-    """Whether this process's job will run the trial again itself after a signal stopped it:
-    `check` answers, once the trial has checkpointed, with the reason (a Slurm job being
-    requeued) or None. The trial then keeps its search trial (still running in the search,
-    under the same pull) instead of giving it back, and the job, run again, continues it from
-    its checkpoint. Without a check (None), or when it answers None or fails, the trial is
-    given back, as a pause gives it back. `after_failure` answers the same once the trial
-    failed (the job requeues itself while it has restarts left): the trial keeps its search
-    trial instead of closing it as failed; None, or no answer, closes it."""
-    global _continues, _continues_after_failure
-    _continues, _continues_after_failure = check, after_failure
-
-
-def _continued_by(check: Callable[[], str | None] | None) -> str | None:
-    if check is None:
-        return None
+def _kept_by_starter(failed: bool) -> str | None:
+    """Why the process that started this trial runs it again itself (it keeps its search
+    trial), or None; an environment that cannot tell gives the trial back (or fails it)."""
     try:
-        return check()
+        return TrialEnvironment.current().keeps_search_trial(failed=failed)
     except Exception as exc:  # noqa: BLE001 - a trial given back (or failed) is never lost
         logger.warning("Could not tell whether the job runs the trial again: %s", exc)
         return None
@@ -195,7 +176,7 @@ class SearchReport(FitObserver):
         searcher stopped it (completed), or it asked to stop on its own (`stopped_early`: an
         early exit to the searcher)."""
         if preempted and not self.stopped:
-            reason = _continued_by(_continues)
+            reason = _kept_by_starter(failed=False)
             if reason is not None:
                 self._keep(reason)
             else:
@@ -208,18 +189,18 @@ class SearchReport(FitObserver):
         self._reports.flush()
 
     def _keep(self, reason: str) -> None:
-        """The trial's job runs it again (`continues_in_place`): it stays this trial's, alive
-        in the search, instead of being given back or failed."""
+        """The trial's starter runs it again (`TrialEnvironment.keeps_search_trial`): it stays
+        this trial's, alive in the search, instead of being given back or failed."""
         logger.info("The trial keeps its search trial: %s", reason)
         self._reports.write("the trial's claim", lambda: self.driver.heartbeat(self.trial))
 
     def failed(self, exc: BaseException) -> None:
         """The fit raised `exc`: InvalidHP, an interrupt (given back) or an error (failed in
-        the search, unless its job runs it again: `continues_in_place`)."""
+        the search, unless its starter runs it again: `TrialEnvironment`)."""
         invalid_hp = is_invalid_hp(exc)
         if isinstance(exc, KeyboardInterrupt):
             self._reports.write("the trial's end", lambda: self.driver.pause(self.trial))
-        elif not invalid_hp and (reason := _continued_by(_continues_after_failure)) is not None:
+        elif not invalid_hp and (reason := _kept_by_starter(failed=True)) is not None:
             self._keep(reason)
         else:
             self._reports.write(
