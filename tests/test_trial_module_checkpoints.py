@@ -23,6 +23,7 @@ import torch
 import lightning_bridge as pytorch
 from lightning_bridge.contract import _import_map
 from lightning_bridge.experiment._cli import main
+from lightning_bridge.translation._trial_module import INEXACT_RESTART, RESTARTS_EXACTLY
 from tests._folders import (  # isolated_imports: an autouse fixture
     BASE_CONFIG,
     checkpoint_weights,
@@ -93,12 +94,20 @@ def _same(a: Any, b: Any) -> bool:
     [
         pytest.param(7, pytorch.Batch(17), {"max_steps": 17}, id="mid-epoch-max-steps"),
         pytest.param(10, pytorch.Batch(17), {"max_steps": 17}, id="epoch-end-max-steps"),
-        pytest.param(10, pytorch.Epoch(4), {"max_epochs": 4}, id="epoch-end-max-epochs"),
+        # Lightning 2.4 itself restarts a run's loops one batch late under max_epochs.
+        pytest.param(
+            10,
+            pytorch.Epoch(4),
+            {"max_epochs": 4},
+            id="epoch-end-max-epochs",
+            marks=pytest.mark.skipif(not RESTARTS_EXACTLY, reason=INEXACT_RESTART),
+        ),
         pytest.param(
             7,
             pytorch.Epoch(4),
             {"max_epochs": 4},
             id="mid-epoch-max-epochs",
+            marks=pytest.mark.skipif(not RESTARTS_EXACTLY, reason=INEXACT_RESTART),
         ),
     ],
 )

@@ -56,6 +56,7 @@ from __future__ import annotations
 import contextlib
 import os
 import pathlib
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -87,6 +88,17 @@ from lightning_bridge.translation._payload import trial_payload
 from lightning_bridge.translation._resume import starts_new_run
 from lightning_bridge.translation._trial_data import EpochFeed, FullDatasetPass
 from lightning_bridge.translation._trial_module_refusals import refusal
+
+# Lightning 2.4 restarts its loops from a checkpoint taken inside a run one batch late (a plain
+# LightningModule too: resumed from step 15 of 36 it trains 22 batches and validates at 19, 25,
+# 31 and 37 instead of 18, 24, 30 and 36); Lightning 2.5 counts the restart right.
+RESTARTS_EXACTLY = tuple(int(p) for p in pl.__version__.split(".")[:2]) >= (2, 5)
+INEXACT_RESTART = (
+    f"lightning {pl.__version__} restarts its loops from a checkpoint taken inside a run one "
+    "batch late, for any LightningModule: the continued run trains one batch more and "
+    "validates one batch later than the uninterrupted one. Install lightning>=2.5 for an "
+    "exact continuation."
+)
 
 
 class LightningReports(FitObserver):
@@ -389,6 +401,8 @@ class TrialModule(pl.LightningModule):
             )
         if state.batches_trained <= 0:
             return
+        if not RESTARTS_EXACTLY:
+            warnings.warn(INEXACT_RESTART, stacklevel=2)
         self.core.build_data()  # the epoch length
         frequency = context_setup(self.context).aggregation_frequency
         continue_fit_progress(
@@ -517,4 +531,6 @@ class TrialModule(pl.LightningModule):
         payload = checkpoint.get("lightning_bridge")
         if payload is not None:
             self._restored_by_lightning = True
+            if not RESTARTS_EXACTLY:
+                warnings.warn(INEXACT_RESTART, stacklevel=2)
             self.resume_from(payload, TrialState.from_dict(payload.get("trial_state") or {}))
