@@ -673,10 +673,11 @@ def _dependencies_view(root: pathlib.Path) -> list[pathlib.Path]:
         path = pathlib.Path(item).resolve() if item else None
         if path is None or not path.is_dir() or path == purelib.resolve():
             continue
-        if path.is_relative_to(base) or path.is_relative_to(ROOT.resolve()):
-            continue  # the standard library; this checkout (PYTHONPATH, pytest's rootdir)
-        if (path / "lightning_bridge").exists() or path.is_relative_to(pathlib.Path.cwd()):
-            continue
+        if path.is_relative_to(base):
+            continue  # the standard library
+        if (path / "lightning_bridge").exists():
+            continue  # this checkout (PYTHONPATH, pytest's rootdir); the shared folder of
+            # the test sessions may lie inside it (.nox/_shared) and is kept
         folders.append(path)
     return folders
 
