@@ -14,8 +14,8 @@ import lightning_bridge
 from lightning_bridge import InvalidArgumentError
 from lightning_bridge.contract import _import_map
 from lightning_bridge.experiment._cli import main
-from lightning_bridge.experiment._config import load_config, parse_config
-from lightning_bridge.experiment._entrypoint import Entrypoint, parse_entrypoint
+from lightning_bridge.experiment.config._config import load_config, parse_config
+from lightning_bridge.experiment.config._entrypoint import Entrypoint, parse_entrypoint
 
 
 def _error(config: Any, overrides: list[str] | None = None) -> str:

@@ -47,7 +47,7 @@ def _seeded(config_path: str, overrides: list[str]) -> tuple[list[str], str | No
     names none, as Determined draws one for every experiment: the experiment's record keeps it
     and each trial's seed derives from it. With it, the line that says so (printed once the
     run's checks pass, so the run can be repeated)."""
-    from lightning_bridge.experiment._config import load_config
+    from lightning_bridge.experiment.config._config import load_config
 
     try:
         if load_config(config_path, overrides).model.reproducibility.experiment_seed is not None:

@@ -15,7 +15,6 @@ import sys
 from typing import Any
 
 from lightning_bridge._errors import InvalidArgumentError
-from lightning_bridge.experiment._config import parse_config
 from lightning_bridge.experiment._summary import (
     checkpoint_line,
     format_time,
@@ -23,6 +22,7 @@ from lightning_bridge.experiment._summary import (
     run_summary,
     table,
 )
+from lightning_bridge.experiment.config._config import parse_config
 from lightning_bridge.record._records import Checkpoint, Experiment, Trial, as_dict
 from lightning_bridge.record._registry import Registry, experiment_state
 from lightning_bridge.tracking._mirror import read_link

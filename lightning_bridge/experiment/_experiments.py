@@ -30,10 +30,10 @@ from lightning_bridge.experiment._checkpoints import (
     resolve_resume,
     settle_checkpoints,
 )
-from lightning_bridge.experiment._config import ResolvedConfig, parse_config
 from lightning_bridge.experiment._parent import follow_parent
 from lightning_bridge.experiment._source import warm_start_source
 from lightning_bridge.experiment._workdir import Synced, run_outputs, storage_file, sync
+from lightning_bridge.experiment.config._config import ResolvedConfig, parse_config
 from lightning_bridge.record._registry import Registry
 from lightning_bridge.record._schema import TrialState
 from lightning_bridge.record._workspace import Workspace

@@ -25,7 +25,6 @@ from typing import Any
 from lightning_bridge._errors import BridgeError, InvalidArgumentError
 from lightning_bridge.experiment import _runner
 from lightning_bridge.experiment._checkpoints import Source
-from lightning_bridge.experiment._config import ResolvedConfig, load_config, parse_config
 from lightning_bridge.experiment._exit_codes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from lightning_bridge.experiment._experiments import (
     _options_record,
@@ -37,6 +36,7 @@ from lightning_bridge.experiment._search_storage import check_search_storage
 from lightning_bridge.experiment._slurm_workers import WorkerJobs
 from lightning_bridge.experiment._source import warm_start_source
 from lightning_bridge.experiment._summary import checkpoint_line, format_value, table
+from lightning_bridge.experiment.config._config import ResolvedConfig, load_config, parse_config
 from lightning_bridge.record._registry import Registry
 from lightning_bridge.record._schema import TrialState
 from lightning_bridge.record._workspace import Workspace

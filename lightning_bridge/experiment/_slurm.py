@@ -38,9 +38,9 @@ import pydantic
 
 from lightning_bridge._errors import InvalidArgumentError
 from lightning_bridge.experiment import _experiments, _runner
-from lightning_bridge.experiment._config_schema import SLURM_MESSAGES, SlurmSection
 from lightning_bridge.experiment._launcher import Launcher, RunningTrial
 from lightning_bridge.experiment._signals import handling
+from lightning_bridge.experiment.config._config_schema import SLURM_MESSAGES, SlurmSection
 from lightning_bridge.record._records import Job, Trial
 from lightning_bridge.record._registry import LIVE_JOB_STATES, Registry
 from lightning_bridge.record._schema import TrialState

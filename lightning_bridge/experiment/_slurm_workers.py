@@ -39,7 +39,6 @@ from collections.abc import Callable
 from typing import Any
 
 from lightning_bridge.experiment import _runner
-from lightning_bridge.experiment._config import ResolvedConfig
 from lightning_bridge.experiment._search_storage import StorageOutage
 from lightning_bridge.experiment._signals import handling
 from lightning_bridge.experiment._slurm import (
@@ -53,6 +52,7 @@ from lightning_bridge.experiment._slurm import (
     signal_job,
     unreachable_in,
 )
+from lightning_bridge.experiment.config._config import ResolvedConfig
 from lightning_bridge.record._outage import RETRY_S, is_unavailable, reason
 from lightning_bridge.record._registry import LIVE_JOB_STATES, Registry
 from lightning_bridge.record._schema import TrialState

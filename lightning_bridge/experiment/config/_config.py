@@ -26,8 +26,8 @@ from pydantic import BaseModel
 from lightning_bridge._errors import InvalidArgumentError
 from lightning_bridge.checkpoint._bounded import check_expanded_size
 from lightning_bridge.contract._units import Batch, Epoch, TrainUnit
-from lightning_bridge.experiment._config_errors import as_yaml, config_errors
-from lightning_bridge.experiment._config_schema import (
+from lightning_bridge.experiment.config._config_errors import as_yaml, config_errors
+from lightning_bridge.experiment.config._config_schema import (
     IGNORED_KEYS,
     KNOWN_KEYS,
     RETENTION_DEFAULTS,
