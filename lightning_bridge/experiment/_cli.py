@@ -35,8 +35,13 @@ from lightning_bridge._errors import (
     WorkspaceError,
 )
 from lightning_bridge._process import exit_now
-from lightning_bridge.experiment._exit_codes import EXIT_FAILED, EXIT_OK, EXIT_USAGE, guarded
 from lightning_bridge.experiment._parser import build_parser
+from lightning_bridge.experiment.trial_process._exit_codes import (
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_USAGE,
+    guarded,
+)
 from lightning_bridge.translation._trial_environment import is_chief
 
 logger = logging.getLogger("lightning_bridge")
@@ -63,8 +68,8 @@ def _seeded(config_path: str, overrides: list[str]) -> tuple[list[str], str | No
 
 
 def _run(args: argparse.Namespace, from_command_line: bool) -> int:
-    from lightning_bridge.experiment import _runner
     from lightning_bridge.experiment._launchers import default_launcher
+    from lightning_bridge.experiment.trial_process import _plan
     from lightning_bridge.record._workspace import Workspace
 
     try:  # the command line's --launcher, else the workspace's setting, else local
@@ -73,7 +78,7 @@ def _run(args: argparse.Namespace, from_command_line: bool) -> int:
         print(f"lightning-bridge: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     overrides, seed_line = _seeded(args.config, list(args.overrides))
-    options = _runner.Options(
+    options = _plan.Options(
         overrides=overrides,
         test_mode=bool(args.test),
         resume=args.resume,
@@ -93,7 +98,7 @@ def _run(args: argparse.Namespace, from_command_line: bool) -> int:
         if searched is not None:
             return searched
     try:
-        plan = _runner.prepare(args.config, args.context_dir, options)
+        plan = _plan.prepare(args.config, args.context_dir, options)
         if options.worker_jobs is not None:
             raise InvalidArgumentError(
                 "--worker-jobs runs a search's trials in Slurm worker jobs, and this run "
@@ -107,7 +112,7 @@ def _run(args: argparse.Namespace, from_command_line: bool) -> int:
         from lightning_bridge.record._registry import Registry
 
         launcher = preflight(plan, Workspace(args.workspace), new=True, engine=True)
-        warning = _runner.unused_warning(plan, launcher.config_keys)
+        warning = _plan.unused_warning(plan, launcher.config_keys)
     except BridgeError as exc:
         print(f"lightning-bridge: error: {exc}", file=sys.stderr)
         return EXIT_USAGE

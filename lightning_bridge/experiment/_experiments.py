@@ -22,7 +22,6 @@ from lightning_bridge import _logging
 from lightning_bridge._errors import InvalidArgumentError
 from lightning_bridge.checkpoint._code import check_size
 from lightning_bridge.checkpoint._storage_config import check_backend, storage_from_config
-from lightning_bridge.experiment import _runner
 from lightning_bridge.experiment._checkpoints import (
     Source,
     apply_experiment_retention,
@@ -30,10 +29,11 @@ from lightning_bridge.experiment._checkpoints import (
     resolve_resume,
     settle_checkpoints,
 )
-from lightning_bridge.experiment._parent import follow_parent
 from lightning_bridge.experiment._source import warm_start_source
 from lightning_bridge.experiment._workdir import Synced, run_outputs, storage_file, sync
 from lightning_bridge.experiment.config._config import ResolvedConfig, parse_config
+from lightning_bridge.experiment.trial_process import _plan
+from lightning_bridge.experiment.trial_process._parent import follow_parent
 from lightning_bridge.record._registry import Registry
 from lightning_bridge.record._schema import TrialState
 from lightning_bridge.record._workspace import Workspace
@@ -50,7 +50,7 @@ def continue_command(workspace: Workspace, experiment_id: int) -> str:
     return command
 
 
-def check_storage(plan: _runner.Plan) -> None:
+def check_storage(plan: _plan.Plan) -> None:
     """The configured checkpoint storage is usable: its back end is installed and it takes a
     write (before anything trains)."""
     storage = plan.config.model.checkpoint_storage
@@ -61,7 +61,7 @@ def check_storage(plan: _runner.Plan) -> None:
         storage_from_config(section, plan.context_dir).probe()
 
 
-def check_code(plan: _runner.Plan, workspace: Workspace, *written: pathlib.Path) -> None:
+def check_code(plan: _plan.Plan, workspace: Workspace, *written: pathlib.Path) -> None:
     """What every checkpoint copies into `code/` fits Determined's bound (before anything
     trains); the workspace, the checkpoint storage and `written` (a search's storage file) are
     never part of it."""
@@ -69,7 +69,7 @@ def check_code(plan: _runner.Plan, workspace: Workspace, *written: pathlib.Path)
     check_size(plan.context_dir, exclude=skipped)
 
 
-def prepare_work_dir(plan: _runner.Plan, trial: _runner.TrialRun) -> Synced | None:
+def prepare_work_dir(plan: _plan.Plan, trial: _plan.TrialRun) -> Synced | None:
     """Make (or bring up to date) a search trial's own copy of the experiment folder, where its
     hook and entrypoint run (`_workdir`); None for a single trial, which runs in the folder."""
     if trial.work_dir is None:
@@ -84,7 +84,7 @@ def prepare_work_dir(plan: _runner.Plan, trial: _runner.TrialRun) -> Synced | No
 
 
 def run_trial(
-    registry: Registry, plan: _runner.Plan, trial: _runner.TrialRun, relaunch: bool = False
+    registry: Registry, plan: _plan.Plan, trial: _plan.TrialRun, relaunch: bool = False
 ) -> int:
     """Run one trial; record how it ended unless its process did; return the exit code.
 
@@ -101,7 +101,7 @@ def run_trial(
         plan.config.model.entrypoint,
         trial.working_dir(plan),
         plan.config.model.reproducibility.experiment_seed,
-        _runner.trial_seed(plan, trial),
+        _plan.trial_seed(plan, trial),
     )
     if trial.latest_checkpoint:
         logger.info("Continuing from checkpoint %s", trial.latest_checkpoint)
@@ -116,7 +116,7 @@ def run_trial(
                 synced.path,
                 synced.describe(),
             )
-        code = _runner.execute(plan, trial)
+        code = _plan.execute(plan, trial)
     except KeyboardInterrupt:
         registry.trial_ended(trial.trial_id, TrialState.STOPPED, "interrupted", if_active=True)
         ended = True
@@ -143,7 +143,7 @@ def run_trial(
     return code
 
 
-def _end(registry: Registry, trial: _runner.TrialRun, code: int) -> None:
+def _end(registry: Registry, trial: _plan.TrialRun, code: int) -> None:
     if code == 0:
         registry.trial_ended(trial.trial_id, TrialState.COMPLETED, if_active=True)
     else:
@@ -157,7 +157,7 @@ def _end(registry: Registry, trial: _runner.TrialRun, code: int) -> None:
             logger.info("Removed checkpoint %s (checkpoint_storage retention)", uuid)
 
 
-def _options_record(options: _runner.Options) -> dict[str, Any]:
+def _options_record(options: _plan.Options) -> dict[str, Any]:
     """The options `experiment continue` repeats (the overrides are in the recorded config)."""
     kept = dataclasses.asdict(options)
     kept.pop("overrides", None)
@@ -167,10 +167,10 @@ def _options_record(options: _runner.Options) -> dict[str, Any]:
 
 def start_experiment(
     registry: Registry,
-    plan: _runner.Plan,
+    plan: _plan.Plan,
     config_path: pathlib.Path,
     resume: str | None = None,
-) -> tuple[int, _runner.TrialRun]:
+) -> tuple[int, _plan.TrialRun]:
     """Record a new experiment with one trial for `plan`; fetch the checkpoint it starts from:
     `--resume`'s (continued), else the searcher's source checkpoint (a warm start)."""
     warm = None
@@ -192,7 +192,7 @@ def start_experiment(
         smaller_is_better=conf.model.searcher.smaller_is_better,
     )
     workspace = registry.workspace
-    trial = _runner.TrialRun(
+    trial = _plan.TrialRun(
         workspace=workspace.root,
         experiment_id=experiment_id,
         trial_id=0,
@@ -200,7 +200,7 @@ def start_experiment(
         continue_command=continue_command(workspace, experiment_id),
         warm_start=warm,
     )
-    trial.seed = _runner.trial_seed(plan, trial)
+    trial.seed = _plan.trial_seed(plan, trial)
     trial.trial_id = registry.create_trial(
         experiment_id,
         hparams=conf.hparams,
@@ -217,20 +217,20 @@ def start_experiment(
     return experiment_id, trial
 
 
-def recorded_plan(registry: Registry, experiment_id: int, hparams: dict[str, Any]) -> _runner.Plan:
+def recorded_plan(registry: Registry, experiment_id: int, hparams: dict[str, Any]) -> _plan.Plan:
     """The plan of a recorded experiment (its config as it ran) for one of its trials."""
     experiment = registry.experiment(experiment_id)
     resolved = parse_config(experiment.config)
     config = ResolvedConfig(resolved.raw, resolved.model, resolved.space, hparams)
     folder = pathlib.Path(experiment.context_dir)
-    return _runner.prepare_config(config, folder, _runner.Options.from_record(experiment.options))
+    return _plan.prepare_config(config, folder, _plan.Options.from_record(experiment.options))
 
 
 def continue_experiment(
     registry: Registry,
     experiment_id: int,
     relaunch: bool = False,
-    run: Callable[[Registry, _runner.Plan, _runner.TrialRun, bool], int] | None = None,
+    run: Callable[[Registry, _plan.Plan, _plan.TrialRun, bool], int] | None = None,
 ) -> tuple[int, list[int]]:
     """Run each unfinished trial of an experiment from its latest complete checkpoint (from
     the start if it has none), through `run` (a launcher's; default: on this machine).
@@ -248,7 +248,7 @@ def continue_experiment(
     code = 0
     for recorded in unfinished:
         plan = recorded_plan(registry, experiment_id, recorded.hparams)
-        trial = _runner.TrialRun(
+        trial = _plan.TrialRun(
             workspace=registry.workspace.root,
             experiment_id=experiment_id,
             trial_id=recorded.id,
@@ -292,9 +292,9 @@ def run_from_file(run_file: pathlib.Path) -> int:
         )
     resolved = parse_config(run.raw_config)
     config = ResolvedConfig(resolved.raw, resolved.model, resolved.space, run.hparams)
-    plan = _runner.prepare_config(config, run.context_dir, _runner.Options.from_record(run.options))
+    plan = _plan.prepare_config(config, run.context_dir, _plan.Options.from_record(run.options))
     workspace = Workspace(run.record.workspace)
-    trial = _runner.TrialRun(
+    trial = _plan.TrialRun(
         workspace=workspace.root,
         experiment_id=run.record.experiment_id,
         trial_id=run.record.trial_id,
@@ -306,6 +306,6 @@ def run_from_file(run_file: pathlib.Path) -> int:
         search=run.search,
     )
     if not is_chief():
-        return _runner.execute(plan, trial)
+        return _plan.execute(plan, trial)
     with Registry(workspace) as registry:
         return run_trial(registry, plan, trial)

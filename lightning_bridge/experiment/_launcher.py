@@ -32,10 +32,11 @@ from typing import ClassVar
 
 from lightning_bridge._errors import InvalidArgumentError
 from lightning_bridge._process import pid_alive
-from lightning_bridge.experiment import _experiments, _runner
-from lightning_bridge.experiment._parent import PARENT_ENV
+from lightning_bridge.experiment import _experiments
 from lightning_bridge.experiment._trial_process import TrialProcess
 from lightning_bridge.experiment._warm import WarmStarter
+from lightning_bridge.experiment.trial_process import _plan
+from lightning_bridge.experiment.trial_process._parent import PARENT_ENV
 from lightning_bridge.record._filesystem import network_filesystem
 from lightning_bridge.record._records import Job, Trial
 from lightning_bridge.record._registry import Registry
@@ -105,19 +106,19 @@ class Launcher(abc.ABC):
     # Config keys this launcher reads besides those every run reads (not reported unused).
     config_keys: ClassVar[tuple[str, ...]] = ()
 
-    def capacity(self, options: _runner.Options, processes: int) -> tuple[int, list[str]]:
+    def capacity(self, options: _plan.Options, processes: int) -> tuple[int, list[str]]:
         """How many of a search's trials (of `processes` processes each) this launcher runs
         at once from one worker, and the GPUs it shares out among them (`start`'s
         `devices`); a launcher whose scheduler places trials: as many as the searcher
         allows."""
         return 1 << 16, []
 
-    def allows(self, plan: _runner.Plan, force: bool) -> bool:
+    def allows(self, plan: _plan.Plan, force: bool) -> bool:
         """Whether the run may go on as planned on the machine it lands on (`force`: the
         user accepted a slower run); a launcher whose scheduler places trials: always."""
         return True
 
-    def check_worker_jobs(self, plan: _runner.Plan, count: int | None) -> None:
+    def check_worker_jobs(self, plan: _plan.Plan, count: int | None) -> None:
         """Refuse `--worker-jobs` (`count`) where it cannot apply, before anything is
         recorded: only a launcher with worker jobs takes it."""
         if count is None:
@@ -127,7 +128,7 @@ class Launcher(abc.ABC):
             "machine a search already starts its trials from one warm process)"
         )
 
-    def check(self, plan: _runner.Plan) -> None:  # noqa: B027 - most launchers need nothing
+    def check(self, plan: _plan.Plan) -> None:  # noqa: B027 - most launchers need nothing
         """Refuse a plan this launcher cannot run (InvalidArgumentError), before anything is
         recorded or submitted."""
 
@@ -157,8 +158,8 @@ class Launcher(abc.ABC):
     def start(
         self,
         registry: Registry,
-        plan: _runner.Plan,
-        trial: _runner.TrialRun,
+        plan: _plan.Plan,
+        trial: _plan.TrialRun,
         devices: Sequence[str] = (),
     ) -> TrialProcess:
         """Start a search's recorded trial and return at once, its handle (the search's
@@ -180,8 +181,8 @@ class Launcher(abc.ABC):
     def run_trial(
         self,
         registry: Registry,
-        plan: _runner.Plan,
-        trial: _runner.TrialRun,
+        plan: _plan.Plan,
+        trial: _plan.TrialRun,
         relaunch: bool = False,
     ) -> int:
         """Run one recorded trial to its end; its exit code (0: completed or stopped)."""
@@ -217,15 +218,15 @@ class LocalLauncher(Launcher):
     def start(
         self,
         registry: Registry,
-        plan: _runner.Plan,
-        trial: _runner.TrialRun,
+        plan: _plan.Plan,
+        trial: _plan.TrialRun,
         devices: Sequence[str] = (),
     ) -> TrialProcess:
         """The trial's process (`lightning-bridge _trial RUN_FILE`) in its own copy of the
         folder, its output in the trial's `output.log`, ended with the process that started
         it (`PARENT_ENV`)."""
         trial.trial_dir.mkdir(parents=True, exist_ok=True)
-        _runner.describe_run(plan, trial).write(trial.run_file)
+        _plan.describe_run(plan, trial).write(trial.run_file)
         _experiments.prepare_work_dir(plan, trial)  # the trial's process starts in its copy
         env = {k: v for k, v in os.environ.items() if k != ENV_VAR}
         env[PARENT_ENV] = str(os.getpid())
@@ -243,13 +244,13 @@ class LocalLauncher(Launcher):
             return None
         return ProcessOnThisMachine(trial.pid)
 
-    def capacity(self, options: _runner.Options, processes: int) -> tuple[int, list[str]]:
+    def capacity(self, options: _plan.Options, processes: int) -> tuple[int, list[str]]:
         """Whole sets of `processes` GPUs of this machine, else of its CPU cores."""
         from lightning_bridge.experiment._machine_capacity import trials_at_once
 
         return trials_at_once(options.accelerator, options.devices, processes)
 
-    def allows(self, plan: _runner.Plan, force: bool) -> bool:
+    def allows(self, plan: _plan.Plan, force: bool) -> bool:
         """More processes than this machine runs side by side: refused for devices, asked
         about (or `force`) for CPU cores (`_machine_capacity`)."""
         from lightning_bridge.experiment._machine_capacity import oversubscription_allowed
@@ -259,8 +260,8 @@ class LocalLauncher(Launcher):
     def run_trial(
         self,
         registry: Registry,
-        plan: _runner.Plan,
-        trial: _runner.TrialRun,
+        plan: _plan.Plan,
+        trial: _plan.TrialRun,
         relaunch: bool = False,
     ) -> int:
         return _experiments.run_trial(registry, plan, trial, relaunch)

@@ -13,14 +13,15 @@ from __future__ import annotations
 import pathlib
 from collections.abc import Sequence
 
-from lightning_bridge.experiment import _experiments, _runner
+from lightning_bridge.experiment import _experiments
 from lightning_bridge.experiment._launcher import Launcher
 from lightning_bridge.experiment._launchers import launcher_for
+from lightning_bridge.experiment.trial_process import _plan
 from lightning_bridge.record._workspace import Workspace
 
 
 def preflight(
-    plan: _runner.Plan,
+    plan: _plan.Plan,
     workspace: Workspace,
     *,
     new: bool = False,

@@ -23,9 +23,7 @@ import sys
 from typing import Any
 
 from lightning_bridge._errors import BridgeError, InvalidArgumentError
-from lightning_bridge.experiment import _runner
 from lightning_bridge.experiment._checkpoints import Source
-from lightning_bridge.experiment._exit_codes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from lightning_bridge.experiment._experiments import (
     _options_record,
     continue_command,
@@ -37,6 +35,8 @@ from lightning_bridge.experiment._slurm_workers import WorkerJobs
 from lightning_bridge.experiment._source import warm_start_source
 from lightning_bridge.experiment._summary import checkpoint_line, format_value, table
 from lightning_bridge.experiment.config._config import ResolvedConfig, load_config, parse_config
+from lightning_bridge.experiment.trial_process import _plan
+from lightning_bridge.experiment.trial_process._exit_codes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from lightning_bridge.record._registry import Registry
 from lightning_bridge.record._schema import TrialState
 from lightning_bridge.record._workspace import Workspace
@@ -92,7 +92,7 @@ def _source(registry: Registry, config: ResolvedConfig) -> Any:
 
 
 def run_search(
-    args: argparse.Namespace, options: _runner.Options, seed_line: str | None = None
+    args: argparse.Namespace, options: _plan.Options, seed_line: str | None = None
 ) -> int | None:
     """`lightning-bridge run CONFIG` when the config's searcher runs several trials (None
     for a config of one trial, which the ordinary run trains); `seed_line`, printed once the
@@ -114,7 +114,7 @@ def run_search(
             )
         config_file = pathlib.Path(args.config).resolve()
         folder = pathlib.Path(args.context_dir or config_file.parent).resolve()
-        first = _runner.prepare_config(config.first_configuration(), folder, options)
+        first = _plan.prepare_config(config.first_configuration(), folder, options)
         storage = _absolute(args.storage) if args.storage else None
         launcher = preflight(
             first,
@@ -124,7 +124,7 @@ def run_search(
             search_storage=storage,
             written=[pathlib.Path(storage)] if storage else [],
         )
-        warning = _runner.unused_warning(first, launcher.config_keys)
+        warning = _plan.unused_warning(first, launcher.config_keys)
     except BridgeError as exc:
         return _error(exc)
     if seed_line:
@@ -204,7 +204,7 @@ def _serve(
     experiment_id: int,
     config: ResolvedConfig,
     folder: pathlib.Path,
-    options: _runner.Options,
+    options: _plan.Options,
     storage: str,
     source: Source | None,
     lost_after_s: float,
@@ -284,7 +284,7 @@ def search_worker(args: argparse.Namespace) -> int:
         try:
             config = parse_config(info["config"])
             options = _launched_by(info["options"], args.launcher)
-            first = _runner.prepare_config(config.first_configuration(), folder, options)
+            first = _plan.prepare_config(config.first_configuration(), folder, options)
         except BridgeError as exc:
             return _error(
                 f"{exc} (the search's code folder is {folder}; give --context-dir "
@@ -335,13 +335,13 @@ def search_worker(args: argparse.Namespace) -> int:
 
 def _launched_by(
     recorded: dict[str, Any], launcher: str | None, worker_jobs: int | None = None
-) -> _runner.Options:
+) -> _plan.Options:
     """The options a search's trials run with: those the search was started with, its
     launcher and worker jobs among them (not the workspace's default: it is the search's
     choice, as an experiment's own launcher is `experiment continue`'s), unless `launcher`
     (`--launcher`) or `worker_jobs` (`--worker-jobs`) names another (another launcher
     drops the recorded worker jobs)."""
-    options = _runner.Options.from_record(recorded)
+    options = _plan.Options.from_record(recorded)
     if launcher and launcher != options.launcher:
         options = dataclasses.replace(options, launcher=launcher, worker_jobs=None)
     if worker_jobs is not None:
@@ -388,7 +388,7 @@ def continue_search(
         config = parse_config(experiment.config)
         folder = pathlib.Path(experiment.context_dir)
         options = _launched_by(experiment.options, launcher, worker_jobs)
-        first = _runner.prepare_config(config.first_configuration(), folder, options)
+        first = _plan.prepare_config(config.first_configuration(), folder, options)
         preflight(first, registry.workspace, search=True)
         source = _source(registry, config)
         print(f"Experiment {experiment_id}: continuing search {search['name']}", flush=True)

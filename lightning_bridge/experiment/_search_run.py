@@ -33,14 +33,15 @@ from collections.abc import Callable
 from typing import Any
 
 from lightning_bridge._errors import BridgeError
-from lightning_bridge.experiment import _runner, _warm
+from lightning_bridge.experiment import _warm
 from lightning_bridge.experiment._checkpoints import Source, fetch, settle_checkpoints
 from lightning_bridge.experiment._experiments import continue_command
 from lightning_bridge.experiment._launchers import launcher_for
 from lightning_bridge.experiment._search_storage import StorageOutage
-from lightning_bridge.experiment._signals import handling
 from lightning_bridge.experiment._trial_process import TrialProcess
 from lightning_bridge.experiment.config._config import ResolvedConfig
+from lightning_bridge.experiment.trial_process import _plan
+from lightning_bridge.experiment.trial_process._signals import handling
 from lightning_bridge.record._outage import RETRY_S, is_unavailable, reason
 from lightning_bridge.record._postgres import shown
 from lightning_bridge.record._registry import Registry
@@ -66,7 +67,7 @@ class Launched:
     """A trial this worker started: the search's and the record's view, its process."""
 
     spec: TrialSpec
-    run: _runner.TrialRun
+    run: _plan.TrialRun
     process: TrialProcess
     gpus: list[str]
     own_job: bool = False  # a scheduler's job of its own: its output is the job's
@@ -87,7 +88,7 @@ class SearchRun:
         experiment_id: int,
         config: ResolvedConfig,
         context_dir: pathlib.Path,
-        options: _runner.Options,
+        options: _plan.Options,
         storage: str,
         source: Source | None = None,
         lost_after_s: float = LOST_AFTER_S,
@@ -115,7 +116,7 @@ class SearchRun:
         self._host_key = f"record@{socket.gethostname()}:{self.workspace.root}"
         shared = WorkspaceSettings.read(self.workspace.root).record
         self.note_key = f"record@{shown(shared)}" if shared else self._host_key
-        first = _runner.prepare_config(config.first_configuration(), context_dir, options)
+        first = _plan.prepare_config(config.first_configuration(), context_dir, options)
         self.processes = first.processes
         self.launcher = launcher_for(options.launcher)
         # On a cluster the scheduler places the trials (the searcher bounds how many run).
@@ -274,7 +275,7 @@ class SearchRun:
 
     # ----- one trial -----
 
-    def _record(self, spec: TrialSpec) -> _runner.TrialRun:
+    def _record(self, spec: TrialSpec) -> _plan.TrialRun:
         """The trial's record in this workspace: a new trial of the experiment, or (a trial
         given back earlier) the one this workspace already has, continued from its latest
         checkpoint."""
@@ -293,7 +294,7 @@ class SearchRun:
             self.driver.note(
                 spec, self.note_key, {"experiment_id": self.experiment_id, "trial_id": trial_id}
             )
-        trial = _runner.TrialRun(
+        trial = _plan.TrialRun(
             workspace=self.workspace.root,
             experiment_id=self.experiment_id,
             trial_id=trial_id,
@@ -322,7 +323,7 @@ class SearchRun:
     def _launch(self, spec: TrialSpec) -> None:
         trial = self._record(spec)
         config = ResolvedConfig(self.config.raw, self.config.model, self.config.space, spec.hparams)
-        plan = _runner.prepare_config(config, self.context_dir, self.options)
+        plan = _plan.prepare_config(config, self.context_dir, self.options)
         gpus: list[str] = []
         if self._gpus:
             taken = {g for launched in self.running.values() for g in launched.gpus}
@@ -358,7 +359,7 @@ class SearchRun:
     def _start(
         self,
         spec: TrialSpec,
-        trial: _runner.TrialRun,
+        trial: _plan.TrialRun,
         process: TrialProcess,
         gpus: list[str],
         own_job: bool = False,

@@ -37,10 +37,11 @@ from typing import Any
 import pydantic
 
 from lightning_bridge._errors import InvalidArgumentError
-from lightning_bridge.experiment import _experiments, _runner
+from lightning_bridge.experiment import _experiments
 from lightning_bridge.experiment._launcher import Launcher, RunningTrial
-from lightning_bridge.experiment._signals import handling
 from lightning_bridge.experiment.config._config_schema import SLURM_MESSAGES, SlurmSection
+from lightning_bridge.experiment.trial_process import _plan
+from lightning_bridge.experiment.trial_process._signals import handling
 from lightning_bridge.record._records import Job, Trial
 from lightning_bridge.record._registry import LIVE_JOB_STATES, Registry
 from lightning_bridge.record._schema import TrialState
@@ -106,7 +107,7 @@ class SlurmSettings:
     max_restarts: int
 
     @classmethod
-    def of(cls, plan: _runner.Plan) -> SlurmSettings:
+    def of(cls, plan: _plan.Plan) -> SlurmSettings:
         raw = plan.config.raw
         section = slurm_section(raw.get("slurm"))
         per_node, gpu_type = section.slots_per_node, section.gpu_type
@@ -264,7 +265,7 @@ class SlurmLauncher(Launcher):
 
     # ----- refusals, before anything is recorded or submitted -----
 
-    def check_worker_jobs(self, plan: _runner.Plan, count: int | None) -> None:
+    def check_worker_jobs(self, plan: _plan.Plan, count: int | None) -> None:
         """A search's trials in `count` worker jobs (`_slurm_workers`): each runs trials on
         one node."""
         if count is None:
@@ -280,7 +281,7 @@ class SlurmLauncher(Launcher):
                 "own)"
             )
 
-    def check(self, plan: _runner.Plan) -> None:
+    def check(self, plan: _plan.Plan) -> None:
         settings = SlurmSettings.of(plan)
         if shutil.which("sbatch") is None:
             raise InvalidArgumentError(
@@ -348,7 +349,7 @@ class SlurmLauncher(Launcher):
 
     # ----- one trial -----
 
-    def submit(self, plan: _runner.Plan, trial: _runner.TrialRun) -> tuple[str, pathlib.Path]:
+    def submit(self, plan: _plan.Plan, trial: _plan.TrialRun) -> tuple[str, pathlib.Path]:
         """Write the trial's run description and job script, `sbatch` it; the job id and
         its output file."""
         settings = SlurmSettings.of(plan)
@@ -360,7 +361,7 @@ class SlurmLauncher(Launcher):
                 plan.options, devices=settings.per_node, num_nodes=settings.nodes
             )
             plan = dataclasses.replace(plan, options=options)
-        _runner.describe_run(plan, trial).write(trial.run_file)
+        _plan.describe_run(plan, trial).write(trial.run_file)
         # A search's trial runs in its own copy of the folder, there before any task starts.
         _experiments.prepare_work_dir(plan, trial)
         script = trial.trial_dir / "job.sh"
@@ -402,8 +403,8 @@ class SlurmLauncher(Launcher):
     def start(
         self,
         registry: Registry,
-        plan: _runner.Plan,
-        trial: _runner.TrialRun,
+        plan: _plan.Plan,
+        trial: _plan.TrialRun,
         devices: Sequence[str] = (),
     ) -> SlurmJob:
         """Submit a search's trial; the job, for its worker to follow (Slurm places it:
@@ -415,8 +416,8 @@ class SlurmLauncher(Launcher):
     def run_trial(
         self,
         registry: Registry,
-        plan: _runner.Plan,
-        trial: _runner.TrialRun,
+        plan: _plan.Plan,
+        trial: _plan.TrialRun,
         relaunch: bool = False,
     ) -> int:
         try:

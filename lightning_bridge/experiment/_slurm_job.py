@@ -61,8 +61,8 @@ from typing import Any
 
 from lightning_bridge._errors import BridgeError
 from lightning_bridge.experiment._checkpoints import fetch, settle_checkpoints
-from lightning_bridge.experiment._exit_codes import EXIT_UNREACHABLE, guarded
 from lightning_bridge.experiment._slurm import HOOK_ENV, UNREACHABLE
+from lightning_bridge.experiment.trial_process._exit_codes import EXIT_UNREACHABLE, guarded
 from lightning_bridge.record._registry import Registry
 from lightning_bridge.record._schema import TrialState
 from lightning_bridge.record._settings import WorkspaceSettings
@@ -189,8 +189,8 @@ def run_hook_for_tasks(run_file: pathlib.Path) -> int:
     exit code when it failed (the job ends: no task starts; the trial is recorded ERROR with
     the hook's message, as a trial whose hook fails on one node is)."""
     from lightning_bridge._logging import configure
-    from lightning_bridge.experiment._child import EntrypointFailed
-    from lightning_bridge.experiment._startup_hook import RAN_ENV, hook_exports
+    from lightning_bridge.experiment.trial_process._child import EntrypointFailed
+    from lightning_bridge.experiment.trial_process._startup_hook import RAN_ENV, hook_exports
 
     run = RunDescription.read(run_file)
     configure(run.log_file)  # the hook's output: the trial's log

@@ -38,9 +38,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from lightning_bridge.experiment import _runner
 from lightning_bridge.experiment._search_storage import StorageOutage
-from lightning_bridge.experiment._signals import handling
 from lightning_bridge.experiment._slurm import (
     POLL_S,
     JobInfo,
@@ -53,13 +51,15 @@ from lightning_bridge.experiment._slurm import (
     unreachable_in,
 )
 from lightning_bridge.experiment.config._config import ResolvedConfig
+from lightning_bridge.experiment.trial_process import _plan
+from lightning_bridge.experiment.trial_process._signals import handling
 from lightning_bridge.record._outage import RETRY_S, is_unavailable, reason
 from lightning_bridge.record._registry import LIVE_JOB_STATES, Registry
 from lightning_bridge.record._schema import TrialState
 from lightning_bridge.search import SearchDriver
 
 
-def check_worker_jobs(plan: _runner.Plan, count: int | None) -> None:
+def check_worker_jobs(plan: _plan.Plan, count: int | None) -> None:
     """Refuse `--worker-jobs` where it cannot apply, before anything is recorded (the plan's
     launcher says: only the Slurm launcher has worker jobs)."""
     from lightning_bridge.experiment._launchers import launcher_for
@@ -90,7 +90,7 @@ class WorkerJobs:
         experiment_id: int,
         config: ResolvedConfig,
         context_dir: pathlib.Path,
-        options: _runner.Options,
+        options: _plan.Options,
         storage: str,
         lost_after_s: float,
         say: Callable[[str], None],
@@ -99,7 +99,7 @@ class WorkerJobs:
         self.driver = driver
         self.experiment_id = experiment_id
         self.count = int(options.worker_jobs or 1)
-        self.plan = _runner.prepare_config(config.first_configuration(), context_dir, options)
+        self.plan = _plan.prepare_config(config.first_configuration(), context_dir, options)
         self.lost_after_s = lost_after_s
         self.say = say
         self.jobs: list[WorkerJob] = []

@@ -1,6 +1,6 @@
 """torchrun for script entrypoints, ending on SIGTERM / SIGINT the way one process does.
 
-    python -m lightning_bridge.experiment._torchrun --stop-timeout=S -- TORCHRUN ARGS...
+    python -m lightning_bridge.experiment.trial_process._torchrun --stop-timeout=S -- ARGS...
 
 torchrun's agent turns SIGTERM and SIGINT into an exception: it passes the signal to the
 workers, waits for them and then exits 1 with a traceback, also when every worker

@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from lightning_bridge._errors import BridgeError
-from lightning_bridge.experiment._signals import handling
+from lightning_bridge.experiment.trial_process._signals import handling
 
 logger = logging.getLogger("lightning_bridge")
 

@@ -25,7 +25,7 @@ import tempfile
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
-from lightning_bridge.experiment._child import EntrypointFailed
+from lightning_bridge.experiment.trial_process._child import EntrypointFailed
 
 logger = logging.getLogger("lightning_bridge")
 
