@@ -105,10 +105,10 @@ def _run(args: argparse.Namespace, from_command_line: bool) -> int:
                 "trains one trial (a single searcher, or --test); leave --worker-jobs out"
             )
         # Loaded after the config checks, so a config error answers at once.
-        from lightning_bridge.experiment import _experiments
-        from lightning_bridge.experiment._checkpoints import AlreadyComplete
         from lightning_bridge.experiment._preflight import preflight
-        from lightning_bridge.experiment._summary import run_summary
+        from lightning_bridge.experiment.trials import _trial_runs
+        from lightning_bridge.experiment.trials._checkpoints import AlreadyComplete
+        from lightning_bridge.experiment.trials._summary import run_summary
         from lightning_bridge.record._registry import Registry
 
         launcher = preflight(plan, Workspace(args.workspace), new=True, engine=True)
@@ -124,7 +124,7 @@ def _run(args: argparse.Namespace, from_command_line: bool) -> int:
         return EXIT_USAGE
     with Registry(args.workspace) as registry:
         try:
-            experiment_id, trial = _experiments.start_experiment(
+            experiment_id, trial = _trial_runs.start_experiment(
                 registry, plan, pathlib.Path(args.config).resolve(), args.resume
             )
         except AlreadyComplete as done:
@@ -154,7 +154,7 @@ def _print_mirror(registry: Any, experiment_id: int) -> None:
 
 
 def _trial(args: argparse.Namespace, from_command_line: bool) -> int:
-    from lightning_bridge.experiment._experiments import run_from_file
+    from lightning_bridge.experiment.trials._trial_runs import run_from_file
 
     return guarded(lambda: run_from_file(pathlib.Path(args.run_file)))
 

@@ -15,14 +15,14 @@ import sys
 from typing import Any
 
 from lightning_bridge._errors import InvalidArgumentError
-from lightning_bridge.experiment._summary import (
+from lightning_bridge.experiment.config._config import parse_config
+from lightning_bridge.experiment.trials._summary import (
     checkpoint_line,
     format_time,
     format_value,
     run_summary,
     table,
 )
-from lightning_bridge.experiment.config._config import parse_config
 from lightning_bridge.record._records import Checkpoint, Experiment, Trial, as_dict
 from lightning_bridge.record._registry import Registry, experiment_state
 from lightning_bridge.tracking._mirror import read_link
@@ -239,7 +239,7 @@ def _checkpoint_table(checkpoints: list[Checkpoint], metric: str | None, indent:
 
 
 def experiment_continue(args: argparse.Namespace) -> int:
-    from lightning_bridge.experiment._experiments import continue_experiment
+    from lightning_bridge.experiment.trials._trial_runs import continue_experiment
 
     with open_registry(args) as registry:
         if registry.experiment(args.id).options.get("search"):
@@ -404,7 +404,7 @@ def checkpoint_download(args: argparse.Namespace) -> int:
         from lightning_bridge.experiment._model_commands import model_download
 
         return model_download(args)
-    from lightning_bridge.experiment._checkpoints import trial_checkpoint_storage
+    from lightning_bridge.experiment.trials._checkpoints import trial_checkpoint_storage
 
     with open_registry(args) as registry:
         checkpoint = registry.checkpoint(args.uuid)

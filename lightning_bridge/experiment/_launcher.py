@@ -32,11 +32,11 @@ from typing import ClassVar
 
 from lightning_bridge._errors import InvalidArgumentError
 from lightning_bridge._process import pid_alive
-from lightning_bridge.experiment import _experiments
 from lightning_bridge.experiment._trial_process import TrialProcess
 from lightning_bridge.experiment._warm import WarmStarter
 from lightning_bridge.experiment.trial_process import _plan
 from lightning_bridge.experiment.trial_process._parent import PARENT_ENV
+from lightning_bridge.experiment.trials import _trial_runs
 from lightning_bridge.record._filesystem import network_filesystem
 from lightning_bridge.record._records import Job, Trial
 from lightning_bridge.record._registry import Registry
@@ -189,7 +189,7 @@ class Launcher(abc.ABC):
 
 
 class LocalLauncher(Launcher):
-    """The trial runs on this machine, as `run` always ran it (`_experiments.run_trial`); a
+    """The trial runs on this machine, as `run` always ran it (`_trial_runs.run_trial`); a
     search's trial in a process of its own, forked from a warm process where it is safe
     (`_warm.WarmStarter`), else started cold."""
 
@@ -227,7 +227,7 @@ class LocalLauncher(Launcher):
         it (`PARENT_ENV`)."""
         trial.trial_dir.mkdir(parents=True, exist_ok=True)
         _plan.describe_run(plan, trial).write(trial.run_file)
-        _experiments.prepare_work_dir(plan, trial)  # the trial's process starts in its copy
+        _trial_runs.prepare_work_dir(plan, trial)  # the trial's process starts in its copy
         env = {k: v for k, v in os.environ.items() if k != ENV_VAR}
         env[PARENT_ENV] = str(os.getpid())
         if devices:
@@ -264,4 +264,4 @@ class LocalLauncher(Launcher):
         trial: _plan.TrialRun,
         relaunch: bool = False,
     ) -> int:
-        return _experiments.run_trial(registry, plan, trial, relaunch)
+        return _trial_runs.run_trial(registry, plan, trial, relaunch)

@@ -13,10 +13,10 @@ from __future__ import annotations
 import pathlib
 from collections.abc import Sequence
 
-from lightning_bridge.experiment import _experiments
 from lightning_bridge.experiment._launcher import Launcher
 from lightning_bridge.experiment._launchers import launcher_for
 from lightning_bridge.experiment.trial_process import _plan
+from lightning_bridge.experiment.trials import _trial_runs
 from lightning_bridge.record._workspace import Workspace
 
 
@@ -37,17 +37,17 @@ def preflight(
     the engine settings of a trial trained from here. Raises the first refusal (a
     BridgeError); returns the plan's launcher."""
     if new:
-        _experiments.check_storage(plan)
+        _trial_runs.check_storage(plan)
     if search:
         from lightning_bridge.search._storage import import_optuna
 
         import_optuna()
     if search_storage is not None:  # reached before the search is recorded
-        from lightning_bridge.experiment._search_storage import check_search_storage
+        from lightning_bridge.experiment.trials._search_storage import check_search_storage
 
         check_search_storage(search_storage)
     if new:
-        _experiments.check_code(plan, workspace, *written)
+        _trial_runs.check_code(plan, workspace, *written)
     if engine:
         plan.check_engine()
     launcher = launcher_for(plan.options.launcher)

@@ -23,20 +23,20 @@ import sys
 from typing import Any
 
 from lightning_bridge._errors import BridgeError, InvalidArgumentError
-from lightning_bridge.experiment._checkpoints import Source
-from lightning_bridge.experiment._experiments import (
-    _options_record,
-    continue_command,
-)
 from lightning_bridge.experiment._preflight import preflight
 from lightning_bridge.experiment._search_run import SearchRun, SearchStorageUnavailable
-from lightning_bridge.experiment._search_storage import check_search_storage
 from lightning_bridge.experiment._slurm_workers import WorkerJobs
-from lightning_bridge.experiment._source import warm_start_source
-from lightning_bridge.experiment._summary import checkpoint_line, format_value, table
 from lightning_bridge.experiment.config._config import ResolvedConfig, load_config, parse_config
 from lightning_bridge.experiment.trial_process import _plan
 from lightning_bridge.experiment.trial_process._exit_codes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
+from lightning_bridge.experiment.trials._checkpoints import Source
+from lightning_bridge.experiment.trials._search_storage import check_search_storage
+from lightning_bridge.experiment.trials._source_checkpoint import warm_start_source
+from lightning_bridge.experiment.trials._summary import checkpoint_line, format_value, table
+from lightning_bridge.experiment.trials._trial_runs import (
+    _options_record,
+    continue_command,
+)
 from lightning_bridge.record._registry import Registry
 from lightning_bridge.record._schema import TrialState
 from lightning_bridge.record._workspace import Workspace

@@ -34,14 +34,14 @@ from typing import Any
 
 from lightning_bridge._errors import BridgeError
 from lightning_bridge.experiment import _warm
-from lightning_bridge.experiment._checkpoints import Source, fetch, settle_checkpoints
-from lightning_bridge.experiment._experiments import continue_command
 from lightning_bridge.experiment._launchers import launcher_for
-from lightning_bridge.experiment._search_storage import StorageOutage
 from lightning_bridge.experiment._trial_process import TrialProcess
 from lightning_bridge.experiment.config._config import ResolvedConfig
 from lightning_bridge.experiment.trial_process import _plan
 from lightning_bridge.experiment.trial_process._signals import handling
+from lightning_bridge.experiment.trials._checkpoints import Source, fetch, settle_checkpoints
+from lightning_bridge.experiment.trials._search_storage import StorageOutage
+from lightning_bridge.experiment.trials._trial_runs import continue_command
 from lightning_bridge.record._outage import RETRY_S, is_unavailable, reason
 from lightning_bridge.record._postgres import shown
 from lightning_bridge.record._registry import Registry

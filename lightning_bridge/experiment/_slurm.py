@@ -37,11 +37,11 @@ from typing import Any
 import pydantic
 
 from lightning_bridge._errors import InvalidArgumentError
-from lightning_bridge.experiment import _experiments
 from lightning_bridge.experiment._launcher import Launcher, RunningTrial
 from lightning_bridge.experiment.config._config_schema import SLURM_MESSAGES, SlurmSection
 from lightning_bridge.experiment.trial_process import _plan
 from lightning_bridge.experiment.trial_process._signals import handling
+from lightning_bridge.experiment.trials import _trial_runs
 from lightning_bridge.record._records import Job, Trial
 from lightning_bridge.record._registry import LIVE_JOB_STATES, Registry
 from lightning_bridge.record._schema import TrialState
@@ -363,7 +363,7 @@ class SlurmLauncher(Launcher):
             plan = dataclasses.replace(plan, options=options)
         _plan.describe_run(plan, trial).write(trial.run_file)
         # A search's trial runs in its own copy of the folder, there before any task starts.
-        _experiments.prepare_work_dir(plan, trial)
+        _trial_runs.prepare_work_dir(plan, trial)
         script = trial.trial_dir / "job.sh"
         command = [sys.executable, "-m", JOB_MODULE]
         command.append(str(trial.run_file))

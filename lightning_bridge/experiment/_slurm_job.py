@@ -60,9 +60,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from lightning_bridge._errors import BridgeError
-from lightning_bridge.experiment._checkpoints import fetch, settle_checkpoints
 from lightning_bridge.experiment._slurm import HOOK_ENV, UNREACHABLE
 from lightning_bridge.experiment.trial_process._exit_codes import EXIT_UNREACHABLE, guarded
+from lightning_bridge.experiment.trials._checkpoints import fetch, settle_checkpoints
 from lightning_bridge.record._registry import Registry
 from lightning_bridge.record._schema import TrialState
 from lightning_bridge.record._settings import WorkspaceSettings
@@ -96,7 +96,7 @@ def unreachable(run: RunDescription) -> str | None:
         except Exception as exc:  # noqa: BLE001 - the driver's own errors
             return f"the experiment record of {workspace.root}: {type(exc).__name__}: {exc}"
     if run.search is not None:
-        from lightning_bridge.experiment._search_storage import check_search_storage
+        from lightning_bridge.experiment.trials._search_storage import check_search_storage
 
         try:
             check_search_storage(run.search.storage, run.search.name)
@@ -216,7 +216,7 @@ def _train(run_file: pathlib.Path) -> int:
     """Train the trial of the run description, as `lightning-bridge _trial RUN_FILE` does but
     without the command line: the bridge's logging, then the trial runner; its exit code."""
     from lightning_bridge import _logging
-    from lightning_bridge.experiment._experiments import run_from_file
+    from lightning_bridge.experiment.trials._trial_runs import run_from_file
 
     _logging.configure()
     try:

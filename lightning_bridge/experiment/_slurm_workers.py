@@ -38,7 +38,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from lightning_bridge.experiment._search_storage import StorageOutage
 from lightning_bridge.experiment._slurm import (
     POLL_S,
     JobInfo,
@@ -53,6 +52,7 @@ from lightning_bridge.experiment._slurm import (
 from lightning_bridge.experiment.config._config import ResolvedConfig
 from lightning_bridge.experiment.trial_process import _plan
 from lightning_bridge.experiment.trial_process._signals import handling
+from lightning_bridge.experiment.trials._search_storage import StorageOutage
 from lightning_bridge.record._outage import RETRY_S, is_unavailable, reason
 from lightning_bridge.record._registry import LIVE_JOB_STATES, Registry
 from lightning_bridge.record._schema import TrialState

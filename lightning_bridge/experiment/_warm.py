@@ -62,7 +62,7 @@ PRELOAD = (
     "torch",
     "lightning.fabric",
     "lightning_bridge.experiment._cli",
-    "lightning_bridge.experiment._experiments",
+    "lightning_bridge.experiment.trials._trial_runs",
     "lightning_bridge.translation._init",
     "lightning_bridge.translation._trainer_api",
     "lightning_bridge.translation._search_report",

@@ -29,11 +29,11 @@ from typing import Any
 from lightning_bridge._errors import InvalidArgumentError, InvalidTrialError
 from lightning_bridge.contract import _import_map
 from lightning_bridge.contract._units import Batch
-from lightning_bridge.experiment._workdir import WORKDIR
 from lightning_bridge.experiment.config._config import ResolvedConfig, load_config
 from lightning_bridge.experiment.config._entrypoint import Entrypoint, parse_entrypoint
 from lightning_bridge.experiment.trial_process._child import EntrypointFailed, run_child
 from lightning_bridge.experiment.trial_process._startup_hook import startup_hook_environment
+from lightning_bridge.experiment.trial_process._workdir import WORKDIR
 from lightning_bridge.search._space import trial_draw
 from lightning_bridge.translation._engine_settings import EngineSettings
 from lightning_bridge.translation._run_description import (

@@ -22,18 +22,23 @@ from lightning_bridge import _logging
 from lightning_bridge._errors import InvalidArgumentError
 from lightning_bridge.checkpoint._code import check_size
 from lightning_bridge.checkpoint._storage_config import check_backend, storage_from_config
-from lightning_bridge.experiment._checkpoints import (
+from lightning_bridge.experiment.config._config import ResolvedConfig, parse_config
+from lightning_bridge.experiment.trial_process import _plan
+from lightning_bridge.experiment.trial_process._parent import follow_parent
+from lightning_bridge.experiment.trial_process._workdir import (
+    Synced,
+    run_outputs,
+    storage_file,
+    sync,
+)
+from lightning_bridge.experiment.trials._checkpoints import (
     Source,
     apply_experiment_retention,
     fetch,
     resolve_resume,
     settle_checkpoints,
 )
-from lightning_bridge.experiment._source import warm_start_source
-from lightning_bridge.experiment._workdir import Synced, run_outputs, storage_file, sync
-from lightning_bridge.experiment.config._config import ResolvedConfig, parse_config
-from lightning_bridge.experiment.trial_process import _plan
-from lightning_bridge.experiment.trial_process._parent import follow_parent
+from lightning_bridge.experiment.trials._source_checkpoint import warm_start_source
 from lightning_bridge.record._registry import Registry
 from lightning_bridge.record._schema import TrialState
 from lightning_bridge.record._workspace import Workspace

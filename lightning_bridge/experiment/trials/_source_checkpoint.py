@@ -10,7 +10,7 @@ start: it continues the checkpoint it names (`_checkpoints.resolve_resume`).
 from __future__ import annotations
 
 from lightning_bridge._errors import InvalidArgumentError
-from lightning_bridge.experiment._checkpoints import Source, named_checkpoint
+from lightning_bridge.experiment.trials._checkpoints import Source, named_checkpoint
 from lightning_bridge.record._registry import Registry
 from lightning_bridge.search import SearcherConfig
 
