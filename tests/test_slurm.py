@@ -26,7 +26,7 @@ import yaml
 
 from lightning_bridge._errors import InvalidArgumentError
 from lightning_bridge.experiment._cli import main
-from lightning_bridge.experiment._slurm import SlurmSettings
+from lightning_bridge.experiment.launch.slurm._launcher import SlurmSettings
 from lightning_bridge.experiment.trial_process._plan import Options, prepare
 from lightning_bridge.record._registry import Registry
 from lightning_bridge.record._workspace import Workspace
@@ -295,7 +295,7 @@ def test_a_job_across_nodes_runs_the_startup_hook_in_its_batch_shell(
     """The step a job across nodes runs in its batch shell before `srun` runs the folder's
     hook once and leaves its exports for the batch shell to source (any value, quoted); the
     tasks then do not run it again. A failing hook ends that step with its exit code."""
-    from lightning_bridge.experiment._slurm import HOOK_ENV
+    from lightning_bridge.experiment.launch.slurm._launcher import HOOK_ENV
     from lightning_bridge.experiment.trial_process._startup_hook import RAN_ENV
     from lightning_bridge.translation._run_description import RunDescription
 

@@ -68,7 +68,7 @@ def _seeded(config_path: str, overrides: list[str]) -> tuple[list[str], str | No
 
 
 def _run(args: argparse.Namespace, from_command_line: bool) -> int:
-    from lightning_bridge.experiment._launchers import default_launcher
+    from lightning_bridge.experiment.launch._registry import default_launcher
     from lightning_bridge.experiment.trial_process import _plan
     from lightning_bridge.record._workspace import Workspace
 
@@ -105,7 +105,7 @@ def _run(args: argparse.Namespace, from_command_line: bool) -> int:
                 "trains one trial (a single searcher, or --test); leave --worker-jobs out"
             )
         # Loaded after the config checks, so a config error answers at once.
-        from lightning_bridge.experiment._preflight import preflight
+        from lightning_bridge.experiment.launch._preflight import preflight
         from lightning_bridge.experiment.trials import _trial_runs
         from lightning_bridge.experiment.trials._checkpoints import AlreadyComplete
         from lightning_bridge.experiment.trials._summary import run_summary

@@ -248,7 +248,7 @@ def experiment_continue(args: argparse.Namespace) -> int:
             launcher = getattr(args, "launcher", None)
             worker_jobs = getattr(args, "worker_jobs", None)
             return continue_search(registry, args.id, float(args.lost_after), launcher, worker_jobs)
-        from lightning_bridge.experiment._launchers import launcher_for
+        from lightning_bridge.experiment.launch._registry import launcher_for
 
         if getattr(args, "worker_jobs", None) is not None:
             raise InvalidArgumentError(
@@ -278,8 +278,8 @@ def _stop_trials(args: argparse.Namespace, kill: bool) -> int:
     """Stop every running trial of the experiment where it runs, as its launcher's handle
     reaches it (`running_trial`: its Slurm job, its process on this machine). Pause: the
     trial checkpoints and stops; kill: it ends now, recorded STOPPED."""
-    from lightning_bridge.experiment._launcher import RunningTrial
-    from lightning_bridge.experiment._launchers import running_trial
+    from lightning_bridge.experiment.launch._contract import RunningTrial
+    from lightning_bridge.experiment.launch._registry import running_trial
     from lightning_bridge.record._schema import TrialState
 
     verb = "killed" if kill else "paused"

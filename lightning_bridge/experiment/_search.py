@@ -23,10 +23,10 @@ import sys
 from typing import Any
 
 from lightning_bridge._errors import BridgeError, InvalidArgumentError
-from lightning_bridge.experiment._preflight import preflight
 from lightning_bridge.experiment._search_run import SearchRun, SearchStorageUnavailable
 from lightning_bridge.experiment._slurm_workers import WorkerJobs
 from lightning_bridge.experiment.config._config import ResolvedConfig, load_config, parse_config
+from lightning_bridge.experiment.launch._preflight import preflight
 from lightning_bridge.experiment.trial_process import _plan
 from lightning_bridge.experiment.trial_process._exit_codes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from lightning_bridge.experiment.trials._checkpoints import Source

@@ -33,10 +33,10 @@ from collections.abc import Callable
 from typing import Any
 
 from lightning_bridge._errors import BridgeError
-from lightning_bridge.experiment import _warm
-from lightning_bridge.experiment._launchers import launcher_for
-from lightning_bridge.experiment._trial_process import TrialProcess
 from lightning_bridge.experiment.config._config import ResolvedConfig
+from lightning_bridge.experiment.launch._handle import TrialProcess
+from lightning_bridge.experiment.launch._registry import launcher_for
+from lightning_bridge.experiment.launch.local import _warm
 from lightning_bridge.experiment.trial_process import _plan
 from lightning_bridge.experiment.trial_process._signals import handling
 from lightning_bridge.experiment.trials._checkpoints import Source, fetch, settle_checkpoints
@@ -338,7 +338,7 @@ class SearchRun:
         """How a trial's part of this worker's job ended: CANCELLED when the job is being
         cancelled (`experiment kill`, `scancel`: Slurm signals before it kills, so the trial
         may still checkpoint and exit 0), else COMPLETED or FAILED by its exit code."""
-        from lightning_bridge.experiment._slurm import job_info
+        from lightning_bridge.experiment.launch.slurm._launcher import job_info
 
         assert self.slurm_job is not None
         info = job_info(self.slurm_job[0])

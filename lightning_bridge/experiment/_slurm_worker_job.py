@@ -24,9 +24,9 @@ from typing import Any
 from lightning_bridge._errors import BridgeError
 from lightning_bridge.experiment._search import _launched_by, _source, search_storage_url
 from lightning_bridge.experiment._search_run import SearchRun, SearchStorageUnavailable
-from lightning_bridge.experiment._slurm import UNREACHABLE, _slurm
-from lightning_bridge.experiment._slurm_job import _requeue
 from lightning_bridge.experiment.config._config import parse_config
+from lightning_bridge.experiment.launch.slurm._job import _requeue
+from lightning_bridge.experiment.launch.slurm._launcher import UNREACHABLE, _slurm
 from lightning_bridge.experiment.trial_process._exit_codes import EXIT_UNREACHABLE
 from lightning_bridge.experiment.trials._search_storage import check_search_storage
 from lightning_bridge.record._registry import Registry

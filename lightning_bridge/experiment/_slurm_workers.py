@@ -38,7 +38,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from lightning_bridge.experiment._slurm import (
+from lightning_bridge.experiment.config._config import ResolvedConfig
+from lightning_bridge.experiment.launch.slurm._launcher import (
     POLL_S,
     JobInfo,
     SlurmLauncher,
@@ -49,7 +50,6 @@ from lightning_bridge.experiment._slurm import (
     signal_job,
     unreachable_in,
 )
-from lightning_bridge.experiment.config._config import ResolvedConfig
 from lightning_bridge.experiment.trial_process import _plan
 from lightning_bridge.experiment.trial_process._signals import handling
 from lightning_bridge.experiment.trials._search_storage import StorageOutage
@@ -62,7 +62,7 @@ from lightning_bridge.search import SearchDriver
 def check_worker_jobs(plan: _plan.Plan, count: int | None) -> None:
     """Refuse `--worker-jobs` where it cannot apply, before anything is recorded (the plan's
     launcher says: only the Slurm launcher has worker jobs)."""
-    from lightning_bridge.experiment._launchers import launcher_for
+    from lightning_bridge.experiment.launch._registry import launcher_for
 
     launcher_for(plan.options.launcher).check_worker_jobs(plan, count)
 

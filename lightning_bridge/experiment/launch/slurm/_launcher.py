@@ -37,8 +37,8 @@ from typing import Any
 import pydantic
 
 from lightning_bridge._errors import InvalidArgumentError
-from lightning_bridge.experiment._launcher import Launcher, RunningTrial
 from lightning_bridge.experiment.config._config_schema import SLURM_MESSAGES, SlurmSection
+from lightning_bridge.experiment.launch._contract import Launcher, RunningTrial
 from lightning_bridge.experiment.trial_process import _plan
 from lightning_bridge.experiment.trial_process._signals import handling
 from lightning_bridge.experiment.trials import _trial_runs

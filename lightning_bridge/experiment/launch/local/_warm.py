@@ -2,8 +2,8 @@
 Python, torch, Lightning and the bridge, instead of each importing them again.
 
 A worker's `WarmStarter` keeps one such process (the *warm process*,
-`python -m lightning_bridge.experiment._warm`). It imports what a trial imports, then waits
-for requests on its stdin: each names a `python -m MODULE ARGS` command, its working
+`python -m lightning_bridge.experiment.launch.local._warm`). It imports what a trial imports,
+then waits for requests on its stdin: each names a `python -m MODULE ARGS` command, its working
 directory, environment and output file. It forks; the child sets these up as a fresh
 interpreter would have them and runs the module as `python -m` does (`runpy`), then exits
 with its code. A trial therefore costs a fork (milliseconds) instead of ~4 s of imports
@@ -46,7 +46,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import IO, Any
 
 from lightning_bridge._process import exit_now, pid_alive
-from lightning_bridge.experiment._trial_process import TrialProcess
+from lightning_bridge.experiment.launch._handle import TrialProcess
 
 logger = logging.getLogger("lightning_bridge")
 

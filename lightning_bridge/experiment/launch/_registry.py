@@ -6,7 +6,7 @@ from __future__ import annotations
 import pathlib
 
 from lightning_bridge._errors import InvalidArgumentError
-from lightning_bridge.experiment._launcher import Launcher, LocalLauncher, RunningTrial
+from lightning_bridge.experiment.launch._contract import Launcher, LocalLauncher, RunningTrial
 from lightning_bridge.record._records import Job, Trial
 from lightning_bridge.record._settings import SETTINGS_FILE, WorkspaceSettings
 
@@ -19,7 +19,7 @@ def launcher_for(name: str | None, source: str = "--launcher") -> Launcher:
     if name in (None, "", "local"):
         return LocalLauncher()
     if name == "slurm":
-        from lightning_bridge.experiment._slurm import SlurmLauncher
+        from lightning_bridge.experiment.launch.slurm._launcher import SlurmLauncher
 
         return SlurmLauncher()
     raise InvalidArgumentError(

@@ -32,8 +32,8 @@ from typing import ClassVar
 
 from lightning_bridge._errors import InvalidArgumentError
 from lightning_bridge._process import pid_alive
-from lightning_bridge.experiment._trial_process import TrialProcess
-from lightning_bridge.experiment._warm import WarmStarter
+from lightning_bridge.experiment.launch._handle import TrialProcess
+from lightning_bridge.experiment.launch.local._warm import WarmStarter
 from lightning_bridge.experiment.trial_process import _plan
 from lightning_bridge.experiment.trial_process._parent import PARENT_ENV
 from lightning_bridge.experiment.trials import _trial_runs
@@ -246,14 +246,16 @@ class LocalLauncher(Launcher):
 
     def capacity(self, options: _plan.Options, processes: int) -> tuple[int, list[str]]:
         """Whole sets of `processes` GPUs of this machine, else of its CPU cores."""
-        from lightning_bridge.experiment._machine_capacity import trials_at_once
+        from lightning_bridge.experiment.launch.local._machine_capacity import trials_at_once
 
         return trials_at_once(options.accelerator, options.devices, processes)
 
     def allows(self, plan: _plan.Plan, force: bool) -> bool:
         """More processes than this machine runs side by side: refused for devices, asked
         about (or `force`) for CPU cores (`_machine_capacity`)."""
-        from lightning_bridge.experiment._machine_capacity import oversubscription_allowed
+        from lightning_bridge.experiment.launch.local._machine_capacity import (
+            oversubscription_allowed,
+        )
 
         return oversubscription_allowed(plan, force)
 
