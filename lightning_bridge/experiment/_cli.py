@@ -92,7 +92,7 @@ def _run(args: argparse.Namespace, from_command_line: bool) -> int:
         worker_jobs=args.worker_jobs,
     )
     if not options.test_mode:  # a search runs its trials (test mode trains its first one)
-        from lightning_bridge.experiment._search import run_search
+        from lightning_bridge.experiment.searches._search import run_search
 
         searched = run_search(args, options, seed_line if is_chief() else None)
         if searched is not None:
@@ -160,7 +160,7 @@ def _trial(args: argparse.Namespace, from_command_line: bool) -> int:
 
 
 def _search_worker(args: argparse.Namespace, from_command_line: bool) -> int:
-    from lightning_bridge.experiment._search import search_worker
+    from lightning_bridge.experiment.searches._search import search_worker
 
     return search_worker(args)
 

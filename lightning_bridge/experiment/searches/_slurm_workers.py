@@ -3,11 +3,12 @@
 One job per trial imports Python, torch and Lightning anew for every trial (15-40 s before its
 first batch). With `--worker-jobs N` the coordinator submits N jobs instead, each sized for
 one trial (the trial's `sbatch` options, as `SlurmLauncher` builds them); each runs a search
-worker (`SearchRun`, as `search-worker` does) that pulls the search's trials from its storage
-and forks each from its warm process (`_warm`): after the job's own start, a trial starts in
-about a second. Every trial keeps what a trial job gives it: its own process, process group,
-log and working copy; the record names its job (`experiment describe`: "slurm job N RUNNING,
-a trial of search worker job N"), and `experiment pause | kill` signal that job.
+worker (`SearchCoordinator`, as `search-worker` does) that pulls the search's trials from
+its storage and forks each from its warm process (`_warm`): after the job's own start, a
+trial starts in about a second. Every trial keeps what a trial job gives it: its own process,
+process group, log and working copy; the record names its job (`experiment describe`:
+"slurm job N RUNNING, a trial of search worker job N"),
+and `experiment pause | kill` signal that job.
 
 What Slurm does to a worker job reaches its trials as it would reach a trial job:
 
@@ -80,7 +81,7 @@ class WorkerJob:
 
 class WorkerJobs:
     """Serve a search from `N` Slurm worker jobs (see the module docstring); the same
-    `serve()` as `SearchRun`'s."""
+    `serve()` as `SearchCoordinator`'s."""
 
     def __init__(
         self,
@@ -117,7 +118,7 @@ class WorkerJobs:
         command = [
             sys.executable,
             "-m",
-            "lightning_bridge.experiment._slurm_worker_job",
+            "lightning_bridge.experiment.searches._slurm_worker_job",
             str(self.registry.workspace.root),
             str(self.experiment_id),
             f"--lost-after={self.lost_after_s}",
@@ -144,7 +145,7 @@ class WorkerJobs:
         """Submit the worker jobs and follow them to their end; whether the search finished.
         A job's node that could not reach the record or the search's storage raises
         `SearchStorageUnavailable` with its message, once every job has ended."""
-        from lightning_bridge.experiment._search_run import SearchStorageUnavailable
+        from lightning_bridge.experiment.searches._coordinator import SearchStorageUnavailable
 
         launcher = SlurmLauncher()
         launcher.check(self.plan)

@@ -1,4 +1,4 @@
-"""`SearchRun`: a worker of a hyperparameter search, training its trials as subprocesses.
+"""`SearchCoordinator`: a worker of a hyperparameter search, training its trials as subprocesses.
 
 The worker pulls trials from the search (`SearchDriver.next_trial`) while the machine has room
 for one more (its GPUs, else its CPU cores, divided by the processes a trial takes), records
@@ -77,7 +77,7 @@ def _say(message: str) -> None:
     print(message, flush=True)
 
 
-class SearchRun:
+class SearchCoordinator:
     """Serve one search from this machine until it is finished or stopped (`serve`)."""
 
     def __init__(

@@ -23,10 +23,13 @@ import sys
 from typing import Any
 
 from lightning_bridge._errors import BridgeError, InvalidArgumentError
-from lightning_bridge.experiment._search_run import SearchRun, SearchStorageUnavailable
-from lightning_bridge.experiment._slurm_workers import WorkerJobs
 from lightning_bridge.experiment.config._config import ResolvedConfig, load_config, parse_config
 from lightning_bridge.experiment.launch._preflight import preflight
+from lightning_bridge.experiment.searches._coordinator import (
+    SearchCoordinator,
+    SearchStorageUnavailable,
+)
+from lightning_bridge.experiment.searches._slurm_workers import WorkerJobs
 from lightning_bridge.experiment.trial_process import _plan
 from lightning_bridge.experiment.trial_process._exit_codes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from lightning_bridge.experiment.trials._checkpoints import Source
@@ -209,7 +212,7 @@ def _serve(
     source: Source | None,
     lost_after_s: float,
 ) -> int:
-    worker: SearchRun | WorkerJobs
+    worker: SearchCoordinator | WorkerJobs
     if options.worker_jobs:  # the launcher took them (`preflight`): its worker jobs
         worker = WorkerJobs(
             registry,
@@ -223,7 +226,7 @@ def _serve(
             say=lambda line: print(line, flush=True),
         )
     else:
-        worker = SearchRun(
+        worker = SearchCoordinator(
             registry,
             driver,
             experiment_id=experiment_id,
