@@ -13,7 +13,7 @@ import pytest
 import lightning_bridge
 from lightning_bridge import InvalidArgumentError
 from lightning_bridge.contract import _import_map
-from lightning_bridge.experiment._cli import main
+from lightning_bridge.experiment.cli._main import main
 from lightning_bridge.experiment.config._config import load_config, parse_config
 from lightning_bridge.experiment.config._entrypoint import Entrypoint, parse_entrypoint
 

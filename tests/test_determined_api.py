@@ -22,7 +22,7 @@ import yaml
 
 import lightning_bridge
 from lightning_bridge.contract import _import_map
-from lightning_bridge.experiment._cli import main
+from lightning_bridge.experiment.cli._main import main
 from tests._trials import LinearTrial, fit
 
 # What the examples (tutorials/mnist_pytorch, deepspeed/dcgan, features/*), the e2e fixtures

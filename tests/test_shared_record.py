@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from lightning_bridge.contract._distributed import DistributedContext
-from lightning_bridge.experiment._cli import main
+from lightning_bridge.experiment.cli._main import main
 from lightning_bridge.experiment.config._config import load_config
 from lightning_bridge.experiment.launch._contract import LocalLauncher
 from lightning_bridge.experiment.launch.slurm._job import (

@@ -25,7 +25,7 @@ import torch
 import yaml
 
 from lightning_bridge._errors import InvalidArgumentError
-from lightning_bridge.experiment._cli import main
+from lightning_bridge.experiment.cli._main import main
 from lightning_bridge.experiment.launch.slurm._launcher import SlurmSettings
 from lightning_bridge.experiment.trial_process._plan import Options, prepare
 from lightning_bridge.record._registry import Registry

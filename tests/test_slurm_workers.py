@@ -15,7 +15,7 @@ import re
 import pytest
 import torch
 
-from lightning_bridge.experiment._cli import main
+from lightning_bridge.experiment.cli._main import main
 from lightning_bridge.experiment.config._config import load_config
 from lightning_bridge.experiment.searches import _slurm_workers
 from lightning_bridge.experiment.searches._slurm_workers import WorkerJobs, check_worker_jobs

@@ -22,7 +22,7 @@ import torch
 
 import lightning_bridge as pytorch
 from lightning_bridge.contract import _import_map
-from lightning_bridge.experiment._cli import main
+from lightning_bridge.experiment.cli._main import main
 from tests._folders import (  # isolated_imports: an autouse fixture
     BASE_CONFIG,
     checkpoint_weights,

@@ -61,7 +61,7 @@ PRELOAD = (
     "numpy",
     "torch",
     "lightning.fabric",
-    "lightning_bridge.experiment._cli",
+    "lightning_bridge.experiment.cli._main",
     "lightning_bridge.experiment.trials._trial_runs",
     "lightning_bridge.translation._init",
     "lightning_bridge.translation._trainer_api",

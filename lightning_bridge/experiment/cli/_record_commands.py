@@ -325,7 +325,7 @@ def experiment_kill(args: argparse.Namespace) -> int:
 
 
 def experiment_plot(args: argparse.Namespace) -> int:
-    from lightning_bridge.experiment._plot import plot_experiment
+    from lightning_bridge.experiment.cli._plot import plot_experiment
 
     out = args.out or pathlib.Path(f"experiment-{args.id}.png")
     with open_registry(args) as registry:
@@ -401,7 +401,7 @@ def checkpoint_download(args: argparse.Namespace) -> int:
     from lightning_bridge._errors import InvalidArgumentError
 
     if str(args.uuid).startswith("models:/"):
-        from lightning_bridge.experiment._model_commands import model_download
+        from lightning_bridge.experiment.cli._model_commands import model_download
 
         return model_download(args)
     from lightning_bridge.experiment.trials._checkpoints import trial_checkpoint_storage
