@@ -37,7 +37,7 @@ from lightning_bridge.record._filesystem import filesystem_type, network_filesys
 from lightning_bridge.record._registry import Registry
 from lightning_bridge.record._workspace import Workspace
 from lightning_bridge.search import SearchDriver
-from lightning_bridge.translation._run_description import RecordConnection, RunDescription
+from lightning_bridge.translation.services._run_description import RecordConnection, RunDescription
 from tests._folders import (  # isolated_imports: an autouse fixture
     BASE_CONFIG,
     checkpoint_weights,
@@ -278,7 +278,7 @@ def test_a_task_of_a_job_across_nodes_knows_its_node_and_its_neighbours(
 ) -> None:
     """Two nodes of two tasks each (srun's environment of the second task of node 1): the
     trial's DistributedContext and cluster info give Determined's ranks and sizes."""
-    from lightning_bridge.translation._cluster_info import ClusterInfo
+    from lightning_bridge.translation.services._cluster_info import ClusterInfo
 
     slurm = {
         "SLURM_PROCID": "3",

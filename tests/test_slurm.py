@@ -297,7 +297,7 @@ def test_a_job_across_nodes_runs_the_startup_hook_in_its_batch_shell(
     tasks then do not run it again. A failing hook ends that step with its exit code."""
     from lightning_bridge.experiment.launch.slurm._launcher import HOOK_ENV
     from lightning_bridge.experiment.trial_process._startup_hook import RAN_ENV
-    from lightning_bridge.translation._run_description import RunDescription
+    from lightning_bridge.translation.services._run_description import RunDescription
 
     run_file = tmp_path / "trial" / "run.json"
     run_file.parent.mkdir()
@@ -320,7 +320,7 @@ def test_a_job_across_nodes_runs_the_startup_hook_in_its_batch_shell(
 
     # A failing hook: the step ends with its exit code, and the trial is recorded ERROR with
     # the hook's message (what `experiment describe` and the coordinator show).
-    from lightning_bridge.translation._run_description import RecordConnection
+    from lightning_bridge.translation.services._run_description import RecordConnection
 
     ws = tmp_path / "ws"
     with Registry(ws) as registry:

@@ -44,7 +44,7 @@ from lightning_bridge.contract._determined_compat import is_determined_object
 from lightning_bridge.contract._distributed import DistributedContext
 from lightning_bridge.translation._engine_settings import EngineSettings
 from lightning_bridge.translation._launch import launch_processes
-from lightning_bridge.translation._run_description import RunDescription
+from lightning_bridge.translation.services._run_description import RunDescription
 
 
 @dataclasses.dataclass(frozen=True)
@@ -239,7 +239,7 @@ def init(
 def _end_invalid_hp(run: RunDescription, exc: BaseException) -> bool:
     """`end_invalid_hp`, imported only when a trial raises InvalidHP: the search and record
     modules (SQLAlchemy, pydantic) stay out of runs that do not need them."""
-    from lightning_bridge.translation._search_report import end_invalid_hp
+    from lightning_bridge.translation.services._search_report import end_invalid_hp
 
     return end_invalid_hp(run, exc)
 

@@ -35,10 +35,10 @@ from lightning_bridge.translation._resume import starts_new_run
 from lightning_bridge.translation._schedule import Schedule
 
 if TYPE_CHECKING:  # loaded only under `lightning-bridge run` (see _runner_reports)
-    from lightning_bridge.translation._mlflow_mirror import MlflowMirror
-    from lightning_bridge.translation._run_description import RunDescription
-    from lightning_bridge.translation._run_record import RunRecord
-    from lightning_bridge.translation._search_report import SearchReport
+    from lightning_bridge.translation.services._mlflow_mirror import MlflowMirror
+    from lightning_bridge.translation.services._run_description import RunDescription
+    from lightning_bridge.translation.services._run_record import RunRecord
+    from lightning_bridge.translation.services._search_report import SearchReport
 
 logger = logging.getLogger("lightning_bridge")
 
@@ -279,8 +279,8 @@ def _runner_reports(
     (None, None otherwise: their modules, with SQLAlchemy and pydantic, are not even loaded)."""
     if run is None:
         return None, None
-    from lightning_bridge.translation._run_record import record_from_runner
-    from lightning_bridge.translation._search_report import search_from_runner
+    from lightning_bridge.translation.services._run_record import record_from_runner
+    from lightning_bridge.translation.services._search_report import search_from_runner
 
     record = record_from_runner(run, config, ckpt_dir)
     return record, None if test_mode else search_from_runner(run)
@@ -291,6 +291,6 @@ def _mlflow_mirror(run: RunDescription | None) -> MlflowMirror | None:
     (or MLflow's embedded store) is configured."""
     if run is None:
         return None
-    from lightning_bridge.translation._mlflow_mirror import mirror_from_runner
+    from lightning_bridge.translation.services._mlflow_mirror import mirror_from_runner
 
     return mirror_from_runner(run)

@@ -42,7 +42,7 @@ from lightning_bridge.experiment.trial_process._exit_codes import (
     EXIT_USAGE,
     guarded,
 )
-from lightning_bridge.translation._trial_environment import is_chief
+from lightning_bridge.translation.services._trial_environment import is_chief
 
 logger = logging.getLogger("lightning_bridge")
 

@@ -43,7 +43,7 @@ from lightning_bridge.record._registry import Registry
 from lightning_bridge.record._schema import TrialState
 from lightning_bridge.record._settings import SETTINGS_FILE, WorkspaceSettings
 from lightning_bridge.record._workspace import Workspace
-from lightning_bridge.translation._run_description import ENV_VAR
+from lightning_bridge.translation.services._run_description import ENV_VAR
 
 logger = logging.getLogger("lightning_bridge")
 

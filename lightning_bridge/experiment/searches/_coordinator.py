@@ -48,7 +48,7 @@ from lightning_bridge.record._registry import Registry
 from lightning_bridge.record._schema import TrialState
 from lightning_bridge.record._settings import WorkspaceSettings
 from lightning_bridge.search import SearchDriver, TrialSpec
-from lightning_bridge.translation._run_description import SearchConnection
+from lightning_bridge.translation.services._run_description import SearchConnection
 
 # How often a worker with room looks for pending trials (seconds): a trial closes itself in
 # the search when its fit ends, before its process exits, and the next may start then.

@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from lightning_bridge._errors import BridgeError, CheckpointWriteError, InvalidArgumentError
 from lightning_bridge.experiment.trial_process._child import EntrypointFailed
-from lightning_bridge.translation._trial_environment import is_chief
+from lightning_bridge.translation.services._trial_environment import is_chief
 
 EXIT_OK = 0
 EXIT_FAILED = 1

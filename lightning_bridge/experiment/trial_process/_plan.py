@@ -36,7 +36,7 @@ from lightning_bridge.experiment.trial_process._startup_hook import startup_hook
 from lightning_bridge.experiment.trial_process._workdir import WORKDIR
 from lightning_bridge.search._space import trial_draw
 from lightning_bridge.translation._engine_settings import EngineSettings
-from lightning_bridge.translation._run_description import (
+from lightning_bridge.translation.services._run_description import (
     ENV_VAR,
     RecordConnection,
     RunDescription,

@@ -42,8 +42,8 @@ from lightning_bridge.experiment.trials._source_checkpoint import warm_start_sou
 from lightning_bridge.record._registry import Registry
 from lightning_bridge.record._schema import TrialState
 from lightning_bridge.record._workspace import Workspace
-from lightning_bridge.translation._run_description import RunDescription
-from lightning_bridge.translation._trial_environment import is_chief
+from lightning_bridge.translation.services._run_description import RunDescription
+from lightning_bridge.translation.services._trial_environment import is_chief
 
 logger = logging.getLogger("lightning_bridge")
 

@@ -65,7 +65,7 @@ PRELOAD = (
     "lightning_bridge.experiment.trials._trial_runs",
     "lightning_bridge.translation._init",
     "lightning_bridge.translation._trainer_api",
-    "lightning_bridge.translation._search_report",
+    "lightning_bridge.translation.services._search_report",
     "lightning_bridge.search._driver",
     "optuna",
     "lightning_bridge.record._registry",

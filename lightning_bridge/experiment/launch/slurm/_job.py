@@ -67,8 +67,8 @@ from lightning_bridge.record._registry import Registry
 from lightning_bridge.record._schema import TrialState
 from lightning_bridge.record._settings import WorkspaceSettings
 from lightning_bridge.record._workspace import Workspace
-from lightning_bridge.translation._run_description import RunDescription
-from lightning_bridge.translation._trial_environment import SlurmJobEnvironment, is_chief
+from lightning_bridge.translation.services._run_description import RunDescription
+from lightning_bridge.translation.services._trial_environment import SlurmJobEnvironment, is_chief
 
 # The file (beside the run description, per job and run) the job notes its time limit's signal
 # in, for every process of its trial (`SlurmJobEnvironment`).

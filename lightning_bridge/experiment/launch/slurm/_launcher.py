@@ -45,7 +45,7 @@ from lightning_bridge.experiment.trials import _trial_runs
 from lightning_bridge.record._records import Job, Trial
 from lightning_bridge.record._registry import LIVE_JOB_STATES, Registry
 from lightning_bridge.record._schema import TrialState
-from lightning_bridge.translation._trial_environment import NODE_ADDRS_ENV
+from lightning_bridge.translation.services._trial_environment import NODE_ADDRS_ENV
 
 logger = logging.getLogger("lightning_bridge")
 

@@ -10,8 +10,11 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from lightning_bridge.translation._run_description import RunDescription
-from lightning_bridge.translation._trial_environment import NODE_ADDRS_ENV, TrialEnvironment
+from lightning_bridge.translation.services._run_description import RunDescription
+from lightning_bridge.translation.services._trial_environment import (
+    NODE_ADDRS_ENV,
+    TrialEnvironment,
+)
 
 __all__ = ["NODE_ADDRS_ENV", "ClusterInfo", "TrialInfo", "get_cluster_info"]
 

@@ -33,7 +33,7 @@ from lightning_bridge.translation._observer import (
     Progress,
     SavedCheckpoint,
 )
-from lightning_bridge.translation._run_description import RunDescription
+from lightning_bridge.translation.services._run_description import RunDescription
 
 logger = logging.getLogger("lightning_bridge")
 

@@ -36,8 +36,8 @@ from lightning_bridge.record._workspace import Workspace
 from lightning_bridge.search import SearchDriver, TrialSpec
 from lightning_bridge.translation._metrics import searcher_value
 from lightning_bridge.translation._observer import FitObserver, FitOutcome, Progress
-from lightning_bridge.translation._run_description import RunDescription
-from lightning_bridge.translation._trial_environment import TrialEnvironment
+from lightning_bridge.translation.services._run_description import RunDescription
+from lightning_bridge.translation.services._trial_environment import TrialEnvironment
 
 logger = logging.getLogger("lightning_bridge")
 
