@@ -438,7 +438,7 @@ def test_shim_folder_maps_determined_in_a_subprocess(tmp_path: pathlib.Path) -> 
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == [
-        "lightning_bridge.translation._trainer_api",
+        "lightning_bridge.translation.fit._trainer_api",
         "lightning_bridge.contract._units",
     ]
 

@@ -67,8 +67,6 @@ from lightning_bridge.checkpoint._layout import TrialState, resolve_checkpoint
 from lightning_bridge.checkpoint._safe_load import read_checkpoint
 from lightning_bridge.contract._context import PyTorchTrialContext, context_setup
 from lightning_bridge.contract._step import prepare_step
-from lightning_bridge.translation._core import TrialCore
-from lightning_bridge.translation._init import checkpoint_dir, setup_of
 from lightning_bridge.translation._lightning_private import (
     continue_fit_progress,
     is_multiprocessing_launcher,
@@ -76,17 +74,19 @@ from lightning_bridge.translation._lightning_private import (
     start_method,
     trainer_logs_now,
 )
-from lightning_bridge.translation._metric_reports import (
+from lightning_bridge.translation._observer import FitObserver, Progress
+from lightning_bridge.translation.fit._core import TrialCore
+from lightning_bridge.translation.fit._init import checkpoint_dir, setup_of
+from lightning_bridge.translation.fit._metric_reports import (
     log_training,
     log_validation,
     training_values,
     validation_values,
 )
-from lightning_bridge.translation._observer import FitObserver, Progress
-from lightning_bridge.translation._payload import trial_payload
-from lightning_bridge.translation._resume import starts_new_run
-from lightning_bridge.translation._trial_data import EpochFeed, FullDatasetPass
-from lightning_bridge.translation._trial_module_refusals import refusal
+from lightning_bridge.translation.fit._payload import trial_payload
+from lightning_bridge.translation.fit._resume import starts_new_run
+from lightning_bridge.translation.fit._trial_data import EpochFeed, FullDatasetPass
+from lightning_bridge.translation.fit._trial_module_refusals import refusal
 
 
 class LightningReports(FitObserver):

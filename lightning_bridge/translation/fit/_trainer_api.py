@@ -24,15 +24,20 @@ from lightning_bridge.checkpoint._safe_load import read_checkpoint
 from lightning_bridge.checkpoint._writable import check_writable
 from lightning_bridge.contract._context import ConfigValues, PyTorchTrialContext, config_values
 from lightning_bridge.contract._units import Batch, TrainUnit
-from lightning_bridge.translation._checkpointer import CHECKPOINT_POLICIES, Checkpointer
-from lightning_bridge.translation._core import TrialCore
-from lightning_bridge.translation._fabric_engine import FabricEngine
-from lightning_bridge.translation._fit_loop import FitLoop, model_summary
-from lightning_bridge.translation._init import FitSettings, checkpoint_dir, fit_settings, setup_of
-from lightning_bridge.translation._launch import check_launcher
-from lightning_bridge.translation._metric_reports import LoggerReports
-from lightning_bridge.translation._resume import starts_new_run
-from lightning_bridge.translation._schedule import Schedule
+from lightning_bridge.translation.fit._checkpointer import CHECKPOINT_POLICIES, Checkpointer
+from lightning_bridge.translation.fit._core import TrialCore
+from lightning_bridge.translation.fit._fabric_engine import FabricEngine
+from lightning_bridge.translation.fit._fit_loop import FitLoop, model_summary
+from lightning_bridge.translation.fit._init import (
+    FitSettings,
+    checkpoint_dir,
+    fit_settings,
+    setup_of,
+)
+from lightning_bridge.translation.fit._launch import check_launcher
+from lightning_bridge.translation.fit._metric_reports import LoggerReports
+from lightning_bridge.translation.fit._resume import starts_new_run
+from lightning_bridge.translation.fit._schedule import Schedule
 
 if TYPE_CHECKING:  # loaded only under `lightning-bridge run` (see _runner_reports)
     from lightning_bridge.translation.services._mlflow_mirror import MlflowMirror

@@ -43,7 +43,7 @@ from lightning_bridge.contract._context import (
 from lightning_bridge.contract._determined_compat import is_determined_object
 from lightning_bridge.contract._distributed import DistributedContext
 from lightning_bridge.translation._engine_settings import EngineSettings
-from lightning_bridge.translation._launch import launch_processes
+from lightning_bridge.translation.fit._launch import launch_processes
 from lightning_bridge.translation.services._run_description import RunDescription
 
 

@@ -27,15 +27,15 @@ from typing import Any, TypeVar
 import torch
 
 from lightning_bridge._errors import CheckpointWriteError, InvalidArgumentError
-from lightning_bridge.translation._checkpointer import Checkpointer
-from lightning_bridge.translation._core import TrialCore
-from lightning_bridge.translation._fabric_engine import FabricEngine
-from lightning_bridge.translation._launch import ENGINE_WARNINGS
-from lightning_bridge.translation._metric_reports import ProgressBar
 from lightning_bridge.translation._observer import FitOutcome
-from lightning_bridge.translation._schedule import Boundary, Schedule
-from lightning_bridge.translation._stop_request import StopRequest
-from lightning_bridge.translation._trial_data import FullDatasetPass
+from lightning_bridge.translation.fit._checkpointer import Checkpointer
+from lightning_bridge.translation.fit._core import TrialCore
+from lightning_bridge.translation.fit._fabric_engine import FabricEngine
+from lightning_bridge.translation.fit._launch import ENGINE_WARNINGS
+from lightning_bridge.translation.fit._metric_reports import ProgressBar
+from lightning_bridge.translation.fit._schedule import Boundary, Schedule
+from lightning_bridge.translation.fit._stop_request import StopRequest
+from lightning_bridge.translation.fit._trial_data import FullDatasetPass
 
 logger = logging.getLogger("lightning_bridge")
 

@@ -41,8 +41,8 @@ from lightning_bridge.translation._metrics import (
     to_numpy,
 )
 from lightning_bridge.translation._observer import FitObservers, Progress
-from lightning_bridge.translation._payload import apply_payload
-from lightning_bridge.translation._trial_data import PassTracker, build_trial_data
+from lightning_bridge.translation.fit._payload import apply_payload
+from lightning_bridge.translation.fit._trial_data import PassTracker, build_trial_data
 
 logger = logging.getLogger("lightning_bridge")
 

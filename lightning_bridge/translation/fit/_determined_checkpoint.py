@@ -26,10 +26,10 @@ from lightning_bridge._errors import CheckpointWriteError, InvalidArgumentError
 from lightning_bridge.checkpoint._retention import CheckpointRetention
 from lightning_bridge.checkpoint._writable import check_writable
 from lightning_bridge.contract._context import config_values
-from lightning_bridge.translation._checkpointer import CHECKPOINT_POLICIES, Checkpointer
-from lightning_bridge.translation._core import TrialCore
-from lightning_bridge.translation._init import checkpoint_dir, setup_of
-from lightning_bridge.translation._trial_module import TrialModule
+from lightning_bridge.translation.fit._checkpointer import CHECKPOINT_POLICIES, Checkpointer
+from lightning_bridge.translation.fit._core import TrialCore
+from lightning_bridge.translation.fit._init import checkpoint_dir, setup_of
+from lightning_bridge.translation.fit._trial_module import TrialModule
 
 logger = logging.getLogger("lightning_bridge")
 
