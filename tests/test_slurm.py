@@ -254,6 +254,34 @@ def test_sbatch_options_map_determined_keys(tmp_path: pathlib.Path) -> None:
     assert one_node.resources(gpus=False) == ["--nodes=1", "--ntasks=1", "--cpus-per-task=1"]
 
 
+def test_the_job_restarts_a_failed_trial_as_many_times_as_its_config_says(
+    tmp_path: pathlib.Path,
+) -> None:
+    """The job reads `max_restarts` from the run description the launcher wrote (the config
+    model's value, Determined's default 5 when the config names none); a run file written
+    before the field existed still gets its config's value."""
+    from lightning_bridge.experiment.launch.slurm._job import restarts_allowed
+    from lightning_bridge.experiment.trial_process._plan import TrialRun, describe_run
+    from lightning_bridge.translation.services._run_description import RunDescription
+
+    def described(config: dict[str, Any], name: str) -> RunDescription:
+        plan = prepare(_folder(tmp_path, config, name), None, Options())
+        trial_dir = tmp_path / name / "trial"
+        trial = TrialRun(workspace=tmp_path, experiment_id=1, trial_id=1, trial_dir=trial_dir)
+        describe_run(plan, trial).write(tmp_path / name / "run.json")
+        return RunDescription.read(tmp_path / name / "run.json")
+
+    assert restarts_allowed(described(_config(max_restarts=2), "two")) == 2
+    unnamed = _config()
+    unnamed.pop("max_restarts")
+    assert restarts_allowed(described(unnamed, "default")) == 5
+    older = described(_config(max_restarts=0), "older").to_json()
+    older.pop("max_restarts")
+    written_before = tmp_path / "older" / "run.json"
+    written_before.write_text(json.dumps(older, default=str))
+    assert restarts_allowed(RunDescription.read(written_before)) == 0
+
+
 @pytest.mark.parametrize(
     ("section", "message"),
     [

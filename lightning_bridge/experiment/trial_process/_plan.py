@@ -357,6 +357,7 @@ def describe_run(plan: Plan, trial: TrialRun) -> RunDescription:
         latest_checkpoint=trial.latest_checkpoint,
         warm_start=trial.warm_start,
         continue_command=trial.continue_command,
+        max_restarts=conf.model.max_restarts,
         search=trial.search,
         options=dataclasses.asdict(plan.options),
     )

@@ -115,8 +115,11 @@ class RunDescription:
     trust_checkpoint: bool = False
     latest_checkpoint: str | None = None
     warm_start: bool | None = None
-    # The command that continues the trial after a stop.
+    # The command that continues the trial after a stop, and how many times a launcher that
+    # restarts a failed trial restarts it (the config's `max_restarts`; None in a run file
+    # written before this field, whose `raw_config` then says).
     continue_command: str = ""
+    max_restarts: int | None = None
     # The search the trial reports to (None: not a search's trial).
     search: SearchConnection | None = None
     # The run command's options, which a `_trial` process plans the run with again.

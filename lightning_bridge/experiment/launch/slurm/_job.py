@@ -60,6 +60,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from lightning_bridge._errors import BridgeError
+from lightning_bridge.experiment.config._config import parse_config
 from lightning_bridge.experiment.launch.slurm._launcher import HOOK_ENV, UNREACHABLE
 from lightning_bridge.experiment.trial_process._exit_codes import EXIT_UNREACHABLE, guarded
 from lightning_bridge.experiment.trials._checkpoints import fetch, settle_checkpoints
@@ -147,6 +148,15 @@ def _continue_from_latest(run_file: pathlib.Path) -> None:
         registry.archive_metrics_after(trial_id, latest.batches)
         local = fetch(registry, latest, run.run_dir / "restore")
     dataclasses.replace(run, latest_checkpoint=str(local), warm_start=None).write(run_file)
+
+
+def restarts_allowed(run: RunDescription) -> int:
+    """How many times the job requeues its failed trial: the config's `max_restarts`, which the
+    launcher wrote into the run description from the config model. A run file written before
+    that field names it only in its config, which the config model reads (same default)."""
+    if run.max_restarts is not None:
+        return run.max_restarts
+    return parse_config(run.raw_config).model.max_restarts
 
 
 def _requeue(reason: str) -> None:
@@ -244,7 +254,7 @@ def main(argv: list[str]) -> int:
         os.environ.update(task_environment(os.environ))
     job_id = os.environ.get("SLURM_JOB_ID")
     described = RunDescription.read(run_file)
-    max_restarts = int(described.raw_config.get("max_restarts", 5) or 0)
+    max_restarts = restarts_allowed(described)
     # This job decides whether its trial keeps its search trial: every process of the trial
     # (a script entrypoint's too) asks this environment, inherited from here.
     environment = SlurmJobEnvironment(
