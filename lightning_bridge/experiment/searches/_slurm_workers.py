@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import pathlib
 import shlex
 import signal
@@ -43,10 +44,10 @@ from lightning_bridge.experiment.config._config import ResolvedConfig
 from lightning_bridge.experiment.launch.slurm._launcher import (
     POLL_S,
     JobInfo,
+    JobWatch,
     SlurmLauncher,
     SlurmRefused,
     SlurmSettings,
-    job_info,
     sbatch,
     signal_job,
     unreachable_in,
@@ -74,9 +75,17 @@ class WorkerJob:
 
     job_id: str
     output: pathlib.Path
-    info: JobInfo | None = None
     read: int = 0  # how much of its output was printed
     ended: bool = False
+    watch: JobWatch = dataclasses.field(init=False)
+
+    def __post_init__(self) -> None:
+        self.watch = JobWatch(self.job_id)
+
+    @property
+    def info(self) -> JobInfo | None:
+        """The job's last state seen while Slurm knew it."""
+        return self.watch.last
 
 
 class WorkerJobs:
@@ -196,17 +205,18 @@ class WorkerJobs:
         for job in self.jobs:
             if job.ended:
                 continue
-            info = job_info(job.job_id)
-            if info is not None and info != job.info:
-                if job.info is not None and info.restarts > job.info.restarts:
-                    self.say(f"Slurm job {job.job_id} was requeued ({info.reason or 'requeue'})")
-                job.info = info
+            info = job.watch.poll(functools.partial(self._changed, job))
             if info is not None and info.live:
                 if finished and info.state == "PENDING":
                     signal_job(job.job_id, None)  # never started: no longer needed
                 continue
             self._ended(job, "GONE" if info is None else info.state)
             job.ended = True
+
+    def _changed(self, job: WorkerJob, now: JobInfo | None, before: JobInfo | None) -> None:
+        """A worker job's state changed: a requeue is said."""
+        if now is not None and before is not None and now.restarts > before.restarts:
+            self.say(f"Slurm job {job.job_id} was requeued ({now.reason or 'requeue'})")
 
     def _relay(self) -> None:
         """Print what the worker jobs printed since the last poll, each line with its job."""

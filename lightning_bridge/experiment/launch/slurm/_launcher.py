@@ -179,6 +179,28 @@ def job_info(job_id: str) -> JobInfo | None:
     )
 
 
+@dataclasses.dataclass
+class JobWatch:
+    """A job followed poll by poll: the one place that reads a job's state to follow it and
+    tells its changes. `follow_job` polls one job until it ends; a search's worker-job
+    coordinator polls several in turn, between its other work."""
+
+    job_id: str
+    last: JobInfo | None = None  # the last state seen while Slurm knew the job
+
+    def poll(
+        self, on_change: Callable[[JobInfo | None, JobInfo | None], None] | None = None
+    ) -> JobInfo | None:
+        """The job's state now (None: Slurm no longer knows it); `on_change(info, last)`
+        first when it changed since the last poll."""
+        info = job_info(self.job_id)
+        if on_change is not None and (info is None or info != self.last):
+            on_change(info, self.last)
+        if info is not None:
+            self.last = info
+        return info
+
+
 def follow_job(
     job_id: str,
     on_change: Callable[[JobInfo | None, JobInfo | None], None] | None = None,
@@ -189,14 +211,11 @@ def follow_job(
     `on_change(info, last)` each time its state changes (`info` None: Slurm no longer knows
     it). The last state seen (None: gone). The one loop that follows a job to its end."""
     deadline = None if timeout is None else time.monotonic() + timeout
-    last: JobInfo | None = None
+    watch = JobWatch(job_id)
     while True:
-        info = job_info(job_id)
-        if on_change is not None and (info is None or info != last):
-            on_change(info, last)
+        info = watch.poll(on_change)
         if info is None or not info.live:
             return info
-        last = info
         if deadline is not None and time.monotonic() >= deadline:
             return info
         time.sleep(interval)
