@@ -26,7 +26,7 @@ import secrets
 import signal
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lightning_bridge import _logging
 from lightning_bridge._errors import (
@@ -44,30 +44,31 @@ from lightning_bridge.experiment.trial_process._exit_codes import (
 )
 from lightning_bridge.translation.services._trial_environment import is_chief
 
+if TYPE_CHECKING:
+    from lightning_bridge.experiment.config._config import ResolvedConfig
+
 logger = logging.getLogger("lightning_bridge")
 
 
-def _seeded(config_path: str, overrides: list[str]) -> tuple[list[str], str | None]:
-    """The overrides, with a random `reproducibility.experiment_seed` added when the config
-    names none, as Determined draws one for every experiment: the experiment's record keeps it
-    and each trial's seed derives from it. With it, the line that says so (printed once the
-    run's checks pass, so the run can be repeated)."""
-    from lightning_bridge.experiment.config._config import load_config
-
-    try:
-        if load_config(config_path, overrides).model.reproducibility.experiment_seed is not None:
-            return overrides, None
-    except BridgeError:
-        return overrides, None  # the run reports the config's error
+def _seeded(
+    config: ResolvedConfig, overrides: list[str]
+) -> tuple[ResolvedConfig, list[str], str | None]:
+    """The config and overrides, with a random `reproducibility.experiment_seed` added when the
+    config names none, as Determined draws one for every experiment: the experiment's record
+    keeps it and each trial's seed derives from it. With it, the line that says so (printed
+    once the run's checks pass, so the run can be repeated)."""
+    if config.model.reproducibility.experiment_seed is not None:
+        return config, overrides, None
     seed = secrets.randbelow(1 << 31)
     line = (
         f"Experiment seed {seed} (drawn at random; repeat the run with "
         f"--set reproducibility.experiment_seed={seed})"
     )
-    return [*overrides, f"reproducibility.experiment_seed={seed}"], line
+    return config.with_seed(seed), [*overrides, f"reproducibility.experiment_seed={seed}"], line
 
 
 def _run(args: argparse.Namespace, from_command_line: bool) -> int:
+    from lightning_bridge.experiment.config._config import load_config
     from lightning_bridge.experiment.launch._registry import default_launcher
     from lightning_bridge.experiment.trial_process import _plan
     from lightning_bridge.record._workspace import Workspace
@@ -77,7 +78,13 @@ def _run(args: argparse.Namespace, from_command_line: bool) -> int:
     except BridgeError as exc:
         print(f"lightning-bridge: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    overrides, seed_line = _seeded(args.config, list(args.overrides))
+    try:  # the one parse of the config on the way to the trial
+        config, overrides, seed_line = _seeded(
+            load_config(args.config, list(args.overrides)), list(args.overrides)
+        )
+    except BridgeError as exc:
+        print(f"lightning-bridge: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     options = _plan.Options(
         overrides=overrides,
         test_mode=bool(args.test),
@@ -94,11 +101,11 @@ def _run(args: argparse.Namespace, from_command_line: bool) -> int:
     if not options.test_mode:  # a search runs its trials (test mode trains its first one)
         from lightning_bridge.experiment.searches._search import run_search
 
-        searched = run_search(args, options, seed_line if is_chief() else None)
+        searched = run_search(args, options, config, seed_line if is_chief() else None)
         if searched is not None:
             return searched
     try:
-        plan = _plan.prepare(args.config, args.context_dir, options)
+        plan = _plan.prepare(args.config, args.context_dir, options, config)
         if options.worker_jobs is not None:
             raise InvalidArgumentError(
                 "--worker-jobs runs a search's trials in Slurm worker jobs, and this run "

@@ -73,6 +73,14 @@ class ResolvedConfig:
             seed = model.reproducibility.experiment_seed or 0
             self._hparams = trial_draw(space, seed, 0)[1]
 
+    def with_seed(self, seed: int) -> ResolvedConfig:
+        """This config with `reproducibility.experiment_seed` set to `seed` (a config that
+        named none, once the run drew one), without validating it again."""
+        raw = apply_overrides(self.raw, [f"reproducibility.experiment_seed={seed}"])
+        reproducibility = self.model.reproducibility.model_copy(update={"experiment_seed": seed})
+        model = self.model.model_copy(update={"reproducibility": reproducibility})
+        return ResolvedConfig(raw, model, self.space)
+
     @property
     def name(self) -> str:
         """The experiment's `name` ("" when it has none)."""

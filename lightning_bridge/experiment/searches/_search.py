@@ -23,7 +23,7 @@ import sys
 from typing import Any
 
 from lightning_bridge._errors import BridgeError, InvalidArgumentError
-from lightning_bridge.experiment.config._config import ResolvedConfig, load_config, parse_config
+from lightning_bridge.experiment.config._config import ResolvedConfig, parse_config
 from lightning_bridge.experiment.launch._preflight import preflight
 from lightning_bridge.experiment.searches._coordinator import (
     SearchCoordinator,
@@ -95,13 +95,16 @@ def _source(registry: Registry, config: ResolvedConfig) -> Any:
 
 
 def run_search(
-    args: argparse.Namespace, options: _plan.Options, seed_line: str | None = None
+    args: argparse.Namespace,
+    options: _plan.Options,
+    config: ResolvedConfig,
+    seed_line: str | None = None,
 ) -> int | None:
-    """`lightning-bridge run CONFIG` when the config's searcher runs several trials (None
-    for a config of one trial, which the ordinary run trains); `seed_line`, printed once the
-    checks pass, says which experiment seed was drawn."""
+    """`lightning-bridge run CONFIG` (its `config`, loaded with `options.overrides`) when the
+    config's searcher runs several trials (None for a config of one trial, which the ordinary
+    run trains); `seed_line`, printed once the checks pass, says which experiment seed was
+    drawn."""
     try:
-        config = load_config(args.config, options.overrides)
         if not config.is_search:
             if args.storage:
                 raise InvalidArgumentError(

@@ -161,9 +161,16 @@ class TrialRun:
         return self.work_dir if self.work_dir is not None else plan.context_dir
 
 
-def prepare(config_path: str | os.PathLike[str], context_dir: Any, options: Options) -> Plan:
-    """Load and validate everything a run needs; raise InvalidArgumentError on bad input."""
-    config = load_config(config_path, options.overrides)
+def prepare(
+    config_path: str | os.PathLike[str],
+    context_dir: Any,
+    options: Options,
+    config: ResolvedConfig | None = None,
+) -> Plan:
+    """Load and validate everything a run needs (`config`: the config at `config_path` with
+    `options.overrides`, already loaded); raise InvalidArgumentError on bad input."""
+    if config is None:
+        config = load_config(config_path, options.overrides)
     if options.test_mode:
         config = config.first_configuration()  # a search's test: its first trial
     config.require_one_trial()
