@@ -1,8 +1,8 @@
 """`python -m lightning_bridge.experiment._slurm_worker_job WORKSPACE ID`: the name worker job
-scripts written by earlier versions call. It runs the worker job's `main`
-(`searches/_slurm_worker_job.py`)."""
+scripts call (those written by earlier versions too), kept stable while the modules behind it
+move. It runs the worker job's `main` (`searches/_slurm_worker_job.py`)."""
 
-# forwarding module: worker job scripts already on users' disks name this path.
+# forwarding module: worker job scripts name this path.
 from __future__ import annotations
 
 import sys

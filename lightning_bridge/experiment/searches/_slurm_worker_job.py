@@ -1,5 +1,6 @@
 """What a search's Slurm worker job runs (`_slurm_workers`):
-`python -m lightning_bridge.experiment.searches._slurm_worker_job WORKSPACE ID`.
+`python -m lightning_bridge.experiment._slurm_worker_job WORKSPACE ID` (a name that forwards
+here, kept stable for the job scripts on disk).
 
 A search worker (`SearchCoordinator`) serving the recorded search `ID` of `WORKSPACE` from this
 allocation, its trials forked from a warm process, until the search is finished or the job is
@@ -41,7 +42,7 @@ def main(argv: list[str]) -> int:
     """A search worker in its Slurm job: serve the recorded search `ID` of `WORKSPACE` from
     this allocation, forking its trials from a warm process, until the search is finished or
     the job is stopped."""
-    parser = argparse.ArgumentParser(prog="lightning_bridge.experiment.searches._slurm_worker_job")
+    parser = argparse.ArgumentParser(prog="lightning_bridge.experiment._slurm_worker_job")
     parser.add_argument("workspace", type=pathlib.Path)
     parser.add_argument("experiment_id", type=int)
     parser.add_argument("--lost-after", type=float, default=300.0)

@@ -127,7 +127,7 @@ class WorkerJobs:
         command = [
             sys.executable,
             "-m",
-            "lightning_bridge.experiment.searches._slurm_worker_job",
+            "lightning_bridge.experiment._slurm_worker_job",  # a name kept stable for job scripts
             str(self.registry.workspace.root),
             str(self.experiment_id),
             f"--lost-after={self.lost_after_s}",

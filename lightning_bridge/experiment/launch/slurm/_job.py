@@ -63,6 +63,7 @@ from lightning_bridge._errors import BridgeError
 from lightning_bridge.experiment.config._config import parse_config
 from lightning_bridge.experiment.launch.slurm._launcher import HOOK_ENV, UNREACHABLE
 from lightning_bridge.experiment.trial_process._exit_codes import EXIT_UNREACHABLE, guarded
+from lightning_bridge.experiment.trial_process._signals import handling
 from lightning_bridge.experiment.trials._checkpoints import fetch, settle_checkpoints
 from lightning_bridge.record._registry import Registry
 from lightning_bridge.record._schema import TrialState
@@ -277,26 +278,25 @@ def main(argv: list[str]) -> int:
             stop.daemon = True
             stop.start()
 
-    for sig in (signal.SIGUSR1, signal.SIGTERM):  # the fit's own SIGTERM handler comes later
-        signal.signal(sig, on_signal)
-
-    try:
-        code = _train(run_file)
-    except SystemExit as exc:  # the fit's own exit once a signal stopped it
-        code = exc.code if isinstance(exc.code, int) else 1
-    finally:
-        trained.set()
-    if not is_chief():  # one task (or process) reads how the trial ended
+    # The fit installs its own SIGTERM handler inside; these stay until the job's end.
+    with handling(on_signal, (signal.SIGUSR1, signal.SIGTERM)):
+        try:
+            code = _train(run_file)
+        except SystemExit as exc:  # the fit's own exit once a signal stopped it
+            code = exc.code if isinstance(exc.code, int) else 1
+        finally:
+            trained.set()
+        if not is_chief():  # one task (or process) reads how the trial ended
+            return code
+        run = RunDescription.read(run_file)
+        assert run.record is not None
+        with Registry(run.record.workspace) as registry:
+            state = registry.trial(run.record.trial_id).state
+        if received == [signal.SIGUSR1] and state == TrialState.STOPPED.value:
+            _requeue("its time limit is near: the trial checkpointed")
+        elif code != 0 and environment.keeps_search_trial(failed=True) is not None:
+            _requeue(f"the trial failed; restart {restarts + 1} of max_restarts {max_restarts}")
         return code
-    run = RunDescription.read(run_file)
-    assert run.record is not None
-    with Registry(run.record.workspace) as registry:
-        state = registry.trial(run.record.trial_id).state
-    if received == [signal.SIGUSR1] and state == TrialState.STOPPED.value:
-        _requeue("its time limit is near: the trial checkpointed")
-    elif code != 0 and environment.keeps_search_trial(failed=True) is not None:
-        _requeue(f"the trial failed; restart {restarts + 1} of max_restarts {max_restarts}")
-    return code
 
 
 if __name__ == "__main__":
