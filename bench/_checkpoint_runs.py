@@ -31,7 +31,7 @@ from torch import nn
 
 import lightning_bridge
 from lightning_bridge.checkpoint import _layout as bridge_layout
-from lightning_bridge.translation import _trainer_api as bridge_trainer
+from lightning_bridge.translation.fit import _trainer_api as bridge_trainer
 
 try:
     from determined import pytorch as det_pytorch

@@ -40,7 +40,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from lightning_bridge._errors import InvalidArgumentError  # noqa: E402
-from lightning_bridge.experiment._config import parse_config  # noqa: E402
+from lightning_bridge.experiment.config._config import parse_config  # noqa: E402
 
 DEFAULT_GIT = "/work/.mirror/determined-ai+determined/repo"
 URL = "http://determined.ai/schemas/expconf/v0/"

@@ -47,10 +47,10 @@ if TYPE_CHECKING:
     from lightning_bridge.contract._reducer import MetricReducer, Reducer
     from lightning_bridge.contract._trial import PyTorchTrial
     from lightning_bridge.contract._units import Batch, Epoch, TrainUnit
-    from lightning_bridge.translation._determined_checkpoint import DeterminedCheckpoint
-    from lightning_bridge.translation._init import init
-    from lightning_bridge.translation._trainer_api import Trainer
-    from lightning_bridge.translation._trial_module import TrialModule
+    from lightning_bridge.translation.fit._determined_checkpoint import DeterminedCheckpoint
+    from lightning_bridge.translation.fit._init import init
+    from lightning_bridge.translation.fit._trainer_api import Trainer
+    from lightning_bridge.translation.fit._trial_module import TrialModule
 
 # Public name -> the module that defines it. The Lightning adapter reuses Lightning's private
 # helpers, so a Lightning release which moved one breaks only the adapter, with its message.
@@ -58,7 +58,7 @@ _LAZY = {
     "Batch": "lightning_bridge.contract._units",
     "CheckpointLoadContext": "lightning_bridge.contract._load",
     "DataLoader": "lightning_bridge.contract._data",
-    "DeterminedCheckpoint": "lightning_bridge.translation._determined_checkpoint",
+    "DeterminedCheckpoint": "lightning_bridge.translation.fit._determined_checkpoint",
     "DistributedContext": "lightning_bridge.contract._distributed",
     "Epoch": "lightning_bridge.contract._units",
     "LightningAdapter": "lightning_bridge.adapter._lightning_trial",
@@ -71,11 +71,11 @@ _LAZY = {
     "Reducer": "lightning_bridge.contract._reducer",
     "TorchData": "lightning_bridge.contract._data",
     "TrainUnit": "lightning_bridge.contract._units",
-    "Trainer": "lightning_bridge.translation._trainer_api",
-    "TrialModule": "lightning_bridge.translation._trial_module",
+    "Trainer": "lightning_bridge.translation.fit._trainer_api",
+    "TrialModule": "lightning_bridge.translation.fit._trial_module",
     "adapt_batch_sampler": "lightning_bridge.contract._data",
     "data_length": "lightning_bridge.contract._data",
-    "init": "lightning_bridge.translation._init",
+    "init": "lightning_bridge.translation.fit._init",
     "lightning_trial": "lightning_bridge.adapter._lightning_trial",
     "load_trial_from_checkpoint_path": "lightning_bridge.contract._load",
     "to_device": "lightning_bridge.contract._data",

@@ -785,7 +785,7 @@ def kept_checkpoints(
 ) -> list[pathlib.Path]:
     """The checkpoint directories the record keeps for an experiment (default: the newest),
     oldest batch first; local storage only."""
-    from lightning_bridge.experiment._checkpoints import trial_checkpoint_storage
+    from lightning_bridge.experiment.trials._checkpoints import trial_checkpoint_storage
     from lightning_bridge.record._registry import Registry
 
     with Registry(workspace) as registry:

@@ -16,9 +16,9 @@ import yaml
 
 import lightning_bridge as pytorch
 from lightning_bridge.contract import _import_map
-from lightning_bridge.experiment._cli import main
-from lightning_bridge.experiment._config import parse_config
-from lightning_bridge.translation._run_description import RecordConnection, RunDescription
+from lightning_bridge.experiment.cli._main import main
+from lightning_bridge.experiment.config._config import parse_config
+from lightning_bridge.translation.services._run_description import RecordConnection, RunDescription
 from tests._folders import (  # isolated_imports: an autouse fixture
     BASE_CONFIG,
     SEED_7,

@@ -54,7 +54,7 @@ def test_script_learns_its_run_like_on_a_cluster(tmp_path: pathlib.Path) -> None
     assert seen["latest_checkpoint"] is None and seen["container_rank"] == 0
     # `from determined import pytorch` is the bridge; --test reached fit(): one batch.
     assert seen["pytorch_module"] == "determined.pytorch"
-    assert seen["trainer_class"] == "lightning_bridge.translation._trainer_api"
+    assert seen["trainer_class"] == "lightning_bridge.translation.fit._trainer_api"
     assert seen["batches"] == 1
     assert "Last validation metrics" in first.stdout
     # One log format for the runner and the script's process (its engine line); no advertising.

@@ -13,9 +13,9 @@ import pytest
 import lightning_bridge
 from lightning_bridge import InvalidArgumentError
 from lightning_bridge.contract import _import_map
-from lightning_bridge.experiment._cli import main
-from lightning_bridge.experiment._config import load_config, parse_config
-from lightning_bridge.experiment._entrypoint import Entrypoint, parse_entrypoint
+from lightning_bridge.experiment.cli._main import main
+from lightning_bridge.experiment.config._config import load_config, parse_config
+from lightning_bridge.experiment.config._entrypoint import Entrypoint, parse_entrypoint
 
 
 def _error(config: Any, overrides: list[str] | None = None) -> str:
@@ -438,7 +438,7 @@ def test_shim_folder_maps_determined_in_a_subprocess(tmp_path: pathlib.Path) -> 
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == [
-        "lightning_bridge.translation._trainer_api",
+        "lightning_bridge.translation.fit._trainer_api",
         "lightning_bridge.contract._units",
     ]
 

@@ -22,7 +22,7 @@ import yaml
 
 import lightning_bridge
 from lightning_bridge.contract import _import_map
-from lightning_bridge.experiment._cli import main
+from lightning_bridge.experiment.cli._main import main
 from tests._trials import LinearTrial, fit
 
 # What the examples (tutorials/mnist_pytorch, deepspeed/dcgan, features/*), the e2e fixtures
@@ -371,7 +371,7 @@ def test_a_failing_startup_hook_stops_the_trial_with_its_exit_code(
 
 def test_initial_weights_follow_the_trial_seed(tmp_path: pathlib.Path) -> None:
     """`init()` under the runner seeds with the trial's seed (not the experiment seed)."""
-    from lightning_bridge.translation._run_description import RunDescription
+    from lightning_bridge.translation.services._run_description import RunDescription
 
     path = tmp_path / "run.json"
     RunDescription(

@@ -18,7 +18,7 @@ import torch
 import lightning_bridge as pytorch
 from lightning_bridge.checkpoint._layout import latest_checkpoint_in
 from lightning_bridge.checkpoint._safe_load import read_checkpoint
-from lightning_bridge.translation._payload import save_checkpoint
+from lightning_bridge.translation.fit._payload import save_checkpoint
 from tests._trials import LinearTrial, quiet_init
 
 REPO = pathlib.Path(__file__).resolve().parents[1]

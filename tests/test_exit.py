@@ -68,7 +68,7 @@ def test_a_thread_pool_left_behind_does_not_keep_the_command(tmp_path: pathlib.P
         import concurrent.futures, sys
         pool = concurrent.futures.ThreadPoolExecutor(3, thread_name_prefix="LeftBehind")
         print(sorted(pool.map(abs, [-1, -2, -3])))
-        from lightning_bridge.experiment._cli import command
+        from lightning_bridge.experiment.cli._main import command
         sys.argv = ["lightning-bridge", "experiment", "list", "--json",
                     "--workspace", {str(workspace)!r}]
         command()

@@ -23,7 +23,7 @@ import pytest
 import torch
 
 import lightning_bridge as pytorch
-from lightning_bridge.experiment._cli import main
+from lightning_bridge.experiment.cli._main import main
 from tests import _folders as ff
 from tests._folders import isolated_imports  # noqa: F401 - autouse fixture
 from tests._servers import PostgresServer

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import torch
 
-from lightning_bridge.experiment._cli import main
+from lightning_bridge.experiment.cli._main import main
 from tests._folders import (  # isolated_imports: an autouse fixture
     BASE_CONFIG,
     checkpoint_weights,

@@ -31,7 +31,7 @@ import lightning_bridge as pytorch
 from lightning_bridge._errors import InvalidArgumentError, InvalidCheckpointError
 from lightning_bridge.checkpoint._layout import latest_checkpoint_in
 from lightning_bridge.checkpoint._safe_load import read_checkpoint
-from lightning_bridge.experiment._cli import main
+from lightning_bridge.experiment.cli._main import main
 from tests import _folders as ff
 from tests._folders import isolated_imports  # noqa: F401 - autouse fixture
 from tests._trials import LinearTrial, quiet_init

@@ -74,7 +74,7 @@ class Answer:
 
 def cli(*args: str, workspace: pathlib.Path, uri: str, check: bool = True) -> Answer:
     """A record or model command, in this process (MLflow's client is imported once)."""
-    from lightning_bridge.experiment._cli import main
+    from lightning_bridge.experiment.cli._main import main
 
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):

@@ -163,7 +163,7 @@ def test_commands_answer_without_importing_torch(tmp_path: pathlib.Path) -> None
     bad.write_text("searcher:\n  max_length:\n    epochs: -3\n")
     code = f"""
 import contextlib, io, sys
-from lightning_bridge.experiment._cli import main
+from lightning_bridge.experiment.cli._main import main
 for argv in (["--version"], ["--help"], ["run", "--help"], ["experiment", "list", "--help"]):
     with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):
         main(argv)
@@ -203,7 +203,7 @@ def test_a_tensorboard_folder_does_not_pass_for_the_package(
     package; with the real package absent the run logs CSV instead of crashing."""
     import importlib.machinery
 
-    from lightning_bridge.translation import _init
+    from lightning_bridge.translation.fit import _init
 
     (tmp_path / "tensorboard" / "events").mkdir(parents=True)
 

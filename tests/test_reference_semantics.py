@@ -14,7 +14,7 @@ import torch
 
 import lightning_bridge as pytorch
 from lightning_bridge.checkpoint._code import code_files, copy_code
-from lightning_bridge.experiment._cli import main
+from lightning_bridge.experiment.cli._main import main
 from tests._folders import BASE_CONFIG, isolated_imports, write_folder  # noqa: F401
 from tests._trials import LinearTrial, RegressionData, fit
 

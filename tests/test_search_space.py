@@ -16,7 +16,7 @@ import lightning_bridge
 from lightning_bridge import InvalidArgumentError, InvalidHP
 from lightning_bridge._errors import is_invalid_hp
 from lightning_bridge.contract import _import_map
-from lightning_bridge.experiment._config import parse_config
+from lightning_bridge.experiment.config._config import parse_config
 from lightning_bridge.search import grid_points, parse_space, trial_draw
 from lightning_bridge.search._grid import axis, round_half_away
 from lightning_bridge.search._space import HP_FORM

@@ -16,7 +16,7 @@ import pytest
 
 from lightning_bridge import Batch
 from lightning_bridge.search import SEARCHER, SearchDriver, SearchSpec, TrialSpec
-from lightning_bridge.translation._run_description import (
+from lightning_bridge.translation.services._run_description import (
     ENV_VAR,
     RunDescription,
     SearchConnection,

@@ -17,9 +17,9 @@ import socket
 
 import pytest
 
-from lightning_bridge.experiment._config import load_config
-from lightning_bridge.experiment._runner import Options
-from lightning_bridge.experiment._search_run import SearchRun
+from lightning_bridge.experiment.config._config import load_config
+from lightning_bridge.experiment.searches._coordinator import SearchCoordinator
+from lightning_bridge.experiment.trial_process._plan import Options
 from lightning_bridge.record._registry import Registry
 from lightning_bridge.search import SearchDriver
 from tests import _folders as sf
@@ -130,9 +130,9 @@ def test_a_second_machine_serves_a_postgresql_search(
 
 def _worker_on(
     host: str, workspace: pathlib.Path, storage: str, name: str, monkeypatch: pytest.MonkeyPatch
-) -> tuple[SearchDriver, SearchRun]:
+) -> tuple[SearchDriver, SearchCoordinator]:
     """A search worker as `search-worker` builds it, on a node named `host`: its driver and
-    its `SearchRun` (nothing started)."""
+    its `SearchCoordinator` (nothing started)."""
     monkeypatch.setattr(socket, "gethostname", lambda: host)
     path = sf.write_folder(workspace.parent, copy.deepcopy(SEARCH), "folder", sf.TINY)
     config = load_config(path)
@@ -140,7 +140,7 @@ def _worker_on(
     registry = Registry(workspace)
     if not registry.experiments():
         registry.create_experiment(config.raw, context_dir=str(path.parent))
-    worker = SearchRun(
+    worker = SearchCoordinator(
         registry,
         driver,
         experiment_id=1,

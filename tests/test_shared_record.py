@@ -21,19 +21,23 @@ import pytest
 import torch
 
 from lightning_bridge.contract._distributed import DistributedContext
-from lightning_bridge.experiment._cli import main
-from lightning_bridge.experiment._config import load_config
-from lightning_bridge.experiment._experiments import _options_record
-from lightning_bridge.experiment._launcher import LocalLauncher
-from lightning_bridge.experiment._runner import Options
-from lightning_bridge.experiment._slurm import SlurmLauncher, _outcome
-from lightning_bridge.experiment._slurm_job import EXIT_UNREACHABLE, task_environment, unreachable
-from lightning_bridge.experiment._slurm_job import main as job_main
+from lightning_bridge.experiment.cli._main import main
+from lightning_bridge.experiment.config._config import load_config
+from lightning_bridge.experiment.launch._contract import LocalLauncher
+from lightning_bridge.experiment.launch.slurm._job import (
+    EXIT_UNREACHABLE,
+    task_environment,
+    unreachable,
+)
+from lightning_bridge.experiment.launch.slurm._job import main as job_main
+from lightning_bridge.experiment.launch.slurm._launcher import SlurmLauncher, _outcome
+from lightning_bridge.experiment.trial_process._plan import Options
+from lightning_bridge.experiment.trials._trial_runs import _options_record
 from lightning_bridge.record._filesystem import filesystem_type, network_filesystem
 from lightning_bridge.record._registry import Registry
 from lightning_bridge.record._workspace import Workspace
 from lightning_bridge.search import SearchDriver
-from lightning_bridge.translation._run_description import RecordConnection, RunDescription
+from lightning_bridge.translation.services._run_description import RecordConnection, RunDescription
 from tests._folders import (  # isolated_imports: an autouse fixture
     BASE_CONFIG,
     checkpoint_weights,
@@ -274,7 +278,7 @@ def test_a_task_of_a_job_across_nodes_knows_its_node_and_its_neighbours(
 ) -> None:
     """Two nodes of two tasks each (srun's environment of the second task of node 1): the
     trial's DistributedContext and cluster info give Determined's ranks and sizes."""
-    from lightning_bridge.translation._cluster_info import ClusterInfo
+    from lightning_bridge.translation.services._cluster_info import ClusterInfo
 
     slurm = {
         "SLURM_PROCID": "3",

@@ -25,9 +25,9 @@ import torch
 import yaml
 
 from lightning_bridge._errors import InvalidArgumentError
-from lightning_bridge.experiment._cli import main
-from lightning_bridge.experiment._runner import Options, prepare
-from lightning_bridge.experiment._slurm import SlurmSettings
+from lightning_bridge.experiment.cli._main import main
+from lightning_bridge.experiment.launch.slurm._launcher import SlurmSettings
+from lightning_bridge.experiment.trial_process._plan import Options, prepare
 from lightning_bridge.record._registry import Registry
 from lightning_bridge.record._workspace import Workspace
 from tests import _folders as sf
@@ -254,6 +254,34 @@ def test_sbatch_options_map_determined_keys(tmp_path: pathlib.Path) -> None:
     assert one_node.resources(gpus=False) == ["--nodes=1", "--ntasks=1", "--cpus-per-task=1"]
 
 
+def test_the_job_restarts_a_failed_trial_as_many_times_as_its_config_says(
+    tmp_path: pathlib.Path,
+) -> None:
+    """The job reads `max_restarts` from the run description the launcher wrote (the config
+    model's value, Determined's default 5 when the config names none); a run file written
+    before the field existed still gets its config's value."""
+    from lightning_bridge.experiment.launch.slurm._job import restarts_allowed
+    from lightning_bridge.experiment.trial_process._plan import TrialRun, describe_run
+    from lightning_bridge.translation.services._run_description import RunDescription
+
+    def described(config: dict[str, Any], name: str) -> RunDescription:
+        plan = prepare(_folder(tmp_path, config, name), None, Options())
+        trial_dir = tmp_path / name / "trial"
+        trial = TrialRun(workspace=tmp_path, experiment_id=1, trial_id=1, trial_dir=trial_dir)
+        describe_run(plan, trial).write(tmp_path / name / "run.json")
+        return RunDescription.read(tmp_path / name / "run.json")
+
+    assert restarts_allowed(described(_config(max_restarts=2), "two")) == 2
+    unnamed = _config()
+    unnamed.pop("max_restarts")
+    assert restarts_allowed(described(unnamed, "default")) == 5
+    older = described(_config(max_restarts=0), "older").to_json()
+    older.pop("max_restarts")
+    written_before = tmp_path / "older" / "run.json"
+    written_before.write_text(json.dumps(older, default=str))
+    assert restarts_allowed(RunDescription.read(written_before)) == 0
+
+
 @pytest.mark.parametrize(
     ("section", "message"),
     [
@@ -295,9 +323,9 @@ def test_a_job_across_nodes_runs_the_startup_hook_in_its_batch_shell(
     """The step a job across nodes runs in its batch shell before `srun` runs the folder's
     hook once and leaves its exports for the batch shell to source (any value, quoted); the
     tasks then do not run it again. A failing hook ends that step with its exit code."""
-    from lightning_bridge.experiment._slurm import HOOK_ENV
-    from lightning_bridge.experiment._startup_hook import RAN_ENV
-    from lightning_bridge.translation._run_description import RunDescription
+    from lightning_bridge.experiment.launch.slurm._launcher import HOOK_ENV
+    from lightning_bridge.experiment.trial_process._startup_hook import RAN_ENV
+    from lightning_bridge.translation.services._run_description import RunDescription
 
     run_file = tmp_path / "trial" / "run.json"
     run_file.parent.mkdir()
@@ -320,7 +348,7 @@ def test_a_job_across_nodes_runs_the_startup_hook_in_its_batch_shell(
 
     # A failing hook: the step ends with its exit code, and the trial is recorded ERROR with
     # the hook's message (what `experiment describe` and the coordinator show).
-    from lightning_bridge.translation._run_description import RecordConnection
+    from lightning_bridge.translation.services._run_description import RecordConnection
 
     ws = tmp_path / "ws"
     with Registry(ws) as registry:

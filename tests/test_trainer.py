@@ -354,7 +354,7 @@ def test_a_lightning_trainer_strategy_is_refused_before_the_trial_is_built() -> 
 
 
 def test_schedule_answers_each_batch_in_determined_order() -> None:
-    from lightning_bridge.translation._schedule import Boundary, Schedule
+    from lightning_bridge.translation.fit._schedule import Boundary, Schedule
 
     schedule = Schedule.for_fit(
         max_length=pytorch.Epoch(2),

@@ -22,8 +22,8 @@ import torch
 
 import lightning_bridge as pytorch
 from lightning_bridge.contract import _import_map
-from lightning_bridge.experiment._cli import main
-from lightning_bridge.translation._trial_module import INEXACT_RESTART, RESTARTS_EXACTLY
+from lightning_bridge.experiment.cli._main import main
+from lightning_bridge.translation.fit._trial_module import INEXACT_RESTART, RESTARTS_EXACTLY
 from tests._folders import (  # isolated_imports: an autouse fixture
     BASE_CONFIG,
     checkpoint_weights,

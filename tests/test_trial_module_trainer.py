@@ -18,7 +18,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import Logger
 
 import lightning_bridge as pytorch
-from lightning_bridge.translation._trial_module import INEXACT_RESTART, RESTARTS_EXACTLY
+from lightning_bridge.translation.fit._trial_module import INEXACT_RESTART, RESTARTS_EXACTLY
 from tests._trials import LinearTrial, RegressionData, quiet_init
 
 N_TRAIN = 96  # 12 batches of 8 per epoch

@@ -123,7 +123,7 @@ def _refused_attribute(module: str, attr: str) -> ImportError | AttributeError:
 # Where `determined.get_cluster_info` and its classes live: a trial's cluster info is its run
 # description, which translation/ reads, a layer above the trial contract. Named, not imported,
 # as the package's facade names its public names' modules.
-_CLUSTER_INFO = "lightning_bridge.translation._cluster_info"
+_CLUSTER_INFO = "lightning_bridge.translation.services._cluster_info"
 
 
 def _build(name: str) -> types.ModuleType:

@@ -1,9 +1,9 @@
-"""The trial on Lightning: `Trainer.fit`'s loop on `lightning.Fabric`, and `TrialModule`.
-
-Both drive one `TrialCore` (the trial contract and the fit's progress). `Trainer.fit` runs
-`FitLoop`, which asks a pure `Schedule` what each batch reached, saves through one
-`Checkpointer` and polls one `StopRequest`; the run record, a search's report, Lightning's
-loggers and the progress bar observe the fit (`FitObserver`). `TrialModule` runs the core
-inside a user's own `lightning.Trainer`. The public names are re-exported from
-`lightning_bridge`.
+"""The trial on Lightning, in two rooms: `fit/` (`Trainer.fit`'s loop on `lightning.Fabric`,
+and `TrialModule` for a user's own `lightning.Trainer`, both driving one `TrialCore`) and
+`services/` (the trial's side of the run description, cluster info, trial environment, run
+record, search reports and MLflow mirror). The fit uses the services; the services never
+import the fit. At this root is what both rooms speak: the fit's observer protocol
+(`FitObserver`, which the record, a search's report and the MLflow mirror implement), metric
+reduction, the engine settings a run description carries, and Lightning's private names. The
+public names are re-exported from `lightning_bridge`.
 """

@@ -22,7 +22,7 @@ import pytest
 import torch
 
 import lightning_bridge as pytorch
-from lightning_bridge.experiment._cli import main
+from lightning_bridge.experiment.cli._main import main
 from tests._folders import BASE_CONFIG, kept_checkpoints, write_folder
 
 pytestmark = pytest.mark.interop

@@ -1,0 +1,269 @@
+"""Where a trial runs: the launcher contract, in three parts (DESIGN.md, "Where trials run").
+
+- The **launcher** (`Launcher`) checks before anything is recorded or submitted what it needs
+  (`check`, `check_worker_jobs`, `check_record`: SQLite on a network file system is warned
+  about on one machine, refused for trials on several) and whether the run may go on here
+  (`allows`); it runs a single trial to its end (`run_trial`, which records how it ended
+  either way) and starts a search's trial (`start`), returning its handle.
+- The **handle** answers for a started trial (`TrialProcess`: pid, wait, signal), and for a
+  recorded trial that runs now (`running` -> `RunningTrial`: what `experiment pause | kill`
+  stop), so nothing outside the launchers branches on where a trial runs.
+- The **environment** inside the trial's processes (`translation._trial_environment`)
+  answers the launcher's questions there: requeued, restarts, node addresses, the signal
+  that means "time is short", and whether the trial keeps its search trial.
+
+`run --launcher NAME` picks one (`_launchers.launcher_for`, the registry of names); the
+experiment's record keeps the name (in its options), so `experiment continue` starts its
+trials the same way. `local` runs trials on this machine (a search's forked from a warm
+process, `_warm`); `slurm` submits each trial as an `sbatch` job (`_slurm`), or a search's
+trials into worker jobs (`_slurm_workers`).
+"""
+
+from __future__ import annotations
+
+import abc
+import logging
+import os
+import signal
+import socket
+import sys
+from collections.abc import Sequence
+from typing import ClassVar
+
+from lightning_bridge._errors import InvalidArgumentError
+from lightning_bridge._process import pid_alive
+from lightning_bridge.experiment.launch._handle import TrialProcess
+from lightning_bridge.experiment.launch.local._warm import WarmStarter
+from lightning_bridge.experiment.trial_process import _plan
+from lightning_bridge.experiment.trial_process._parent import PARENT_ENV
+from lightning_bridge.experiment.trials import _trial_runs
+from lightning_bridge.record._filesystem import network_filesystem
+from lightning_bridge.record._records import Job, Trial
+from lightning_bridge.record._registry import Registry
+from lightning_bridge.record._schema import TrialState
+from lightning_bridge.record._settings import SETTINGS_FILE, WorkspaceSettings
+from lightning_bridge.record._workspace import Workspace
+from lightning_bridge.translation.services._run_description import ENV_VAR
+
+logger = logging.getLogger("lightning_bridge")
+
+
+def sqlite_on_network(workspace: Workspace, mounts: str | None = None) -> str | None:
+    """Why the workspace's record cannot be trusted where it is (SQLite on a network file
+    system) and the fix; None when it can. `mounts`: the mounts table (default: this
+    machine's)."""
+    if WorkspaceSettings.read(workspace.root).record is not None:
+        return None  # a PostgreSQL server
+    kind = network_filesystem(workspace.registry_path.parent, mounts)
+    if kind is None:
+        return None
+    return (
+        f"the experiment record {workspace.registry_path} is an SQLite database on a network "
+        f"file system ({kind}), where SQLite's locking is unreliable: writes of several "
+        "processes may be lost or corrupt the record. Keep the record on a PostgreSQL server: "
+        f'write {{"record": "postgresql://USER:PASSWORD@HOST/DATABASE"}} in '
+        f"{workspace.root / SETTINGS_FILE}, or choose a --workspace on a local disk"
+    )
+
+
+class RunningTrial(abc.ABC):
+    """A recorded trial that runs now, as `experiment pause | kill` reaches it: the handle
+    its launcher gives for it from the record (`Launcher.running`)."""
+
+    # What runs it: signalled once however many of the experiment's trials it runs (a
+    # search's worker job runs several).
+    key: str
+
+    @abc.abstractmethod
+    def stop(self, registry: Registry, trial_id: int, kill: bool, signal_it: bool) -> str:
+        """Pause the trial (it checkpoints and stops) or `kill` it, signalling what runs it
+        when `signal_it` (not yet signalled); where it runs, for the command's line."""
+
+    def wait_stopped(self) -> None:  # noqa: B027 - a process is gone once killed
+        """After a kill: until what ran it has ended (the trial's own last words first)."""
+
+
+class ProcessOnThisMachine(RunningTrial):
+    """A trial's process on this machine (`pid`)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.key = f"process {pid}"
+
+    def stop(self, registry: Registry, trial_id: int, kill: bool, signal_it: bool) -> str:
+        if signal_it:
+            os.kill(self.pid, signal.SIGKILL if kill else signal.SIGTERM)
+        return self.key
+
+
+class Launcher(abc.ABC):
+    """Starts a trial where it runs and reports its end (Lightning's strategies' style)."""
+
+    name: ClassVar[str]
+    several_machines: ClassVar[bool] = False  # whether trials run on other machines
+    # Whether a scheduler places the trials (no machine capacity of this one bounds them).
+    scheduler_places: ClassVar[bool] = False
+    # Config keys this launcher reads besides those every run reads (not reported unused).
+    config_keys: ClassVar[tuple[str, ...]] = ()
+
+    def capacity(self, options: _plan.Options, processes: int) -> tuple[int, list[str]]:
+        """How many of a search's trials (of `processes` processes each) this launcher runs
+        at once from one worker, and the GPUs it shares out among them (`start`'s
+        `devices`); a launcher whose scheduler places trials: as many as the searcher
+        allows."""
+        return 1 << 16, []
+
+    def allows(self, plan: _plan.Plan, force: bool) -> bool:
+        """Whether the run may go on as planned on the machine it lands on (`force`: the
+        user accepted a slower run); a launcher whose scheduler places trials: always."""
+        return True
+
+    def check_worker_jobs(self, plan: _plan.Plan, count: int | None) -> None:
+        """Refuse `--worker-jobs` (`count`) where it cannot apply, before anything is
+        recorded: only a launcher with worker jobs takes it."""
+        if count is None:
+            return
+        raise InvalidArgumentError(
+            "--worker-jobs runs a search's trials in Slurm jobs; add --launcher slurm (on this "
+            "machine a search already starts its trials from one warm process)"
+        )
+
+    def check(self, plan: _plan.Plan) -> None:  # noqa: B027 - most launchers need nothing
+        """Refuse a plan this launcher cannot run (InvalidArgumentError), before anything is
+        recorded or submitted."""
+
+    def check_record(self, workspace: Workspace, mounts: str | None = None) -> None:
+        """Refuse a record trials on other machines cannot share safely (SQLite on a network
+        file system), before anything is recorded; on one machine, warn."""
+        reason = sqlite_on_network(workspace, mounts)
+        if reason is None:
+            return
+        if self.several_machines:
+            raise InvalidArgumentError(
+                f"--launcher {self.name} runs trials on several machines, and {reason}."
+            )
+        logger.warning("%s.", reason[0].upper() + reason[1:])
+
+    def running(self, trial: Trial, job: Job | None) -> RunningTrial | None:
+        """The recorded trial's handle while it runs where this launcher put it (`job`: its
+        recorded job, if any); None when it does not run there now."""
+        return None
+
+    def unreachable(self, registry: Registry, trial_id: int) -> str | None:
+        """Why a trial that ended could not reach the services trials report to, from where it
+        ran (then a search stops starting trials); None when that was not its end."""
+        return None
+
+    @abc.abstractmethod
+    def start(
+        self,
+        registry: Registry,
+        plan: _plan.Plan,
+        trial: _plan.TrialRun,
+        devices: Sequence[str] = (),
+    ) -> TrialProcess:
+        """Start a search's recorded trial and return at once, its handle (the search's
+        worker follows it); `devices`: the GPUs it gets on this machine (a launcher whose
+        scheduler places trials gets none)."""
+
+    def warm_up(self, preload: Sequence[str]) -> None:  # noqa: B027 - nothing to warm
+        """Get ready to start a search's trials quickly (`preload`: what their processes
+        import), from now until `close`."""
+
+    def ready(self) -> bool:
+        """Whether a trial started now starts at once (see `_warm.WarmStarter.ready`)."""
+        return True
+
+    def close(self) -> None:  # noqa: B027 - nothing to end
+        """End what `warm_up` started."""
+
+    @abc.abstractmethod
+    def run_trial(
+        self,
+        registry: Registry,
+        plan: _plan.Plan,
+        trial: _plan.TrialRun,
+        relaunch: bool = False,
+    ) -> int:
+        """Run one recorded trial to its end; its exit code (0: completed or stopped)."""
+
+
+class LocalLauncher(Launcher):
+    """The trial runs on this machine, as `run` always ran it (`_trial_runs.run_trial`); a
+    search's trial in a process of its own, forked from a warm process where it is safe
+    (`_warm.WarmStarter`), else started cold."""
+
+    name = "local"
+
+    def __init__(self) -> None:
+        self._starter: WarmStarter | None = None
+
+    @property
+    def starter(self) -> WarmStarter:
+        if self._starter is None:
+            self._starter = WarmStarter()
+        return self._starter
+
+    def warm_up(self, preload: Sequence[str]) -> None:
+        self._starter = WarmStarter(preload)
+        self._starter.warm_up()
+
+    def ready(self) -> bool:
+        return self._starter is None or self._starter.ready()
+
+    def close(self) -> None:
+        if self._starter is not None:
+            self._starter.close()
+
+    def start(
+        self,
+        registry: Registry,
+        plan: _plan.Plan,
+        trial: _plan.TrialRun,
+        devices: Sequence[str] = (),
+    ) -> TrialProcess:
+        """The trial's process (`lightning-bridge _trial RUN_FILE`) in its own copy of the
+        folder, its output in the trial's `output.log`, ended with the process that started
+        it (`PARENT_ENV`)."""
+        trial.trial_dir.mkdir(parents=True, exist_ok=True)
+        _plan.describe_run(plan, trial).write(trial.run_file)
+        _trial_runs.prepare_work_dir(plan, trial)  # the trial's process starts in its copy
+        env = {k: v for k, v in os.environ.items() if k != ENV_VAR}
+        env[PARENT_ENV] = str(os.getpid())
+        if devices:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(devices)
+        command = [sys.executable, "-m", "lightning_bridge", "_trial", str(trial.run_file)]
+        output = str(trial.trial_dir / "output.log")
+        return self.starter.start(command, cwd=trial.working_dir(plan), env=env, output=output)
+
+    def running(self, trial: Trial, job: Job | None) -> RunningTrial | None:
+        """The trial's process, alive on this machine, as recorded."""
+        if trial.state != TrialState.ACTIVE.value or trial.pid is None:
+            return None
+        if trial.host != socket.gethostname() or not pid_alive(trial.pid):
+            return None
+        return ProcessOnThisMachine(trial.pid)
+
+    def capacity(self, options: _plan.Options, processes: int) -> tuple[int, list[str]]:
+        """Whole sets of `processes` GPUs of this machine, else of its CPU cores."""
+        from lightning_bridge.experiment.launch.local._machine_capacity import trials_at_once
+
+        return trials_at_once(options.accelerator, options.devices, processes)
+
+    def allows(self, plan: _plan.Plan, force: bool) -> bool:
+        """More processes than this machine runs side by side: refused for devices, asked
+        about (or `force`) for CPU cores (`_machine_capacity`)."""
+        from lightning_bridge.experiment.launch.local._machine_capacity import (
+            oversubscription_allowed,
+        )
+
+        return oversubscription_allowed(plan, force)
+
+    def run_trial(
+        self,
+        registry: Registry,
+        plan: _plan.Plan,
+        trial: _plan.TrialRun,
+        relaunch: bool = False,
+    ) -> int:
+        return _trial_runs.run_trial(registry, plan, trial, relaunch)

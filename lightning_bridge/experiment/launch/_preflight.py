@@ -1,0 +1,58 @@
+"""The checks before an experiment records anything, in one place and one order, for `run`
+(one trial or a search), `search-worker` and `experiment continue`: a refusal there leaves
+the workspace as it was, with one message.
+
+In order: the checkpoint storage and the size of the code to snapshot (a new experiment),
+the search's storage (a search with `--storage`), the engine settings against Lightning (a
+trial trained from here), the launcher's own checks (its binaries, what it can place),
+`--worker-jobs`, and the record's file system as the launcher needs it.
+"""
+
+from __future__ import annotations
+
+import pathlib
+from collections.abc import Sequence
+
+from lightning_bridge.experiment.launch._contract import Launcher
+from lightning_bridge.experiment.launch._registry import launcher_for
+from lightning_bridge.experiment.trial_process import _plan
+from lightning_bridge.experiment.trials import _trial_runs
+from lightning_bridge.record._workspace import Workspace
+
+
+def preflight(
+    plan: _plan.Plan,
+    workspace: Workspace,
+    *,
+    new: bool = False,
+    search: bool = False,
+    search_storage: str | None = None,
+    written: Sequence[pathlib.Path] = (),
+    engine: bool = False,
+) -> Launcher:
+    """Check `plan` before anything is recorded (see the module docstring): `new`, an
+    experiment about to be created (its checkpoint storage, its code's size, with `written`
+    files the run adds to the workspace); `search`, a search's (Optuna there, the options'
+    `--worker-jobs` possible), `search_storage` the storage it names, to reach; `engine`,
+    the engine settings of a trial trained from here. Raises the first refusal (a
+    BridgeError); returns the plan's launcher."""
+    if new:
+        _trial_runs.check_storage(plan)
+    if search:
+        from lightning_bridge.search._storage import import_optuna
+
+        import_optuna()
+    if search_storage is not None:  # reached before the search is recorded
+        from lightning_bridge.experiment.trials._search_storage import check_search_storage
+
+        check_search_storage(search_storage)
+    if new:
+        _trial_runs.check_code(plan, workspace, *written)
+    if engine:
+        plan.check_engine()
+    launcher = launcher_for(plan.options.launcher)
+    launcher.check(plan)
+    if search:
+        launcher.check_worker_jobs(plan, plan.options.worker_jobs)
+    launcher.check_record(workspace)
+    return launcher

@@ -1,0 +1,2 @@
+"""The local launcher's machinery: the warm process that forks trials with their imports
+done, and what this machine can hold (GPUs, processes)."""

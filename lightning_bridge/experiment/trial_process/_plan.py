@@ -1,0 +1,430 @@
+"""Run a Determined experiment folder (config + code) on Lightning.
+
+`prepare()` validates the config and the entrypoint without running anything (nor importing
+torch); `execute()` runs one trial of it. Either way the trial's run is described in a JSON file
+in the trial's folder, named by `LIGHTNING_BRIDGE_EXPERIMENT` (a `RunDescription`): its config,
+hyperparameters, folders, engine settings, schedule and record. A `module:TrialClass`
+entrypoint (or the torch_distributed launcher's `--trial`) is imported and trained in this
+process with `init()` + `Trainer.fit()`, both taking their values from that description. A
+script entrypoint (`python3 train.py ...`, optionally behind `python3 -m
+determined.launch.torch_distributed`) runs as a subprocess, under torchrun when it gets more
+than one process, with `determined` mapped onto the bridge.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import importlib.util
+import logging
+import os
+import pathlib
+import shlex
+import shutil
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from lightning_bridge._errors import InvalidArgumentError, InvalidTrialError
+from lightning_bridge.contract import _import_map
+from lightning_bridge.contract._units import Batch
+from lightning_bridge.experiment.config._config import ResolvedConfig, load_config
+from lightning_bridge.experiment.config._entrypoint import Entrypoint, parse_entrypoint
+from lightning_bridge.experiment.trial_process._child import EntrypointFailed, run_child
+from lightning_bridge.experiment.trial_process._startup_hook import startup_hook_environment
+from lightning_bridge.experiment.trial_process._workdir import WORKDIR
+from lightning_bridge.search._space import trial_draw
+from lightning_bridge.translation._engine_settings import EngineSettings
+from lightning_bridge.translation.services._run_description import (
+    ENV_VAR,
+    RecordConnection,
+    RunDescription,
+    SearchConnection,
+)
+
+logger = logging.getLogger("lightning_bridge")
+
+# Seconds a script entrypoint gets to stop after SIGTERM / SIGINT (config: preemption_timeout).
+DEFAULT_STOP_TIMEOUT = 300
+
+
+@dataclasses.dataclass
+class Options:
+    """The `run` command's options."""
+
+    overrides: list[str] = dataclasses.field(default_factory=list)
+    test_mode: bool = False
+    resume: str | None = None
+    trust_checkpoint: bool = False
+    devices: Any = None
+    precision: str | None = None
+    strategy: str | None = None
+    accelerator: str | None = None
+    # Where the record is mirrored in MLflow (None: MLFLOW_TRACKING_URI, the workspace's).
+    tracking_uri: str | None = None
+    launcher: str = "local"  # where trials run (`_launcher`)
+    num_nodes: int | None = None  # a trial across nodes: `devices` processes on each
+    # A search on Slurm: its trials run in this many long-running worker jobs
+    # (`_slurm_workers`), each forking them from a warm process; None: a job per trial.
+    worker_jobs: int | None = None
+
+    @classmethod
+    def from_record(cls, recorded: dict[str, Any]) -> Options:
+        """The options an experiment or a run description recorded (other keys ignored)."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in recorded.items() if k in names})
+
+    def engine_settings(self) -> EngineSettings:
+        """The command line's engine settings, as given."""
+        return EngineSettings(
+            accelerator=self.accelerator or "auto",
+            devices=self.devices,
+            strategy=self.strategy or "auto",
+            precision=self.precision,
+            num_nodes=self.num_nodes or 1,
+        )
+
+
+@dataclasses.dataclass
+class Plan:
+    """A validated run: the config, where it runs and what it runs."""
+
+    config: ResolvedConfig
+    context_dir: pathlib.Path
+    entrypoint: Entrypoint
+    options: Options
+    accelerator: str | None = None  # the accelerator Lightning will use (set by the checks)
+
+    @property
+    def processes(self) -> int:
+        """How many training processes: `--devices` when it is a number, else slots_per_trial."""
+        if isinstance(self.options.devices, int):
+            return self.options.devices * (self.options.num_nodes or 1)
+        return self.config.model.resources.slots_per_trial
+
+    def experiment_config(self) -> dict[str, Any]:
+        return self.config.experiment_config(self.context_dir)
+
+    def check_engine(self) -> None:
+        """Check the command line's engine settings against Lightning (InvalidArgumentError
+        listing the accepted values); remember the accelerator it will use."""
+        settings = self.options.engine_settings()
+        self.accelerator = settings.check(spell=lambda name: f"--{name}")
+
+    @property
+    def stop_timeout(self) -> int:
+        """Seconds a script entrypoint gets to stop after a signal before it is killed."""
+        return self.config.model.preemption_timeout or DEFAULT_STOP_TIMEOUT
+
+
+@dataclasses.dataclass
+class TrialRun:
+    """One trial of an experiment as it runs now: its ids, its folder (checkpoints, logs,
+    log file, run description), the checkpoint directory it continues from, and the command
+    that continues it after a stop."""
+
+    workspace: pathlib.Path
+    experiment_id: int
+    trial_id: int
+    trial_dir: pathlib.Path
+    latest_checkpoint: str | None = None
+    continue_command: str = ""
+    # fit()'s warm_start: True when the trial starts from another trial's checkpoint
+    # (searcher.source_checkpoint_uuid / source_trial_id), None to let the checkpoint decide.
+    warm_start: bool | None = None
+    # The trial's recorded seed (None: derived from the experiment seed, see `trial_seed`).
+    seed: int | None = None
+    # A search's trial: the search it reports to, and the trial there (its seed).
+    search: SearchConnection | None = None
+
+    @property
+    def checkpoint_dir(self) -> pathlib.Path:
+        return self.trial_dir / "checkpoints"
+
+    @property
+    def log_file(self) -> pathlib.Path:
+        return self.trial_dir / "trial.log"
+
+    @property
+    def run_file(self) -> pathlib.Path:
+        return self.trial_dir / "run.json"
+
+    @property
+    def work_dir(self) -> pathlib.Path | None:
+        """A search's trial runs in its own copy of the experiment folder (`_workdir`); a
+        single trial (None) in the folder itself."""
+        return self.trial_dir / WORKDIR if self.search is not None else None
+
+    def working_dir(self, plan: Plan) -> pathlib.Path:
+        """Where the trial's hook and entrypoint run and its code is imported from."""
+        return self.work_dir if self.work_dir is not None else plan.context_dir
+
+
+def prepare(
+    config_path: str | os.PathLike[str],
+    context_dir: Any,
+    options: Options,
+    config: ResolvedConfig | None = None,
+) -> Plan:
+    """Load and validate everything a run needs (`config`: the config at `config_path` with
+    `options.overrides`, already loaded); raise InvalidArgumentError on bad input."""
+    if config is None:
+        config = load_config(config_path, options.overrides)
+    if options.test_mode:
+        config = config.first_configuration()  # a search's test: its first trial
+    config.require_one_trial()
+    config_file = pathlib.Path(config_path).resolve()
+    folder = pathlib.Path(context_dir) if context_dir is not None else config_file.parent
+    return prepare_config(config, folder, options)
+
+
+def prepare_config(config: ResolvedConfig, folder: pathlib.Path, options: Options) -> Plan:
+    """`prepare()` for a config already loaded (an experiment's recorded one)."""
+    if not folder.is_dir():
+        raise InvalidArgumentError(
+            f"context directory {str(folder)!r} not found; pass the folder holding the trial "
+            "code (the `.` of `det e create const.yaml .`)."
+        )
+    entrypoint = parse_entrypoint(config.model.entrypoint)
+    plan = Plan(config, folder.resolve(), entrypoint, options)
+    if entrypoint.trial is not None:
+        if plan.config.length("max_length") is None:
+            raise InvalidArgumentError(
+                "searcher.max_length: required for a trial-class entrypoint (how long to "
+                "train), e.g. searcher.max_length.epochs: 5, or --set "
+                "searcher.max_length.batches=100"
+            )
+        # Checks records units (global_batch_size) before anything runs.
+        plan.config.length("min_validation_period")
+        plan.config.length("min_checkpoint_period")
+    if plan.processes < 1:
+        raise InvalidArgumentError(f"--devices: expected a positive integer, got {plan.processes}")
+    return plan
+
+
+def unused_warning(plan: Plan, launcher_keys: tuple[str, ...] = ()) -> str | None:
+    """The one warning listing the config keys the run does not use (its launcher reads
+    `launcher_keys`), and what Determined would have refused that the bridge runs."""
+    unused = [k for k in plan.config.unused_keys if k.split(" ")[0] not in launcher_keys]
+    lines = [
+        f"Determined 0.38.1 would not run this config: {line}"
+        for line in plan.config.determined_differences
+    ]
+    if unused:
+        lines.insert(0, "experiment config keys not used by lightning-bridge: " + ", ".join(unused))
+    if plan.config.starts_no_trial:
+        lines.append(
+            "hyperparameters: the grid searcher has no hyperparameter to search over, so its "
+            "grid has no point and the experiment completes without a trial (as on "
+            "Determined); add hyperparameters (a count on each range) or use the single searcher"
+        )
+    return "\n".join(lines) or None
+
+
+def engine_settings(plan: Plan, processes_launched: bool) -> EngineSettings:
+    """The trial's engine settings: the command line's, plus DDP for several processes when
+    Lightning launches them (torchrun-launched scripts are detected by `init()` itself)."""
+    settings = plan.options.engine_settings()
+    if processes_launched:
+        return settings.replace(devices=None)
+    if settings.devices is None and plan.processes > 1:
+        settings = settings.replace(devices=plan.processes)
+    if plan.processes > 1 and not plan.options.strategy:
+        settings = settings.replace(strategy="ddp")
+    return settings
+
+
+def load_trial_class(spec: str, context_dir: pathlib.Path) -> type:
+    """Import `module:Class` from the context directory (first on sys.path)."""
+    from lightning_bridge.contract._trial import is_trial_class
+
+    module_name, _, qualname = spec.partition(":")
+    if str(context_dir) not in sys.path:
+        sys.path.insert(0, str(context_dir))
+    _import_map.install(force=False)
+    loaded = sys.modules.get(module_name.partition(".")[0])
+    if loaded is not None and not str(getattr(loaded, "__file__", "")).startswith(str(context_dir)):
+        # A same-named module of another folder (an earlier run in this process).
+        for name in [m for m in sys.modules if m.partition(".")[0] == loaded.__name__]:
+            del sys.modules[name]
+    if importlib.util.find_spec(module_name) is None:
+        raise InvalidArgumentError(
+            f"entrypoint {spec}: no module {module_name!r} in {context_dir}; the entrypoint "
+            "names a Python file of the context directory (model_def:MyTrial for "
+            "model_def.py)."
+        )
+    module = importlib.import_module(module_name)
+    obj: Any = module
+    for part in qualname.split("."):
+        if not hasattr(obj, part):
+            raise InvalidArgumentError(
+                f"entrypoint {spec}: {module_name} has no {qualname!r}; check the class name."
+            )
+        obj = getattr(obj, part)
+    if not is_trial_class(obj):
+        raise InvalidTrialError(
+            f"entrypoint {spec}: {qualname} is not a PyTorchTrial subclass; a trial-class "
+            "entrypoint names a class derived from pytorch.PyTorchTrial (or use a script "
+            "entrypoint such as python3 train.py)."
+        )
+    return obj
+
+
+def _run_trial(plan: Plan, run: RunDescription, work_dir: pathlib.Path) -> None:
+    """Train a trial class in this process: `init()` takes everything from the run's
+    description (named in the environment), `fit()` its schedule."""
+    import lightning_bridge as pytorch
+
+    assert plan.entrypoint.trial is not None
+    trial_class = load_trial_class(plan.entrypoint.trial, work_dir)
+    with pytorch.init() as context:
+        trial_object = trial_class(context)
+        trainer = pytorch.Trainer(trial_object, context)
+        trainer.fit(
+            max_length=run.max_length,
+            validation_period=run.validation_period,
+            checkpoint_period=run.checkpoint_period,
+            reporting_period=Batch(run.reporting_period),
+            checkpoint_policy=run.checkpoint_policy,
+            latest_checkpoint=run.latest_checkpoint,
+            step_zero_validation=run.step_zero_validation,
+            test_mode=run.test_mode,
+            profiling_enabled=run.profiling_enabled,
+            trust_checkpoint=run.trust_checkpoint,
+            warm_start=run.warm_start,
+        )
+
+
+def script_command(plan: Plan) -> list[str]:
+    """The command a script entrypoint runs as: this interpreter for `python`, under torchrun
+    (`--standalone --nproc_per_node N`, through `_torchrun` so that a stop signal ends the run
+    like one process's) for N > 1 processes."""
+    command = list(plan.entrypoint.command)
+    n = plan.processes
+    if not plan.entrypoint.python:
+        if n > 1:
+            raise InvalidArgumentError(
+                f"entrypoint {' '.join(command)}: {n} processes need a Python command to "
+                "launch with torchrun (python3 train.py); set resources.slots_per_trial: 1 or "
+                "use a python3 entrypoint."
+            )
+        return command
+    if n <= 1:
+        return [sys.executable, *command[1:]]
+    rest = command[1:]
+    torchrun = [sys.executable, "-m", "lightning_bridge.experiment.trial_process._torchrun"]
+    torchrun += [f"--stop-timeout={plan.stop_timeout}", "--", "--standalone"]
+    torchrun.append(f"--nproc_per_node={n}")
+    if rest and rest[0] == "-m":
+        return [*torchrun, "-m", *rest[1:]]
+    return [*torchrun, *rest]
+
+
+def trial_seed(plan: Plan, trial: TrialRun) -> int:
+    """The trial's seed: a search's trial has its own; a single trial's derives from the
+    experiment seed as a search's first trial's does (Determined draws every trial's seed from
+    the experiment seed)."""
+    if trial.seed is not None:
+        return int(trial.seed)
+    if trial.search is not None:
+        return int(trial.search.trial.seed)
+    return trial_draw(plan.config.space, plan.config.model.reproducibility.experiment_seed or 0, 0)[
+        0
+    ]
+
+
+def describe_run(plan: Plan, trial: TrialRun) -> RunDescription:
+    """The run description a trial's processes read (see `RunDescription`)."""
+    conf = plan.config
+    script = plan.entrypoint.trial is None
+    record = RecordConnection(str(trial.workspace), trial.experiment_id, trial.trial_id)
+    return RunDescription(
+        record=record,
+        run_dir=trial.trial_dir,
+        checkpoint_dir=trial.checkpoint_dir,
+        log_file=trial.log_file,
+        context_dir=plan.context_dir,
+        entrypoint=conf.model.entrypoint,
+        config=plan.experiment_config(),
+        raw_config=conf.raw,
+        hparams=conf.hparams,
+        trial_seed=trial_seed(plan, trial),
+        engine=engine_settings(plan, processes_launched=script and plan.processes > 1),
+        aggregation_frequency=conf.model.optimizations.aggregation_frequency,
+        max_length=conf.length("max_length"),
+        validation_period=conf.length("min_validation_period"),
+        checkpoint_period=conf.length("min_checkpoint_period"),
+        reporting_period=conf.model.scheduling_unit,
+        checkpoint_policy=conf.model.checkpoint_policy,
+        step_zero_validation=conf.model.perform_initial_validation,
+        profiling_enabled=conf.model.profiling.enabled,
+        test_mode=plan.options.test_mode,
+        trust_checkpoint=plan.options.trust_checkpoint,
+        latest_checkpoint=trial.latest_checkpoint,
+        warm_start=trial.warm_start,
+        continue_command=trial.continue_command,
+        max_restarts=conf.model.max_restarts,
+        search=trial.search,
+        options=dataclasses.asdict(plan.options),
+    )
+
+
+@contextmanager
+def described(plan: Plan, trial: TrialRun) -> Iterator[RunDescription]:
+    """Write the trial's run description and name it in this process's environment for the
+    duration (processes started meanwhile inherit it)."""
+    trial.trial_dir.mkdir(parents=True, exist_ok=True)
+    run = describe_run(plan, trial)
+    run.write(trial.run_file)
+    previous = os.environ.get(ENV_VAR)
+    os.environ[ENV_VAR] = str(trial.run_file)
+    try:
+        yield run
+    finally:
+        if previous is None:
+            os.environ.pop(ENV_VAR, None)
+        else:
+            os.environ[ENV_VAR] = previous
+
+
+def _run_script(plan: Plan, trial: TrialRun) -> int:
+    shim = _import_map.shim_dir(trial.trial_dir)
+    env = dict(os.environ)
+    work_dir = trial.working_dir(plan)
+    path = [str(shim), str(work_dir)]
+    if env.get("PYTHONPATH"):
+        path.append(env["PYTHONPATH"])
+    env["PYTHONPATH"] = os.pathsep.join(path)
+    command = script_command(plan)
+    logger.info("Running %s in %s", shlex.join(command), work_dir)
+    # Under torchrun the agent enforces the timeout on the workers; the margin is its own.
+    margin = 30 if plan.processes > 1 else 0
+    try:
+        ended = run_child(command, cwd=work_dir, env=env, timeout=plan.stop_timeout, margin=margin)
+    except FileNotFoundError as exc:
+        raise InvalidArgumentError(
+            f"entrypoint: cannot run {command[0]!r} ({exc.strerror}); check the command."
+        ) from None
+    finally:
+        shutil.rmtree(shim, ignore_errors=True)
+    if ended.killed or ended.code < 0 or (ended.forwarded and ended.code):
+        raise EntrypointFailed(ended.describe_failure(plan.stop_timeout), ended.exit_code)
+    return ended.code
+
+
+def execute(plan: Plan, trial: TrialRun) -> int:
+    """Run one trial of a prepared plan in its working directory (a search's trial: its own
+    copy of the context directory, made by its launcher); returns the exit code (a trial
+    class's exceptions propagate)."""
+    previous = pathlib.Path.cwd()
+    work_dir = trial.working_dir(plan)
+    os.chdir(work_dir)
+    try:
+        with described(plan, trial) as run, startup_hook_environment(work_dir):
+            if plan.entrypoint.trial is not None:
+                _run_trial(plan, run, work_dir)
+                return 0
+            return _run_script(plan, trial)
+    finally:
+        os.chdir(previous)

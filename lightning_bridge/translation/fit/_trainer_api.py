@@ -1,0 +1,301 @@
+"""`Trainer`: the Trainer API's fit, running the trial's loop on `lightning.Fabric`.
+
+`Trainer(trial, context).fit(...)` (the context from `init()`) checks the arguments and builds
+the fit's parts: the trial's `TrialCore`, the `Schedule` of its arguments, the `Checkpointer`
+of its checkpoint directory, the observers beside it (loggers; under `lightning-bridge run`
+the run record and a search's report) and a `lightning.Fabric`, and runs `FitLoop` (which
+launches the processes of a multi-device run). A trial that should run under a
+`lightning.Trainer` instead is handed to one as a `TrialModule`.
+"""
+
+from __future__ import annotations
+
+import logging
+import pathlib
+from typing import TYPE_CHECKING, Any
+
+import lightning as L
+
+from lightning_bridge import _logging
+from lightning_bridge._errors import BridgeError, InvalidArgumentError, TrialTypeError
+from lightning_bridge.checkpoint._layout import resolve_checkpoint
+from lightning_bridge.checkpoint._retention import CheckpointRetention
+from lightning_bridge.checkpoint._safe_load import read_checkpoint
+from lightning_bridge.checkpoint._writable import check_writable
+from lightning_bridge.contract._context import ConfigValues, PyTorchTrialContext, config_values
+from lightning_bridge.contract._units import Batch, TrainUnit
+from lightning_bridge.translation.fit._checkpointer import CHECKPOINT_POLICIES, Checkpointer
+from lightning_bridge.translation.fit._core import TrialCore
+from lightning_bridge.translation.fit._fabric_engine import FabricEngine
+from lightning_bridge.translation.fit._fit_loop import FitLoop, model_summary
+from lightning_bridge.translation.fit._init import (
+    FitSettings,
+    checkpoint_dir,
+    fit_settings,
+    setup_of,
+)
+from lightning_bridge.translation.fit._launch import check_launcher
+from lightning_bridge.translation.fit._metric_reports import LoggerReports
+from lightning_bridge.translation.fit._resume import starts_new_run
+from lightning_bridge.translation.fit._schedule import Schedule
+
+if TYPE_CHECKING:  # loaded only under `lightning-bridge run` (see _runner_reports)
+    from lightning_bridge.translation.services._mlflow_mirror import MlflowMirror
+    from lightning_bridge.translation.services._run_description import RunDescription
+    from lightning_bridge.translation.services._run_record import RunRecord
+    from lightning_bridge.translation.services._search_report import SearchReport
+
+logger = logging.getLogger("lightning_bridge")
+
+TRUST_HINT = "fit(..., trust_checkpoint=True) (lightning-bridge run --trust-checkpoint)"
+
+
+class Trainer:
+    """Trains a `PyTorchTrial` with Determined's schedule, its loop on `lightning.Fabric`."""
+
+    def __init__(self, trial: Any, context: PyTorchTrialContext) -> None:
+        if not isinstance(context, PyTorchTrialContext):
+            raise InvalidArgumentError(
+                "Trainer(trial, context) needs the context from lightning_bridge.init(); got "
+                f"{type(context).__name__}."
+            )
+        self._trial = trial
+        self._context = context
+        # The `lightning.Fabric` of the latest fit (its strategy and precision plugin).
+        self.fabric: L.Fabric | None = None
+        self.checkpoints: list[pathlib.Path] = []
+        # The metrics of the last validation of the latest fit (None before one ran).
+        self.last_validation_metrics: dict[str, Any] | None = None
+
+    def configure_profiler(self, *args: Any, **kwargs: Any) -> None:
+        """Deprecated in Determined; use `fit(profiling_enabled=True)` or `set_profiler`."""
+        logger.warning("configure_profiler() is deprecated: use fit(profiling_enabled=True).")
+
+    def fit(
+        self,
+        checkpoint_period: TrainUnit | None = None,
+        validation_period: TrainUnit | None = None,
+        max_length: TrainUnit | None = None,
+        reporting_period: TrainUnit = Batch(100),
+        checkpoint_policy: str = "best",
+        latest_checkpoint: str | None = None,
+        step_zero_validation: bool = False,
+        test_mode: bool = False,
+        profiling_enabled: bool = False,
+        *,
+        trust_checkpoint: bool = False,
+        warm_start: bool | None = None,
+    ) -> None:
+        """Train until `max_length`, validating, checkpointing and reporting at their periods.
+
+        `latest_checkpoint` continues a run where it stopped; a checkpoint written by another
+        trial (its trial id differs: a Determined cluster's checkpoint) starts a new run from
+        its weights, optimizer and RNG state with the batch count at 0, as Determined does.
+        `warm_start=True` / `False` chooses that explicitly. `trust_checkpoint=True` unpickles
+        objects outside the weights-only safe set: only for files you trust (it can run code).
+        """
+        run = setup_of(self._context).run  # the runner's values fill the defaults
+        if run is not None:
+            max_length, test_mode, trust_checkpoint, warm_start = run.fit_defaults(
+                max_length, test_mode, trust_checkpoint, warm_start
+            )
+        try:
+            self._fit(
+                checkpoint_period=checkpoint_period,
+                validation_period=validation_period,
+                max_length=max_length,
+                reporting_period=reporting_period,
+                checkpoint_policy=checkpoint_policy,
+                latest_checkpoint=latest_checkpoint,
+                step_zero_validation=step_zero_validation,
+                test_mode=test_mode,
+                profiling_enabled=profiling_enabled,
+                trust_checkpoint=trust_checkpoint,
+                warm_start=warm_start,
+            )
+        except BridgeError as exc:
+            raise exc.with_traceback(None) from None
+
+    def _fit(
+        self,
+        *,
+        checkpoint_period: TrainUnit | None,
+        validation_period: TrainUnit | None,
+        max_length: TrainUnit | None,
+        reporting_period: TrainUnit,
+        checkpoint_policy: str,
+        latest_checkpoint: str | None,
+        step_zero_validation: bool,
+        test_mode: bool,
+        profiling_enabled: bool,
+        trust_checkpoint: bool,
+        warm_start: bool | None,
+    ) -> None:
+        ctx = self._context
+        schedule = Schedule.for_fit(
+            max_length=max_length,
+            validation_period=validation_period,
+            checkpoint_period=checkpoint_period,
+            reporting_period=reporting_period,
+            test_mode=test_mode,
+            step_zero_validation=step_zero_validation,
+        )
+        if checkpoint_policy not in CHECKPOINT_POLICIES:
+            raise InvalidArgumentError(
+                f"checkpoint_policy must be one of {', '.join(CHECKPOINT_POLICIES)}; got "
+                f"{checkpoint_policy!r}."
+            )
+        config = config_values(ctx)
+        if checkpoint_policy == "best" and not config.searcher_metric:
+            logger.warning(
+                "checkpoint_policy='best' needs searcher.metric in the experiment config to "
+                "compare validations; checkpointing after every validation ('all') instead."
+            )
+            checkpoint_policy = "all"
+        for name, flag in (
+            ("step_zero_validation", step_zero_validation),
+            ("test_mode", test_mode),
+            ("profiling_enabled", profiling_enabled),
+            ("trust_checkpoint", trust_checkpoint),
+        ):
+            if not isinstance(flag, bool):
+                raise InvalidArgumentError(f"{name} must be True or False; got {flag!r}.")
+        if not hasattr(self._trial, "train_batch"):
+            raise TrialTypeError(
+                f"{type(self._trial).__name__} is not a PyTorchTrial: it has no train_batch()."
+            )
+
+        setup = setup_of(ctx)
+        ckpt_dir = checkpoint_dir(ctx, setup.checkpoint_dir)
+        check_writable(ckpt_dir)
+        if latest_checkpoint is not None:
+            latest_checkpoint = str(resolve_checkpoint(latest_checkpoint, ckpt_dir))
+        core = TrialCore(self._trial, ctx, test_mode=test_mode, latest_checkpoint=latest_checkpoint)
+        payload: dict[str, Any] = {}
+        warm = False
+        if latest_checkpoint is not None:
+            payload, state = read_checkpoint(
+                latest_checkpoint, trusted=trust_checkpoint, trust_hint=TRUST_HINT
+            )
+            warm = starts_new_run(state, ctx.get_trial_id(), warm_start, latest_checkpoint)
+            core.resume_from(payload, state, warm_start=warm)
+        record, search = _runner_reports(setup.run, config, ckpt_dir, test_mode)
+        chief_record = record if record is not None and core.is_chief else None
+        retention = CheckpointRetention.from_section(
+            config.checkpoint_storage,
+            smaller_is_better=config.smaller_is_better,
+            remove=chief_record.remove if chief_record is not None else None,
+        )
+        if retention is not None and chief_record is not None:
+            chief_record.track_kept(retention)
+        if search is not None:
+            schedule = schedule.with_rungs(*search.rungs())
+        _logging.adopt_lightning()
+        settings = fit_settings(
+            ctx, setup.engine, test_mode=test_mode, profiling_enabled=profiling_enabled
+        )
+        observers = core.observers
+        observers.add(LoggerReports(settings.loggers, ctx.get_enable_tensorboard_logging))
+        for observer in (record, search, _mlflow_mirror(setup.run)):
+            if observer is not None:
+                observers.add(observer)
+        checkpointer = Checkpointer(
+            ckpt_dir,
+            policy=checkpoint_policy,
+            searcher_metric=config.searcher_metric,
+            smaller_is_better=config.smaller_is_better,
+            retention=retention,
+            observer=observers,
+        )
+        if latest_checkpoint is not None and record is None and not warm:
+            # A run continued outside the command: retention covers the checkpoints the run
+            # it continues kept (the command's record knows them itself).
+            checkpointer.continue_retention(pathlib.Path(latest_checkpoint), payload)
+        fabric = L.Fabric(**settings.fabric)
+        check_launcher(fabric)
+        self.fabric = fabric
+        loop = FitLoop(
+            core,
+            schedule,
+            checkpointer,
+            searcher_asks=(lambda: search.stopped) if search is not None else None,
+            progress_bar=settings.progress_bar,
+            profiler=settings.profiler,
+        )
+        try:
+            outcome = loop.run(lambda: _start_engine(fabric, core, settings))
+        finally:
+            self.checkpoints = list(checkpointer.saved)
+            self.last_validation_metrics = core.last_validation_metrics
+        saved = checkpointer.saved
+        if record is None and saved:
+            logger.info("Checkpoints are in %s", ckpt_dir)
+        if outcome.preempted_by is not None:
+            where: Any = saved[-1] if saved else ckpt_dir
+            how = f"Continue with fit(latest_checkpoint={str(where)!r})."
+            if record is not None and record.continue_command:
+                # Under the command: its own continue command, the checkpoint where it is kept.
+                if saved:
+                    where = record.storage.url(saved[-1].name)
+                how = f"Continue with: {record.continue_command}"
+            if core.is_chief:
+                print(
+                    f"Stopped by {outcome.preempted_by} after batch "
+                    f"{core.state.batches_trained}; checkpoint {where}. {how}",
+                    flush=True,
+                )
+            raise SystemExit(0)
+
+
+def _start_engine(fabric: L.Fabric, core: TrialCore, settings: FitSettings) -> FabricEngine:
+    """Launch the fit's processes and set the trial's models and optimizers up on Fabric."""
+    fabric.launch()
+    if core.is_chief:
+        _log_engine(fabric)
+    engine = FabricEngine(fabric, core.context)
+    if settings.model_summary and core.is_chief:
+        print(model_summary(core.context.models), flush=True)
+    return engine
+
+
+def _log_engine(fabric: L.Fabric) -> None:
+    """One line on the engine, in place of the device lines `lightning.Trainer` logs."""
+    import torch
+
+    processes = fabric.world_size
+    logger.info(
+        "GPU available: %s, used: %s (lightning.Fabric, %s, %s, %d process%s)",
+        torch.cuda.is_available(),
+        fabric.device.type == "cuda",
+        type(fabric.strategy).__name__,
+        type(fabric.strategy.precision).__name__,
+        processes,
+        "" if processes == 1 else "es",
+    )
+
+
+def _runner_reports(
+    run: RunDescription | None,
+    config: ConfigValues,
+    ckpt_dir: pathlib.Path,
+    test_mode: bool,
+) -> tuple[RunRecord | None, SearchReport | None]:
+    """The run's record and its search report when `lightning-bridge run` started the fit
+    (None, None otherwise: their modules, with SQLAlchemy and pydantic, are not even loaded)."""
+    if run is None:
+        return None, None
+    from lightning_bridge.translation.services._run_record import record_from_runner
+    from lightning_bridge.translation.services._search_report import search_from_runner
+
+    record = record_from_runner(run, config, ckpt_dir)
+    return record, None if test_mode else search_from_runner(run)
+
+
+def _mlflow_mirror(run: RunDescription | None) -> MlflowMirror | None:
+    """The run's MLflow mirror when `lightning-bridge run` started the fit and a tracking URI
+    (or MLflow's embedded store) is configured."""
+    if run is None:
+        return None
+    from lightning_bridge.translation.services._mlflow_mirror import mirror_from_runner
+
+    return mirror_from_runner(run)
