@@ -364,6 +364,53 @@ def test_a_job_across_nodes_runs_the_startup_hook_in_its_batch_shell(
     assert failed.state == "ERROR" and "startup-hook.sh failed with exit code 7" in failed.message
 
 
+def test_a_requeued_job_reads_its_run_file_once(tmp_path: pathlib.Path) -> None:
+    """The job's process reads its run description once (its start-up checks, the requeued
+    job's checkpoint, the trial and its ending share it) and trains the trial to its end; the
+    fit's own `RunDescription.current()` is the trial's, not the job's, and is not counted."""
+    from lightning_bridge.experiment.trial_process._plan import TrialRun, describe_run
+
+    config = _config(searcher={**BASE_CONFIG["searcher"], "max_length": {"batches": 4}})
+    plan = prepare(_folder(tmp_path, config), None, Options(accelerator="cpu"))
+    ws = tmp_path / "ws"
+    with Registry(ws) as registry:
+        experiment = registry.create_experiment(plan.config.raw)
+        trial_id = registry.create_trial(experiment, hparams=plan.config.hparams, seed=1)
+    trial = TrialRun(
+        workspace=ws, experiment_id=experiment, trial_id=trial_id, trial_dir=tmp_path / "trial"
+    )
+    trial.trial_dir.mkdir()
+    describe_run(plan, trial).write(trial.run_file)
+    counting = (
+        "import sys\n"
+        "from lightning_bridge.translation.services._run_description import RunDescription\n"
+        "from lightning_bridge.experiment.launch.slurm import _job\n"
+        "read, reads = RunDescription.read.__func__, []\n"
+        "def counted(cls, path):\n"
+        "    if sys._getframe(1).f_code.co_name != 'current':\n"
+        "        reads.append(str(path))\n"
+        "    return read(cls, path)\n"
+        "RunDescription.read = classmethod(counted)\n"
+        "code = _job.main(sys.argv[1:])\n"
+        "print('READS', len(reads), flush=True)\n"
+        "sys.exit(code)\n"
+    )
+    env = {k: v for k, v in _env().items() if not k.startswith("SLURM_")}
+    env.update(SLURM_JOB_ID="77", SLURM_RESTART_COUNT="1", SLURM_NTASKS="1")
+    done = subprocess.run(
+        [sys.executable, "-c", counting, str(trial.run_file)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, _shown(done)
+    assert "READS 1\n" in done.stdout, _shown(done)
+    ended = _trial(ws, trial_id)
+    assert ended.state == "COMPLETED" and ended.batches_trained == 4, ended
+
+
 # ----- on the test cluster -----
 
 

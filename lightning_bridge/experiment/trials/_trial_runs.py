@@ -288,8 +288,13 @@ def run_from_file(run_file: pathlib.Path) -> int:
     """One trial from its run description alone (`lightning-bridge _trial RUN_FILE`): the
     other ranks Lightning's launcher starts, or a trial a searcher starts as a subprocess. The
     chief records how it ended; other ranks only train."""
+    return run_described(RunDescription.read(run_file), run_file)
+
+
+def run_described(run: RunDescription, run_file: pathlib.Path) -> int:
+    """`run_from_file` for a description its caller has read already (a Slurm job reads its
+    run file once and passes it on); `run_file` names it in messages."""
     follow_parent()  # a search's trial stops with the worker that started it
-    run = RunDescription.read(run_file)
     if run.record is None or run.run_dir is None or run.context_dir is None:
         raise InvalidArgumentError(
             f"{run_file}: a trial's run description names its record, folder and code; this "

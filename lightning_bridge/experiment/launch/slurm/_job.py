@@ -136,19 +136,21 @@ def task_environment(environ: Mapping[str, str]) -> dict[str, str]:
     return out
 
 
-def _continue_from_latest(run_file: pathlib.Path) -> None:
-    """Name the trial's latest durable checkpoint in its run description (a requeued job)."""
-    run = RunDescription.read(run_file)
+def _continue_from_latest(run: RunDescription, run_file: pathlib.Path) -> RunDescription:
+    """Name the trial's latest durable checkpoint in its run description (a requeued job):
+    the description as rewritten (for this process) and written (for the trial's others)."""
     assert run.record is not None and run.run_dir is not None
     with Registry(run.record.workspace) as registry:
         trial_id = run.record.trial_id
         settle_checkpoints(registry, trial_id)
         latest = registry.latest_checkpoint(trial_id)
         if latest is None:
-            return  # nothing durable yet: the trial starts over, as the first run did
+            return run  # nothing durable yet: the trial starts over, as the first run did
         registry.archive_metrics_after(trial_id, latest.batches)
         local = fetch(registry, latest, run.run_dir / "restore")
-    dataclasses.replace(run, latest_checkpoint=str(local), warm_start=None).write(run_file)
+    rewritten = dataclasses.replace(run, latest_checkpoint=str(local), warm_start=None)
+    rewritten.write(run_file)
+    return rewritten
 
 
 def restarts_allowed(run: RunDescription) -> int:
@@ -179,22 +181,25 @@ def _stop_when_training(trained: threading.Event, ours: Any) -> None:
         time.sleep(0.05)
 
 
-def before_training(run_file: pathlib.Path, restarts: int) -> int:
+def before_training(
+    run: RunDescription, run_file: pathlib.Path, restarts: int
+) -> tuple[int, RunDescription]:
     """What the job does once before its trial's processes start: check the services the
     trial reports to from this node (EXIT_UNREACHABLE, with the message, when one is out of
     reach) and, in a requeued job, name the latest checkpoint in the run description. A job of
     one task does it in that task; a job across nodes in its batch shell, before `srun` starts
-    the tasks, so that every task reads the description as rewritten."""
-    problem = unreachable(RunDescription.read(run_file))
+    the tasks, so that every task reads the description as rewritten. Its exit code (0: go
+    on) and the description, as rewritten."""
+    problem = unreachable(run)
     if problem is not None:
         print(f"{UNREACHABLE} {socket.gethostname()}: {problem}", file=sys.stderr, flush=True)
-        return EXIT_UNREACHABLE  # not requeued: the next run would fail the same way
+        return EXIT_UNREACHABLE, run  # not requeued: the next run would fail the same way
     if restarts:
-        _continue_from_latest(run_file)
-    return 0
+        run = _continue_from_latest(run, run_file)
+    return 0, run
 
 
-def run_hook_for_tasks(run_file: pathlib.Path) -> int:
+def run_hook_for_tasks(run: RunDescription, run_file: pathlib.Path) -> int:
     """The batch shell's run of the startup hook (in its working directory, the tasks'):
     its exports written to `HOOK_ENV` as `export` lines, with `RAN_ENV`; 0, or the hook's
     exit code when it failed (the job ends: no task starts; the trial is recorded ERROR with
@@ -203,7 +208,6 @@ def run_hook_for_tasks(run_file: pathlib.Path) -> int:
     from lightning_bridge.experiment.trial_process._child import EntrypointFailed
     from lightning_bridge.experiment.trial_process._startup_hook import RAN_ENV, hook_exports
 
-    run = RunDescription.read(run_file)
     configure(run.log_file)  # the hook's output: the trial's log
     try:
         exports = hook_exports(pathlib.Path.cwd(), os.environ)
@@ -223,15 +227,15 @@ def run_hook_for_tasks(run_file: pathlib.Path) -> int:
     return 0
 
 
-def _train(run_file: pathlib.Path) -> int:
+def _train(run: RunDescription, run_file: pathlib.Path) -> int:
     """Train the trial of the run description, as `lightning-bridge _trial RUN_FILE` does but
     without the command line: the bridge's logging, then the trial runner; its exit code."""
     from lightning_bridge import _logging
-    from lightning_bridge.experiment.trials._trial_runs import run_from_file
+    from lightning_bridge.experiment.trials._trial_runs import run_described
 
     _logging.configure()
     try:
-        return guarded(lambda: run_from_file(run_file))
+        return guarded(lambda: run_described(run, run_file))
     except KeyboardInterrupt:  # outside training: a fit stops on SIGINT by itself
         print("lightning-bridge: interrupted (no training was running)", file=sys.stderr)
         return 128 + signal.SIGINT
@@ -239,23 +243,25 @@ def _train(run_file: pathlib.Path) -> int:
 
 def main(argv: list[str]) -> int:
     """The job: `RUN_FILE` (a task of it), or `--before-tasks RUN_FILE` (the batch shell of a
-    job across nodes); its exit code."""
+    job across nodes); its exit code. It reads the run file once and passes the description
+    on (a requeued job's rewritten one too)."""
     restarts = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
-    if argv[0] == "--before-tasks":  # the batch shell of a job across nodes
-        run_file = pathlib.Path(argv[1]).resolve()
-        return before_training(run_file, restarts) or run_hook_for_tasks(run_file)
-    run_file = pathlib.Path(argv[0]).resolve()
+    before_tasks = argv[0] == "--before-tasks"  # the batch shell of a job across nodes
+    run_file = pathlib.Path(argv[1 if before_tasks else 0]).resolve()
+    run = RunDescription.read(run_file)
+    if before_tasks:
+        code, run = before_training(run, run_file, restarts)
+        return code or run_hook_for_tasks(run, run_file)
     if os.environ.get("SLURM_NTASKS", "1") == "1":
         for name in ("SLURM_NTASKS", "SLURM_NPROCS"):
             os.environ.pop(name, None)
-        code = before_training(run_file, restarts)
+        code, run = before_training(run, run_file, restarts)
         if code:
             return code
-    else:  # one task per process: the record's writer is rank 0 (`run_from_file`)
+    else:  # one task per process: the record's writer is rank 0 (`run_described`)
         os.environ.update(task_environment(os.environ))
     job_id = os.environ.get("SLURM_JOB_ID")
-    described = RunDescription.read(run_file)
-    max_restarts = restarts_allowed(described)
+    max_restarts = restarts_allowed(run)
     # This job decides whether its trial keeps its search trial: every process of the trial
     # (a script entrypoint's too) asks this environment, inherited from here.
     environment = SlurmJobEnvironment(
@@ -281,14 +287,13 @@ def main(argv: list[str]) -> int:
     # The fit installs its own SIGTERM handler inside; these stay until the job's end.
     with handling(on_signal, (signal.SIGUSR1, signal.SIGTERM)):
         try:
-            code = _train(run_file)
+            code = _train(run, run_file)
         except SystemExit as exc:  # the fit's own exit once a signal stopped it
             code = exc.code if isinstance(exc.code, int) else 1
         finally:
             trained.set()
         if not is_chief():  # one task (or process) reads how the trial ended
             return code
-        run = RunDescription.read(run_file)
         assert run.record is not None
         with Registry(run.record.workspace) as registry:
             state = registry.trial(run.record.trial_id).state
