@@ -23,7 +23,7 @@ import torch
 from lightning_bridge.contract._distributed import DistributedContext
 from lightning_bridge.experiment.cli._main import main
 from lightning_bridge.experiment.config._config import load_config
-from lightning_bridge.experiment.launch._contract import LocalLauncher
+from lightning_bridge.experiment.launch.local._launcher import LocalLauncher
 from lightning_bridge.experiment.launch.slurm._job import (
     EXIT_UNREACHABLE,
     task_environment,

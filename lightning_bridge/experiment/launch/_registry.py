@@ -6,7 +6,8 @@ from __future__ import annotations
 import pathlib
 
 from lightning_bridge._errors import InvalidArgumentError
-from lightning_bridge.experiment.launch._contract import Launcher, LocalLauncher, RunningTrial
+from lightning_bridge.experiment.launch._contract import Launcher, RunningTrial
+from lightning_bridge.experiment.launch.local._launcher import LocalLauncher
 from lightning_bridge.record._records import Job, Trial
 from lightning_bridge.record._settings import SETTINGS_FILE, WorkspaceSettings
 
