@@ -7,6 +7,7 @@ import json
 import os
 import pathlib
 import signal
+import socket
 import subprocess
 from collections.abc import Iterator
 from typing import Any
@@ -223,6 +224,11 @@ def test_pause_then_kill_reach_a_trial_training_on_this_machine(tmp_path: pathli
 
     run = start_run(folder)
     wait_for(folder / "training.0", run)
+    # `experiment describe` says where the trial runs, as its launcher's handle reaches it.
+    described = lb("experiment", "describe", "1")
+    assert described.returncode == 0, described.stdout + described.stderr
+    host = socket.gethostname()
+    assert f"trial 1: runs now: process {trial().pid} on {host}, running" in described.stdout
     paused = lb("experiment", "pause", "1")
     assert paused.returncode == 0, paused.stdout + paused.stderr
     code, out, err, _ = finish(run, 180)
@@ -230,6 +236,7 @@ def test_pause_then_kill_reach_a_trial_training_on_this_machine(tmp_path: pathli
     stopped = trial()
     assert stopped.state == "STOPPED" and 3 <= stopped.batches_trained < 40, stopped
     assert f"Trial 1 (process {stopped.pid}): checkpoints and stops" in paused.stdout
+    assert "runs now" not in lb("experiment", "describe", "1").stdout
 
     continuing = ["experiment", "continue", "1", "--workspace", str(ws)]
     continued = start(continuing, folder, tmp_path / "log")

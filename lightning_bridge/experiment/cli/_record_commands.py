@@ -122,13 +122,19 @@ def experiment_list(args: argparse.Namespace) -> int:
 
 
 def experiment_describe(args: argparse.Namespace) -> int:
+    from lightning_bridge.experiment.launch._registry import running_trial
+
     with open_registry(args) as registry:
         registry.reconcile()
         exp = registry.experiment(args.id)
         trials = registry.trials(exp.id)
         checkpoints = registry.checkpoints(experiment_id=exp.id)
         best = registry.best_checkpoints(exp.id, 1)
-        jobs = {j.trial_id: as_dict(j) for j in registry.jobs(exp.id)}
+        recorded_jobs = {j.trial_id: j for j in registry.jobs(exp.id)}
+        jobs = {trial_id: as_dict(j) for trial_id, j in recorded_jobs.items()}
+        # Where each running trial runs, as its launcher's handle says (as pause/kill reach it).
+        handles = {t.id: running_trial(t, recorded_jobs.get(t.id)) for t in trials}
+        running = {i: h.describe() for i, h in handles.items() if h is not None}
         data = {
             **as_dict(exp),
             "config": _redacted(exp.config),
@@ -139,6 +145,7 @@ def experiment_describe(args: argparse.Namespace) -> int:
                     "validation": [as_dict(m) for m in registry.metrics(t.id, "validation")],
                     "training": [as_dict(m) for m in registry.metrics(t.id, "training")],
                     "job": jobs.get(t.id),
+                    "running": running.get(t.id),
                 }
                 for t in trials
             ],
@@ -200,6 +207,8 @@ def experiment_describe(args: argparse.Namespace) -> int:
     for t in data["trials"]:
         if t["message"]:
             print(f"  trial {t['id']}: {t['message']}")
+        if t["running"]:
+            print(f"  trial {t['id']}: runs now: {t['running']}")
         job = t["job"]
         if job is not None:
             reason = f", {job['reason']}" if job["reason"] else ""

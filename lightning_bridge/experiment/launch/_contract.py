@@ -73,6 +73,11 @@ class RunningTrial(abc.ABC):
     def wait_stopped(self) -> None:  # noqa: B027 - a process is gone once killed
         """After a kill: until what ran it has ended (the trial's own last words first)."""
 
+    def describe(self) -> str:
+        """Where the trial runs and in which state, as what runs it says now (`experiment
+        describe`'s line for a running trial)."""
+        return f"{self.key}, running"
+
 
 class Launcher(abc.ABC):
     """Starts a trial where it runs and reports its end (Lightning's strategies' style)."""

@@ -29,6 +29,9 @@ class ProcessOnThisMachine(RunningTrial):
         self.pid = pid
         self.key = f"process {pid}"
 
+    def describe(self) -> str:
+        return f"{self.key} on {socket.gethostname()}, running"
+
     def stop(self, registry: Registry, trial_id: int, kill: bool, signal_it: bool) -> str:
         if signal_it:
             os.kill(self.pid, signal.SIGKILL if kill else signal.SIGTERM)

@@ -501,6 +501,11 @@ class RunningJob(RunningTrial):
     def wait_stopped(self) -> None:
         follow_job(self.job_id, timeout=120, interval=0.5)
 
+    def describe(self) -> str:
+        """The job's state as Slurm reports it now (pending, running, ...)."""
+        info = job_info(self.job_id)
+        return f"{self.key}, {info.state if info is not None else 'state unknown'}"
+
 
 class SlurmJob:
     """A submitted trial's job as a search's worker follows it (`TrialProcess`): `wait`
