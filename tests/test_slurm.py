@@ -29,6 +29,7 @@ from lightning_bridge.experiment.cli._main import main
 from lightning_bridge.experiment.launch.slurm._launcher import SlurmSettings
 from lightning_bridge.experiment.trial_process._plan import Options, prepare
 from lightning_bridge.record._registry import Registry
+from lightning_bridge.record._schema import TrialState
 from lightning_bridge.record._workspace import Workspace
 from tests import _folders as sf
 from tests._folders import (  # noqa: F401 - fixture
@@ -315,6 +316,33 @@ def test_refused_without_sbatch(tmp_path: pathlib.Path, capsys: pytest.CaptureFi
     assert code == 2
     assert "sbatch is not on PATH" in capsys.readouterr().err
     assert not (tmp_path / "ws").exists()  # nothing recorded
+
+
+def test_continue_of_a_single_trial_runs_the_launchers_checks_first(
+    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`experiment continue --launcher slurm` without sbatch is refused by the one pre-flight,
+    as `run` is, before anything of the trial is touched (its folder, its log)."""
+    folder = _folder(tmp_path, _config())
+    ws = Workspace(tmp_path / "ws")
+    with Registry(ws) as registry:
+        experiment = registry.create_experiment(
+            yaml.safe_load(folder.read_text()), context_dir=str(folder.parent)
+        )
+        trial_id = registry.create_trial(
+            experiment, hparams={"global_batch_size": 8, "lr": 0.05, "delay": 0.0}, seed=1
+        )
+        registry.trial_ended(trial_id, TrialState.STOPPED, "paused")  # to continue
+    env_path = os.environ["PATH"]
+    os.environ["PATH"] = str(tmp_path / "nothing")
+    try:
+        args = ["experiment", "continue", str(experiment), "--launcher", "slurm"]
+        code = main([*args, "--workspace", str(ws.root)])
+    finally:
+        os.environ["PATH"] = env_path
+    assert code == 2
+    assert "sbatch is not on PATH" in capsys.readouterr().err
+    assert not ws.trial_dir(experiment, trial_id).exists()  # nothing of the trial touched
 
 
 def test_a_job_across_nodes_runs_the_startup_hook_in_its_batch_shell(

@@ -9,10 +9,11 @@ except `experiment continue`, which trains.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import pathlib
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lightning_bridge._errors import InvalidArgumentError
 from lightning_bridge.experiment.config._config import parse_config
@@ -26,6 +27,9 @@ from lightning_bridge.experiment.trials._summary import (
 from lightning_bridge.record._records import Checkpoint, Experiment, Trial, as_dict
 from lightning_bridge.record._registry import Registry, experiment_state
 from lightning_bridge.tracking._mirror import read_link
+
+if TYPE_CHECKING:
+    from lightning_bridge.experiment.trial_process._plan import Plan
 
 _SECRET_KEYS = ("secret_key", "access_key", "credential", "connection_string")
 
@@ -257,6 +261,7 @@ def experiment_continue(args: argparse.Namespace) -> int:
             launcher = getattr(args, "launcher", None)
             worker_jobs = getattr(args, "worker_jobs", None)
             return continue_search(registry, args.id, float(args.lost_after), launcher, worker_jobs)
+        from lightning_bridge.experiment.launch._preflight import preflight
         from lightning_bridge.experiment.launch._registry import launcher_for
 
         if getattr(args, "worker_jobs", None) is not None:
@@ -265,10 +270,17 @@ def experiment_continue(args: argparse.Namespace) -> int:
                 f"{args.id} is not a search; leave --worker-jobs out"
             )
         recorded = registry.experiment(args.id).options.get("launcher")
-        launcher = launcher_for(getattr(args, "launcher", None) or recorded)
-        launcher.check_record(registry.workspace)
+        name = getattr(args, "launcher", None) or recorded
+        launcher = launcher_for(name)
+        workspace = registry.workspace
+
+        def checked(plan: Plan) -> None:
+            """The one pre-flight, for the launcher the trials continue with."""
+            options = dataclasses.replace(plan.options, launcher=name or plan.options.launcher)
+            preflight(dataclasses.replace(plan, options=options), workspace)
+
         code, trials = continue_experiment(
-            registry, args.id, args.from_command_line, run=launcher.run_trial
+            registry, args.id, args.from_command_line, run=launcher.run_trial, check=checked
         )
         if not trials:
             print(f"Experiment {args.id} is complete: every trial completed; nothing to continue.")

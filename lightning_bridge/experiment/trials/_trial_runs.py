@@ -236,10 +236,12 @@ def continue_experiment(
     experiment_id: int,
     relaunch: bool = False,
     run: Callable[[Registry, _plan.Plan, _plan.TrialRun, bool], int] | None = None,
+    check: Callable[[_plan.Plan], None] | None = None,
 ) -> tuple[int, list[int]]:
     """Run each unfinished trial of an experiment from its latest complete checkpoint (from
     the start if it has none), through `run` (a launcher's; default: on this machine).
-    Returns the exit code and the trials run."""
+    `check`: the pre-flight, given the first unfinished trial's plan before anything is
+    done (it raises to refuse). Returns the exit code and the trials run."""
     registry.reconcile()
     trials = registry.trials(experiment_id)
     registry.experiment(experiment_id)
@@ -250,6 +252,8 @@ def continue_experiment(
             f"{running[0].pid}); stop it first (SIGTERM checkpoints and stops it)."
         )
     unfinished = [t for t in trials if t.state != TrialState.COMPLETED.value]
+    if unfinished and check is not None:
+        check(recorded_plan(registry, experiment_id, unfinished[0].hparams))
     code = 0
     for recorded in unfinished:
         plan = recorded_plan(registry, experiment_id, recorded.hparams)
