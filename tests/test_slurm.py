@@ -446,6 +446,43 @@ def test_a_requeued_job_reads_its_run_file_once(tmp_path: pathlib.Path) -> None:
 
 
 @pytest.mark.slurm
+def test_a_job_environment_tells_a_cancelled_job_from_a_requeued_one(
+    tmp_path: pathlib.Path, slurm_cluster: SlurmCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What a search's worker job asks when one of its trials ends (CANCELLED, or the job's
+    part COMPLETED / FAILED): its environment says the job is ending for good once it is
+    cancelled, not while it runs nor once it is requeued; the local launcher's never."""
+    from lightning_bridge.translation.services._trial_environment import (
+        SlurmJobEnvironment,
+        TrialEnvironment,
+    )
+
+    for key, value in slurm_cluster.env.items():
+        monkeypatch.setenv(key, value)
+
+    def running_job() -> str:
+        sbatch = ["sbatch", "--parsable", "--requeue", f"--chdir={tmp_path}", "--wrap=sleep 300"]
+        job_id = slurm_cluster.run(*sbatch).stdout.strip().split(";")[0]
+        state = lambda: slurm_cluster.job(job_id).get("JobState")  # noqa: E731
+        _wait_for(lambda: state() == "RUNNING", 120, f"job {job_id} to run")
+        return job_id
+
+    assert not TrialEnvironment().ending_for_good()
+    jobs = [running_job(), running_job()]
+    try:
+        requeued, cancelled = (SlurmJobEnvironment(job_id=j, restart_count=0) for j in jobs)
+        assert not requeued.ending_for_good() and not cancelled.ending_for_good()
+        slurm_cluster.run("scontrol", "requeue", jobs[0])
+        slurm_cluster.run("scancel", jobs[1])
+        _wait_for(cancelled.ending_for_good, 60, f"job {jobs[1]} to be seen cancelled")
+        assert slurm_cluster.job(jobs[0]).get("Restarts") == "1"
+        assert not requeued.ending_for_good()
+    finally:
+        for job_id in jobs:
+            slurm_cluster.run("scancel", job_id, check=False)
+
+
+@pytest.mark.slurm
 def test_two_node_trial_equals_its_two_process_single_node_run(
     tmp_path: pathlib.Path, slurm_cluster: SlurmCluster
 ) -> None:

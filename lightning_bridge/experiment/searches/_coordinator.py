@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import os
 import pathlib
 import queue
 import shutil
@@ -49,6 +48,7 @@ from lightning_bridge.record._schema import TrialState
 from lightning_bridge.record._settings import WorkspaceSettings
 from lightning_bridge.search import SearchDriver, TrialSpec
 from lightning_bridge.translation.services._run_description import SearchConnection
+from lightning_bridge.translation.services._trial_environment import TrialEnvironment
 
 # How often a worker with room looks for pending trials (seconds): a trial closes itself in
 # the search when its fit ends, before its process exits, and the next may start then.
@@ -94,6 +94,7 @@ class SearchCoordinator:
         lost_after_s: float = LOST_AFTER_S,
         say: Callable[[str], None] = _say,
         slurm_job: tuple[str, str] | None = None,
+        environment: TrialEnvironment | None = None,
     ) -> None:
         self.registry = registry
         self.driver = driver
@@ -110,6 +111,9 @@ class SearchCoordinator:
         # The Slurm worker job this worker runs in (`_slurm_workers`), its id and output
         # file: the job of each trial it runs.
         self.slurm_job = slurm_job
+        # What the job this worker runs in answers (its restarts, whether it is being ended):
+        # the trial environment of that job, asked rather than Slurm directly.
+        self.environment = environment or TrialEnvironment()
         # Where this workspace noted its record of a trial (a trial given back may come back):
         # a shared record (PostgreSQL) is the same wherever a worker runs, a file is this
         # machine's.
@@ -338,23 +342,16 @@ class SearchCoordinator:
         """How a trial's part of this worker's job ended: CANCELLED when the job is being
         cancelled (`experiment kill`, `scancel`: Slurm signals before it kills, so the trial
         may still checkpoint and exit 0), else COMPLETED or FAILED by its exit code."""
-        from lightning_bridge.experiment.launch.slurm._launcher import job_info
-
-        assert self.slurm_job is not None
-        info = job_info(self.slurm_job[0])
-        restarts = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
-        ending = info is not None and info.state in ("CANCELLED", "COMPLETING")
-        if ending and info is not None and info.restarts <= restarts:  # not a requeue
+        if self.environment.ending_for_good():  # not a requeue
             return "CANCELLED"
         return "COMPLETED" if code == 0 else "FAILED"
 
     def _job_state(self, trial_id: int, state: str) -> None:
         """The trial's part of this worker's Slurm job, as `sacct` shows a job's steps: RUNNING
         while its process runs, then COMPLETED or FAILED by its exit code."""
-        restarts = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
         assert self.slurm_job is not None
         reason = f"a trial of search worker job {self.slurm_job[0]}"
-        self.registry.job_state(trial_id, state, reason, restarts)
+        self.registry.job_state(trial_id, state, reason, self.environment.restarts)
 
     def _start(
         self,

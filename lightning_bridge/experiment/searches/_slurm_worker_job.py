@@ -36,6 +36,7 @@ from lightning_bridge.experiment.trials._search_storage import check_search_stor
 from lightning_bridge.record._registry import Registry
 from lightning_bridge.search import SearchDriver
 from lightning_bridge.search._storage import import_optuna
+from lightning_bridge.translation.services._trial_environment import SlurmJobEnvironment
 
 
 def main(argv: list[str]) -> int:
@@ -48,6 +49,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--lost-after", type=float, default=300.0)
     args = parser.parse_args(argv)
     job_id = os.environ.get("SLURM_JOB_ID", "")
+    restarts = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
     node = socket.gethostname()
     try:  # the services every trial reports to, from this node
         registry = Registry(args.workspace)
@@ -76,6 +78,7 @@ def main(argv: list[str]) -> int:
                 source=_source(registry, config),
                 lost_after_s=float(args.lost_after),
                 slurm_job=(job_id, _output_of(job_id)),
+                environment=SlurmJobEnvironment(job_id=job_id, restart_count=restarts),
             )
 
             def on_usr1(signum: int, frame: Any) -> None:

@@ -72,6 +72,12 @@ class TrialEnvironment:
         (stopped) or fails it (failed), as the local launcher's starter runs it no more."""
         return None
 
+    def ending_for_good(self) -> bool:
+        """Whether what runs this process (its job) is being ended for good (`experiment
+        kill`, `scancel`) rather than run again; the local launcher's: never (a process is
+        killed outright)."""
+        return False
+
     # ----- passing it on -----
 
     def to_json(self) -> dict[str, object]:
@@ -128,6 +134,15 @@ class SlurmJobEnvironment(TrialEnvironment):
 
     def time_is_short(self) -> bool:
         return bool(self.signal_note) and pathlib.Path(self.signal_note).is_file()
+
+    def ending_for_good(self) -> bool:
+        """The job is being cancelled, not requeued: Slurm shows it CANCELLED (or
+        COMPLETING) without a restart beyond this run's (it counts a requeue before it
+        signals the job)."""
+        fields = slurm_job_fields(self.job_id) if self.job_id else None
+        if fields is None or fields.get("JobState") not in ("CANCELLED", "COMPLETING"):
+            return False
+        return int(fields.get("Restarts", "0") or 0) <= self.restart_count
 
     def keeps_search_trial(self, failed: bool) -> str | None:
         if not self.job_id:
