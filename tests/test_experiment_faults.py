@@ -388,6 +388,9 @@ def test_a_search_whose_postgresql_server_restarts_mid_trial_finishes_with_every
         hyperparameters={"sleep": 0.1, "mark_at": 6, "lr": {"type": "categorical", "vals": [0.05]}},
         searcher={**SEARCH, "max_trials": 1, "max_length": {"batches": 80}},
     )
+    # The server is the test run's: other tests' searches may have left studies in it.
+    storage = postgres.url.replace("postgresql", "postgresql+psycopg")
+    earlier = set(optuna.get_all_study_names(storage))
     proc = ff.start_run(folder, "--storage", postgres.url)
     # A search trial writes its cues in its own copy of the folder.
     workdir = ff.workspace(folder) / "experiments" / "1" / "trials" / "1" / "workdir"
@@ -408,10 +411,8 @@ def test_a_search_whose_postgresql_server_restarts_mid_trial_finishes_with_every
     trial_log = ff.workspace(folder) / "experiments" / "1" / "trials" / "1" / "trial.log"
     log = trial_log.read_text()
     assert "is unavailable (" in log and "reports held back" in log, log
-    (name,) = optuna.get_all_study_names(postgres.url.replace("postgresql", "postgresql+psycopg"))
-    study = optuna.load_study(
-        study_name=name, storage=postgres.url.replace("postgresql", "postgresql+psycopg")
-    )
+    (name,) = set(optuna.get_all_study_names(storage)) - earlier
+    study = optuna.load_study(study_name=name, storage=storage)
     (trial,) = study.get_trials()
     assert trial.state == optuna.trial.TrialState.COMPLETE
     assert sorted(trial.intermediate_values) == [4 * i for i in range(1, 21)]
