@@ -36,7 +36,10 @@ from lightning_bridge.experiment.trials._search_storage import check_search_stor
 from lightning_bridge.record._registry import Registry
 from lightning_bridge.search import SearchDriver
 from lightning_bridge.search._storage import import_optuna
-from lightning_bridge.translation.services._trial_environment import SlurmJobEnvironment
+from lightning_bridge.translation.services._trial_environment import (
+    SlurmJobEnvironment,
+    scontrol_fields,
+)
 
 
 def main(argv: list[str]) -> int:
@@ -105,10 +108,7 @@ def main(argv: list[str]) -> int:
 def _output_of(job_id: str) -> str:
     """This job's output file, as Slurm names it (`scontrol show job`'s StdOut)."""
     done = _slurm("scontrol", "show", "job", "--oneliner", job_id, check=False)
-    for word in done.stdout.split():
-        if word.startswith("StdOut="):
-            return word.removeprefix("StdOut=")
-    return ""
+    return scontrol_fields(done.stdout).get("StdOut", "")
 
 
 if __name__ == "__main__":

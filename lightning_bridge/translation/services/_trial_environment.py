@@ -180,8 +180,13 @@ def slurm_job_fields(job_id: str) -> dict[str, str] | None:
     )
     if done.returncode != 0:
         return None
+    return scontrol_fields(done.stdout)
+
+
+def scontrol_fields(oneliner: str) -> dict[str, str]:
+    """`scontrol show ... --oneliner`'s `Key=Value` words as a mapping (the first of a key)."""
     fields: dict[str, str] = {}
-    for word in done.stdout.split():
+    for word in oneliner.split():
         key, _, value = word.partition("=")
         fields.setdefault(key, value)
     return fields

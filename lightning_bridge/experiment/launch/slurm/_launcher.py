@@ -45,7 +45,7 @@ from lightning_bridge.experiment.trials import _trial_runs
 from lightning_bridge.record._records import Job, Trial
 from lightning_bridge.record._registry import LIVE_JOB_STATES, Registry
 from lightning_bridge.record._schema import TrialState
-from lightning_bridge.translation.services._trial_environment import NODE_ADDRS_ENV
+from lightning_bridge.translation.services._trial_environment import NODE_ADDRS_ENV, scontrol_fields
 
 logger = logging.getLogger("lightning_bridge")
 
@@ -167,10 +167,7 @@ def job_info(job_id: str) -> JobInfo | None:
     done = _slurm("scontrol", "show", "job", "--oneliner", job_id, check=False)
     if done.returncode != 0:
         return None
-    fields: dict[str, str] = {}
-    for word in done.stdout.split():
-        key, _, value = word.partition("=")
-        fields.setdefault(key, value)
+    fields = scontrol_fields(done.stdout)
     reason = fields.get("Reason", "None")
     return JobInfo(
         state=fields.get("JobState", "UNKNOWN"),
