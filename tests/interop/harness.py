@@ -172,23 +172,39 @@ def run_trial(
                 # Flush and close the trainer's TensorBoard writer while the working directory
                 # it may have been opened relative to still exists.
                 context.get_tensorboard_writer().close()
-            weights = {
-                name: {k: v.detach().cpu().numpy().copy() for k, v in m.state_dict().items()}
-                for name, m in trial.models_by_name.items()
-            }
-            final_lrs = {
-                name: [float(g["lr"]) for g in opt.param_groups]
-                for name, opt in trial.optimizers_by_name.items()
-            }
-        checkpoint_files = [
-            list_files(d) if os.path.isdir(d) else [] for d in recorder.checkpoint_dirs
-        ]
-        checkpoint_locations = [
-            _location(d, recorder.checkpoint_uuids) for d in recorder.checkpoint_dirs
-        ]
+            weights, final_lrs = final_state(trial)
+        return run_record(api_name(pytorch), scenario.name, recorder, weights, final_lrs)
+
+
+def final_state(trial: Any) -> tuple[dict[str, dict[str, Any]], dict[str, list[float]]]:
+    """A trained trial's weights (numpy copies) and final learning rates, by name."""
+    weights = {
+        name: {k: v.detach().cpu().numpy().copy() for k, v in m.state_dict().items()}
+        for name, m in trial.models_by_name.items()
+    }
+    final_lrs = {
+        name: [float(g["lr"]) for g in opt.param_groups]
+        for name, opt in trial.optimizers_by_name.items()
+    }
+    return weights, final_lrs
+
+
+def run_record(
+    api: str,
+    scenario: str,
+    recorder: Recorder,
+    weights: dict[str, dict[str, Any]],
+    final_lrs: dict[str, list[float]],
+) -> RunRecord:
+    """What a run left, read in its isolated environment: the recorder's events and the
+    checkpoints' files and locations, with the trial's final state."""
+    checkpoint_files = [list_files(d) if os.path.isdir(d) else [] for d in recorder.checkpoint_dirs]
+    checkpoint_locations = [
+        _location(d, recorder.checkpoint_uuids) for d in recorder.checkpoint_dirs
+    ]
     return RunRecord(
-        api=api_name(pytorch),
-        scenario=scenario.name,
+        api=api,
+        scenario=scenario,
         events=recorder.events,
         weights=weights,
         final_lrs=final_lrs,

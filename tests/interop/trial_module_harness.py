@@ -17,8 +17,8 @@ import lightning.pytorch as pl
 
 import lightning_bridge
 
-from .harness import RunRecord, _location, isolated_environment, seed_everything
-from .recording import Recorder, list_files
+from .harness import RunRecord, final_state, isolated_environment, run_record, seed_everything
+from .recording import Recorder
 from .trials import SCENARIOS, Scenario
 
 QUIET = {
@@ -104,28 +104,7 @@ def run_trial_module(scenario: Scenario | str, workdir: str | os.PathLike[str]) 
             trainer.fit(module)
             if schedule["final_validation"] and not module.state.validation_is_current:
                 trainer.validate(module, verbose=False)
-            weights = {
-                name: {k: v.detach().cpu().numpy().copy() for k, v in m.state_dict().items()}
-                for name, m in trial.models_by_name.items()
-            }
-            final_lrs = {
-                name: [float(g["lr"]) for g in opt.param_groups]
-                for name, opt in trial.optimizers_by_name.items()
-            }
-        checkpoint_files = [
-            list_files(d) if os.path.isdir(d) else [] for d in recorder.checkpoint_dirs
-        ]
-        checkpoint_locations = [
-            _location(d, recorder.checkpoint_uuids) for d in recorder.checkpoint_dirs
-        ]
-    return RunRecord(
-        api="lightning_bridge.TrialModule",
-        scenario=scenario.name,
-        events=recorder.events,
-        weights=weights,
-        final_lrs=final_lrs,
-        checkpoint_files=checkpoint_files,
-        files_at_write_end=recorder.files_at_write_end,
-        checkpoint_locations=checkpoint_locations,
-        counters=dict(recorder.counters),
-    )
+            weights, final_lrs = final_state(trial)
+        return run_record(
+            "lightning_bridge.TrialModule", scenario.name, recorder, weights, final_lrs
+        )
