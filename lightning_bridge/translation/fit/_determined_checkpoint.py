@@ -34,18 +34,11 @@ from lightning_bridge.translation.fit._trial_module import TrialModule
 logger = logging.getLogger("lightning_bridge")
 
 
-def _positive(name: str, value: int | None) -> int | None:
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+def _at_least(low: int, name: str, value: int | None) -> int | None:
+    """`value` when it is None or an int >= `low`; else one message naming the argument."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
         raise InvalidArgumentError(
-            f"DeterminedCheckpoint({name}=...) must be an int >= 1 or None; got {value!r}."
-        )
-    return value
-
-
-def _count(name: str, value: int | None) -> int | None:
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-        raise InvalidArgumentError(
-            f"DeterminedCheckpoint({name}=...) must be an int >= 0 or None; got {value!r}."
+            f"DeterminedCheckpoint({name}=...) must be an int >= {low} or None; got {value!r}."
         )
     return value
 
@@ -88,14 +81,14 @@ class DeterminedCheckpoint(pl.Callback):
                 f"DeterminedCheckpoint(mode=...) must be 'min' or 'max'; got {mode!r}."
             )
         self.dirpath = None if dirpath is None else pathlib.Path(dirpath).absolute()
-        self.every_n_train_steps = _positive("every_n_train_steps", every_n_train_steps)
-        self.every_n_epochs = _positive("every_n_epochs", every_n_epochs)
+        self.every_n_train_steps = _at_least(1, "every_n_train_steps", every_n_train_steps)
+        self.every_n_epochs = _at_least(1, "every_n_epochs", every_n_epochs)
         self.save_on_train_end = bool(save_on_train_end)
         self.checkpoint_policy = checkpoint_policy
         self.monitor = monitor
         self.mode = mode
-        self.save_trial_latest = _count("save_trial_latest", save_trial_latest)
-        self.save_trial_best = _count("save_trial_best", save_trial_best)
+        self.save_trial_latest = _at_least(0, "save_trial_latest", save_trial_latest)
+        self.save_trial_best = _at_least(0, "save_trial_best", save_trial_best)
         self._checkpointer: Checkpointer | None = None
         self._core: TrialCore | None = None
         self.checkpoints: list[pathlib.Path] = []
