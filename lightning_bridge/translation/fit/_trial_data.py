@@ -4,8 +4,9 @@
 repeated, sharded across processes and skipping the batches a continued run already trained
 (with the data position tracked for exact continuation), then the validation loader. The
 bridge's own loop draws batches from the one endless training iterator; a `lightning.Trainer`
-gets an `EpochFeed` over it (one iteration = one trial epoch) and, for
-`evaluate_full_dataset` trials, a `FullDatasetPass` of a single placeholder batch.
+gets an `EpochFeed` over it (one iteration = one trial epoch), the validation loader as a
+`LoaderFeed` and, for `evaluate_full_dataset` trials, a `FullDatasetPass` of a single
+placeholder batch.
 
 The data position is exact across pause and continue. A shuffling sampler draws its permutation
 from torch's global RNG when a pass over the data starts. `PassTracker` wraps the trial's batch
@@ -80,6 +81,23 @@ class FullDatasetPass:
 
     def __iter__(self) -> Iterator[None]:
         yield None
+
+
+class LoaderFeed:
+    """The trial's validation loader as Lightning sees it: a sized iterable, not a
+    `DataLoader`, so Lightning keeps the trial's own (Determined's) sharding."""
+
+    def __init__(self, loader: Any) -> None:
+        self.loader = loader
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self) -> Iterator:
+        # A generator: the loader's iterator (which draws its seed from torch's RNG) starts at
+        # the first batch, not when Lightning calls `iter()` only to check the data is
+        # iterable (it does for anything but a DataLoader), so the RNG stays Determined's.
+        yield from self.loader
 
 
 @dataclasses.dataclass

@@ -57,7 +57,7 @@ import contextlib
 import os
 import pathlib
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import lightning.pytorch as pl
@@ -86,7 +86,7 @@ from lightning_bridge.translation.fit._metric_reports import (
 )
 from lightning_bridge.translation.fit._payload import trial_payload
 from lightning_bridge.translation.fit._resume import starts_new_run
-from lightning_bridge.translation.fit._trial_data import EpochFeed, FullDatasetPass
+from lightning_bridge.translation.fit._trial_data import EpochFeed, FullDatasetPass, LoaderFeed
 from lightning_bridge.translation.fit._trial_module_refusals import refusal
 
 # Lightning 2.4 restarts its loops from a checkpoint taken inside a run one batch late (a plain
@@ -165,23 +165,6 @@ def _read_latest_checkpoint(
         path, trusted=trusted, trust_hint="TrialModule(..., trust_checkpoint=True)"
     )
     return path, payload, state
-
-
-class LoaderFeed:
-    """The trial's validation loader as Lightning sees it: a sized iterable, not a
-    `DataLoader`, so Lightning keeps the trial's own (Determined's) sharding."""
-
-    def __init__(self, loader: Any) -> None:
-        self.loader = loader
-
-    def __len__(self) -> int:
-        return len(self.loader)
-
-    def __iter__(self) -> Iterator:
-        # A generator: the loader's iterator (which draws its seed from torch's RNG) starts at
-        # the first batch, not when Lightning calls `iter()` only to check the data is
-        # iterable (it does for anything but a DataLoader), so the RNG stays Determined's.
-        yield from self.loader
 
 
 class TrialModule(pl.LightningModule):
