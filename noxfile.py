@@ -145,7 +145,7 @@ def _pytest(session: nox.Session, *args: str) -> None:
 
 
 # Tests that have sessions of their own (their own installs or servers).
-OWN_SESSIONS = "not interop and not examples and not mlflow and not slurm"
+OWN_SESSIONS = "not interop and not examples and not mlflow and not slurm and not ray"
 
 
 @nox.session(python=PYTHON)
@@ -315,3 +315,13 @@ def slurm(session: nox.Session) -> None:
     _install(session, *_extra("test"))
     # Two workers share the one cluster (its fixture starts it once): the tests mostly wait.
     _pytest(session, "-m", "slurm", "-rs", "-n", "2", "--dist", "worksteal")
+
+
+@nox.session(python=PYTHON)
+def ray(session: nox.Session) -> None:
+    """Tests marked ``ray``, against a two-node Ray cluster the tests start on this machine
+    (tests/_ray_cluster.py: ``ray start --head`` and a second ``ray start --address``, both on
+    127.0.0.1 with their own ports and temporary folders, stopped by the fixture). Ray is the
+    ``[ray]`` extra (``ray[default]``)."""
+    _install(session, *_extra("test"), *_extra("ray"))
+    _pytest(session, "-m", "ray", "-rs", "-n", "0")
