@@ -172,7 +172,7 @@ def _trial_processes(coordinator: int) -> set[int]:
             continue
         if command == own:
             continue  # forked, not yet running its command: seen at the next poll
-        if b"lightning_bridge.experiment.launch.local._warm" in command:
+        if b"lightning_bridge.experiment.launch._warm" in command:
             found |= _children(pid)
         elif b"\x00_trial\x00" in command:
             found.add(pid)

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from lightning_bridge.experiment.launch.local import _warm
+from lightning_bridge.experiment.launch import _warm
 from lightning_bridge.record._registry import Registry
 
 # The trial processes themselves: run once, in the latest Lightning's session.
@@ -353,7 +353,7 @@ def test_a_search_s_trials_are_forked_and_draw_as_cold_ones(tmp_path: pathlib.Pa
     ]
     assert len(seen) == 3
     # Forked from the warm process (whose command line a forked process keeps).
-    assert all("lightning_bridge.experiment.launch.local._warm" in s["cmdline"] for s in seen), seen
+    assert all("lightning_bridge.experiment.launch._warm" in s["cmdline"] for s in seen), seen
     # numpy's global generator was seeded anew in each, as in a new interpreter.
     assert len({s["draw"] for s in seen}) == 3
     with Registry(workspace) as registry:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import pathlib
 import secrets
 import signal
@@ -67,6 +68,15 @@ def _seeded(
     return config.with_seed(seed), [*overrides, f"reproducibility.experiment_seed={seed}"], line
 
 
+def _ray_address(args: argparse.Namespace) -> str | None:
+    """`--address` (the Ray cluster's), exported as RAY_ADDRESS for this process: Ray's own
+    setting, which wins over the address an experiment recorded."""
+    address = getattr(args, "address", None)
+    if address:
+        os.environ["RAY_ADDRESS"] = address
+    return address or None
+
+
 def _run(args: argparse.Namespace, from_command_line: bool) -> int:
     from lightning_bridge.experiment.config._config import load_config
     from lightning_bridge.experiment.launch._registry import default_launcher
@@ -97,6 +107,7 @@ def _run(args: argparse.Namespace, from_command_line: bool) -> int:
         tracking_uri=args.tracking_uri,
         launcher=launcher_name,
         worker_jobs=args.worker_jobs,
+        address=_ray_address(args),
     )
     if not options.test_mode:  # a search runs its trials (test mode trains its first one)
         from lightning_bridge.experiment.searches._search import run_search

@@ -118,10 +118,19 @@ def _launcher_option(parser: argparse.ArgumentParser, default: str) -> None:
     a run looks up the workspace's setting, a continue the experiment's own)."""
     parser.add_argument(
         "--launcher",
-        choices=("local", "slurm"),
+        choices=("local", "slurm", "ray"),
         default=None,
-        help="where trials run: local (processes on this machine) or slurm (one sbatch job "
-        f"per trial; docs/cluster.md); default: {default}",
+        help="where trials run: local (processes on this machine), slurm (one sbatch job "
+        "per trial) or ray (placed on a Ray cluster: Kubernetes through KubeRay, cloud VMs, "
+        f"on-prem nodes); docs/cluster.md; default: {default}",
+    )
+    parser.add_argument(
+        "--address",
+        default=None,
+        metavar="ADDRESS",
+        help="with --launcher ray, the Ray cluster: HOST:PORT of its head (GCS), "
+        "ray://HOST:10001 through Ray Client, or auto (default: $RAY_ADDRESS, else the "
+        "experiment's own, else auto)",
     )
 
 

@@ -14,7 +14,7 @@ import re
 from typing import Annotated, Any, Literal
 
 import pydantic
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
 
 from lightning_bridge.search._searchers import OneUnit, SearcherConfig, SingleSearcher
 
@@ -53,6 +53,7 @@ IGNORED_KEYS = frozenset(
         "internal",
         "log_policies",
         "pbs",
+        "ray",
         "retention_policy",
         "security",
         "slurm",
@@ -223,3 +224,34 @@ class ExperimentConfig(BaseModel):
     max_restarts: Annotated[StrictInt, Field(ge=0)] = 5
     reproducibility: Reproducibility = Field(default_factory=Reproducibility)
     profiling: Profiling = Field(default_factory=Profiling)
+
+
+class RaySection(BaseModel):
+    """The config's `ray` section: what the Ray launcher needs that Determined's config never
+    said (read and validated by that launcher, `launch/ray`; other launchers report it
+    unused). Unknown keys are refused: the section is the bridge's own."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    # Processes of the trial on each node (a trial with more slots spans nodes); default: all
+    # on one node.
+    slots_per_node: Annotated[StrictInt, Field(ge=1)] | None = None
+    # CPUs each process reserves (besides its GPU where the cluster has GPUs).
+    cpus_per_slot: Annotated[StrictInt | StrictFloat, Field(gt=0)] = 1
+    # Ray's runtime environment of the trial's actors and processes (env_vars, pip, ...).
+    runtime_env: dict[str, Any] | None = None
+    # The Ray namespace the trial's actors are named in.
+    namespace: StrictStr = "lightning-bridge"
+
+
+# The one line a bad `ray` key gets (the key: its message; `{value}`: what was given).
+RAY_MESSAGES = {
+    "": "ray: expected a mapping (slots_per_node, cpus_per_slot, runtime_env, namespace)",
+    "slots_per_node": "ray.slots_per_node: expected a positive integer, got {value!r}",
+    "cpus_per_slot": "ray.cpus_per_slot: expected a positive number of CPUs, got {value!r}",
+    "runtime_env": (
+        "ray.runtime_env: expected a mapping, Ray's runtime environment (env_vars, pip, "
+        "py_modules, ...), got {value!r}"
+    ),
+    "namespace": "ray.namespace: expected a string, got {value!r}",
+}

@@ -11,7 +11,7 @@ from lightning_bridge.experiment.launch.local._launcher import LocalLauncher
 from lightning_bridge.record._records import Job, Trial
 from lightning_bridge.record._settings import SETTINGS_FILE, WorkspaceSettings
 
-LAUNCHERS = ("local", "slurm")
+LAUNCHERS = ("local", "slurm", "ray")
 
 
 def launcher_for(name: str | None, source: str = "--launcher") -> Launcher:
@@ -23,6 +23,10 @@ def launcher_for(name: str | None, source: str = "--launcher") -> Launcher:
         from lightning_bridge.experiment.launch.slurm._launcher import SlurmLauncher
 
         return SlurmLauncher()
+    if name == "ray":
+        from lightning_bridge.experiment.launch.ray._launcher import RayLauncher
+
+        return RayLauncher()
     raise InvalidArgumentError(
         f"{source} {name}: unknown launcher; choose one of {', '.join(LAUNCHERS)}."
     )

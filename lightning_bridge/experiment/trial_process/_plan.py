@@ -68,6 +68,9 @@ class Options:
     # A search on Slurm: its trials run in this many long-running worker jobs
     # (`_slurm_workers`), each forking them from a warm process; None: a job per trial.
     worker_jobs: int | None = None
+    # The Ray cluster's address (`--address`; `launch/ray`), recorded for `experiment
+    # continue`; None: RAY_ADDRESS, else `auto`.
+    address: str | None = None
 
     @classmethod
     def from_record(cls, recorded: dict[str, Any]) -> Options:

@@ -23,6 +23,7 @@ from lightning_bridge.experiment.trial_process._plan import Plan
 from lightning_bridge.record._records import Checkpoint, Experiment
 from lightning_bridge.record._registry import Registry
 from lightning_bridge.record._schema import CheckpointState, TrialState
+from lightning_bridge.translation.services._run_description import RunDescription
 
 logger = logging.getLogger("lightning_bridge")
 
@@ -255,3 +256,21 @@ def apply_experiment_retention(registry: Registry, experiment_id: int) -> list[s
             registry.checkpoint_deleted(checkpoint.uuid)
             removed.append(checkpoint.uuid)
     return removed
+
+
+def continue_from_latest(run: RunDescription, run_file: pathlib.Path) -> RunDescription:
+    """Name the trial's latest durable checkpoint in its run description, for a trial run
+    again where it stopped (a requeued Slurm job, a Ray trial whose node was lost): the
+    description as rewritten (for its caller) and written (for the trial's processes)."""
+    assert run.record is not None and run.run_dir is not None
+    with Registry(run.record.workspace) as registry:
+        trial_id = run.record.trial_id
+        settle_checkpoints(registry, trial_id)
+        latest = registry.latest_checkpoint(trial_id)
+        if latest is None:
+            return run  # nothing durable yet: the trial starts over, as the first run did
+        registry.archive_metrics_after(trial_id, latest.batches)
+        local = fetch(registry, latest, run.run_dir / "restore")
+    rewritten = dataclasses.replace(run, latest_checkpoint=str(local), warm_start=None)
+    rewritten.write(run_file)
+    return rewritten

@@ -201,12 +201,43 @@ def slurm_job_restarts(job_id: str) -> int | None:
 def is_chief(environ: Mapping[str, str] = os.environ) -> bool:
     """Whether this process is its trial's chief (rank 0, local rank 0), from the variables
     a launcher sets for the others: Lightning's launcher and torchrun (`RANK`, `LOCAL_RANK`),
-    a Slurm job of several tasks (`RANK` from `SLURM_PROCID`, see `_slurm_job`). The chief
-    records, reports and prints what every process shares."""
-    return int(environ.get("LOCAL_RANK", "0") or 0) == 0 and int(environ.get("RANK", "0") or 0) == 0
+    a Slurm job of several tasks (`RANK` from `SLURM_PROCID`, see `_slurm_job`), a node of a
+    trial across Ray nodes (`NODE_RANK`: each node's first process is Lightning's to expand).
+    The chief records, reports and prints what every process shares."""
+    return all(
+        int(environ.get(name, "0") or 0) == 0 for name in ("LOCAL_RANK", "RANK", "NODE_RANK")
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class RayEnvironment(TrialEnvironment):
+    """A trial's process placed by the Ray launcher (`launch/ray`): the coordinator that
+    placed it runs it again itself, on another node where its node was lost (the process is
+    gone then and asks nothing) and after a failure while its restarts are under
+    `max_restarts`; a stop signal (`experiment pause`, the coordinator's Ctrl-C) gives the
+    trial back."""
+
+    kind = "ray"
+
+    placement: str = ""  # the trial's actors' name on the cluster
+    restart_count: int = 0
+    max_restarts: int = 0
+
+    @property
+    def restarts(self) -> int:
+        return self.restart_count
+
+    def keeps_search_trial(self, failed: bool) -> str | None:
+        if not failed or self.restart_count >= self.max_restarts:
+            return None
+        return (
+            f"the Ray launcher runs it again (restart {self.restart_count + 1} of "
+            f"max_restarts {self.max_restarts})"
+        )
 
 
 _KINDS: dict[str, type[TrialEnvironment]] = {
     TrialEnvironment.kind: TrialEnvironment,
     SlurmJobEnvironment.kind: SlurmJobEnvironment,
+    RayEnvironment.kind: RayEnvironment,
 }

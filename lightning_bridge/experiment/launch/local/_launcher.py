@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from lightning_bridge._process import pid_alive
 from lightning_bridge.experiment.launch._contract import Launcher, RunningTrial
 from lightning_bridge.experiment.launch._handle import TrialProcess
-from lightning_bridge.experiment.launch.local._warm import WarmStarter
+from lightning_bridge.experiment.launch._warm import WarmStarter
 from lightning_bridge.experiment.trial_process import _plan
 from lightning_bridge.experiment.trial_process._parent import PARENT_ENV
 from lightning_bridge.experiment.trials import _trial_runs

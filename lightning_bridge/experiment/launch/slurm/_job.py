@@ -45,7 +45,6 @@ things of its own:
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import pathlib
 import re
@@ -64,7 +63,7 @@ from lightning_bridge.experiment.config._config import parse_config
 from lightning_bridge.experiment.launch.slurm._launcher import HOOK_ENV, UNREACHABLE
 from lightning_bridge.experiment.trial_process._exit_codes import EXIT_UNREACHABLE, guarded
 from lightning_bridge.experiment.trial_process._signals import handling
-from lightning_bridge.experiment.trials._checkpoints import fetch, settle_checkpoints
+from lightning_bridge.experiment.trials._checkpoints import continue_from_latest
 from lightning_bridge.record._registry import Registry
 from lightning_bridge.record._schema import TrialState
 from lightning_bridge.record._settings import WorkspaceSettings
@@ -136,23 +135,6 @@ def task_environment(environ: Mapping[str, str]) -> dict[str, str]:
     return out
 
 
-def _continue_from_latest(run: RunDescription, run_file: pathlib.Path) -> RunDescription:
-    """Name the trial's latest durable checkpoint in its run description (a requeued job):
-    the description as rewritten (for this process) and written (for the trial's others)."""
-    assert run.record is not None and run.run_dir is not None
-    with Registry(run.record.workspace) as registry:
-        trial_id = run.record.trial_id
-        settle_checkpoints(registry, trial_id)
-        latest = registry.latest_checkpoint(trial_id)
-        if latest is None:
-            return run  # nothing durable yet: the trial starts over, as the first run did
-        registry.archive_metrics_after(trial_id, latest.batches)
-        local = fetch(registry, latest, run.run_dir / "restore")
-    rewritten = dataclasses.replace(run, latest_checkpoint=str(local), warm_start=None)
-    rewritten.write(run_file)
-    return rewritten
-
-
 def restarts_allowed(run: RunDescription) -> int:
     """How many times the job requeues its failed trial: the config's `max_restarts`, which the
     launcher wrote into the run description from the config model. A run file written before
@@ -195,7 +177,7 @@ def before_training(
         print(f"{UNREACHABLE} {socket.gethostname()}: {problem}", file=sys.stderr, flush=True)
         return EXIT_UNREACHABLE, run  # not requeued: the next run would fail the same way
     if restarts:
-        run = _continue_from_latest(run, run_file)
+        run = continue_from_latest(run, run_file)
     return 0, run
 
 

@@ -2,7 +2,7 @@
 Python, torch, Lightning and the bridge, instead of each importing them again.
 
 A worker's `WarmStarter` keeps one such process (the *warm process*,
-`python -m lightning_bridge.experiment.launch.local._warm`). It imports what a trial imports,
+`python -m lightning_bridge.experiment.launch._warm`). It imports what a trial imports,
 then waits for requests on its stdin: each names a `python -m MODULE ARGS` command, its working
 directory, environment and output file. It forks; the child sets these up as a fresh
 interpreter would have them and runs the module as `python -m` does (`runpy`), then exits

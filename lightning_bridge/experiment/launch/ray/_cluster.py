@@ -1,0 +1,168 @@
+"""Reaching a Ray cluster Ray's way: `--address`, else `RAY_ADDRESS`, else the address the
+experiment recorded, else `auto` (the cluster this machine belongs to).
+
+`ray.init` on an address where nothing listens waits minutes before it fails, so the address
+is probed first (a TCP connection to the cluster's GCS, or to its Ray Client server for
+`ray://HOST:PORT`): a wrong or dead address is refused at once, before anything is recorded.
+
+Ray ends a driver whose cluster went away (60 s after its GCS stopped answering, with a
+fatal log line). `ClusterWatch` notices first, by probing the GCS every second, so the
+coordinator can record its trials' end and say so in one message before that.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pathlib
+import socket
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from lightning_bridge._errors import InvalidArgumentError
+
+NAMESPACE = "lightning-bridge"
+_PROBE_TIMEOUT_S = 5.0
+# Ray writes the address of the cluster this machine's node belongs to here (`auto`).
+_CURRENT_CLUSTER = pathlib.Path("/tmp/ray/ray_current_cluster")
+
+
+def import_ray() -> Any:
+    """The `ray` module; missing: the extra that installs it, in one message."""
+    try:
+        import ray
+    except ImportError:
+        raise InvalidArgumentError(
+            "--launcher ray needs Ray: pip install 'lightning-bridge[ray]' (on this machine and "
+            "in the Python environment of every node of the cluster)"
+        ) from None
+    return ray
+
+
+def cluster_address(given: str | None, recorded: str | None = None) -> str:
+    """The address to reach: `given` (`--address`), else `RAY_ADDRESS`, else `recorded`
+    (the experiment's), else `auto`."""
+    for candidate in (given, os.environ.get("RAY_ADDRESS"), recorded):
+        if candidate and candidate.strip():
+            return candidate.strip()
+    return "auto"
+
+
+def _how_to_fix(address: str) -> str:
+    return (
+        f"check the address (--address or RAY_ADDRESS: HOST:PORT of the head's GCS, 6379 by "
+        f"default, or ray://HOST:10001 through Ray Client) and that the cluster runs "
+        f"(`ray status --address {address}`; start one with `ray start --head`)"
+    )
+
+
+def _host_port(address: str, default_port: int) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    if not host:
+        return address, default_port
+    if not port.isdigit():
+        raise InvalidArgumentError(
+            f"--launcher ray: the Ray address {address!r} is not HOST:PORT; " + _how_to_fix(address)
+        )
+    return host.strip("[]"), int(port)
+
+
+def resolve(address: str) -> str:
+    """`auto`: the address of the cluster this machine belongs to (Ray's note of it)."""
+    if address != "auto":
+        return address
+    try:
+        noted = _CURRENT_CLUSTER.read_text().strip()
+    except OSError:
+        noted = ""
+    if not noted:
+        raise InvalidArgumentError(
+            "--launcher ray: no Ray cluster runs on this machine (address 'auto'); give the "
+            "cluster's address with --address HOST:PORT or RAY_ADDRESS (ray://HOST:10001 from "
+            "outside it), or start one with `ray start --head`"
+        )
+    return noted
+
+
+def probe(address: str) -> None:
+    """Refuse an address where no Ray cluster answers (InvalidArgumentError, one line naming
+    the address and the fix), in seconds rather than `ray.init`'s minutes."""
+    target = address.removeprefix("ray://")
+    host, port = _host_port(target, 10001 if address.startswith("ray://") else 6379)
+    try:
+        with socket.create_connection((host, port), timeout=_PROBE_TIMEOUT_S):
+            pass
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise InvalidArgumentError(
+            f"--launcher ray: no Ray cluster answers at {address} ({reason}); "
+            + _how_to_fix(address)
+        ) from None
+
+
+def connect(address: str, namespace: str = NAMESPACE) -> str:
+    """Connect this process to the cluster at `address` (`auto` resolved), once; the address
+    connected to. A wrong or dead address is refused before `ray.init` (see `probe`)."""
+    ray = import_ray()
+    resolved = resolve(address)
+    if ray.is_initialized():
+        return resolved
+    probe(resolved)
+    try:
+        ray.init(
+            address=resolved,
+            namespace=namespace,
+            logging_level="ERROR",
+            log_to_driver=False,
+            configure_logging=False,
+        )
+    except Exception as exc:  # noqa: BLE001 - Ray's own connection errors
+        raise InvalidArgumentError(
+            f"--launcher ray: cannot connect to the Ray cluster at {resolved} "
+            f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); "
+            + _how_to_fix(resolved)
+        ) from None
+    return resolved
+
+
+def disconnect() -> None:
+    ray = import_ray()
+    with contextlib.suppress(Exception):
+        ray.shutdown()
+
+
+class ClusterWatch:
+    """Probe the cluster's GCS (or Ray Client server) once a second from a thread; after
+    `grace_s` seconds without an answer, call `on_lost(reason)` once (see the module
+    docstring). Ended with `stop`."""
+
+    def __init__(self, address: str, on_lost: Callable[[str], None], grace_s: float = 5.0) -> None:
+        self.address = address
+        self._on_lost = on_lost
+        self._grace_s = grace_s
+        self._stop = threading.Event()
+        self.lost: str | None = None
+        self._thread = threading.Thread(target=self._run, name="ray-cluster-watch", daemon=True)
+
+    def start(self) -> ClusterWatch:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        since: float | None = None
+        while not self._stop.wait(1.0):
+            try:
+                probe(self.address)
+                since = None
+            except InvalidArgumentError as exc:
+                now = time.monotonic()
+                since = now if since is None else since
+                if now - since >= self._grace_s and not self._stop.is_set():
+                    self.lost = str(exc).removeprefix("--launcher ray: ")
+                    self._on_lost(self.lost)
+                    return

@@ -1,0 +1,757 @@
+"""The Ray launcher: each trial placed on a Ray cluster with the resources its config asks for
+(`run --launcher ray`); Ray places and supervises its processes, Lightning runs the fit.
+
+Determined's config keys keep their meaning: `resources.slots_per_trial` processes, each with
+a GPU where the cluster has GPUs (CPUs otherwise: `ray.cpus_per_slot` each),
+`ray.slots_per_node` of them per node (a trial with more slots spans nodes through a
+placement group, one bundle per node, STRICT_SPREAD), `resources.resource_pool` a Ray custom
+resource of that name (one unit per slot: a pool's nodes declare it, `ray start
+--resources='{"POOL": SLOTS}'`), `resources.max_slots` the slots a search's trials take at
+once, and `max_restarts` the failures run again. A trial whose node is lost runs again on
+another node from its latest checkpoint, as a requeued Slurm job does.
+
+On each node of a trial a `TrialSlot` actor holds the trial's resources and runs its process
+there (`_actors`); a trial across nodes gets `NODE_RANK`, `MASTER_ADDR` (rank 0's node, where
+the rendezvous is) and every node's address (`get_cluster_info().container_addrs`), and
+Lightning starts each node's processes. The workspace (record, run descriptions, checkpoints
+unless they go to S3 / GCS / Azure) is on a file system every node mounts at the same path;
+the record on PostgreSQL.
+
+The coordinator (`run`, `experiment continue`) follows its trials; Ctrl-C / SIGTERM pauses
+them (each checkpoints and stops; a second signal kills them). When the cluster goes away
+(`_cluster.ClusterWatch`) it records the trial stopped at its latest checkpoint and says so in
+one message, before Ray would end this process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import math
+import os
+import pathlib
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import pydantic
+
+from lightning_bridge._errors import InvalidArgumentError
+from lightning_bridge.experiment.config._config_schema import RAY_MESSAGES, RaySection
+from lightning_bridge.experiment.launch._contract import Launcher, RunningTrial
+from lightning_bridge.experiment.launch.ray import _cluster
+from lightning_bridge.experiment.trial_process import _plan
+from lightning_bridge.experiment.trial_process._signals import handling
+from lightning_bridge.experiment.trials import _trial_runs
+from lightning_bridge.experiment.trials._checkpoints import continue_from_latest
+from lightning_bridge.record._records import Job, Trial
+from lightning_bridge.record._registry import LIVE_JOB_STATES, Registry
+from lightning_bridge.record._schema import TrialState
+from lightning_bridge.translation.services._run_description import RunDescription
+from lightning_bridge.translation.services._trial_environment import (
+    NODE_ADDRS_ENV,
+    RayEnvironment,
+)
+
+logger = logging.getLogger("lightning_bridge")
+
+POLL_S = 0.5
+# Seconds a trial waits for the cluster to have room for it before it is refused.
+PLACEMENT_TIMEOUT_S = float(os.environ.get("LIGHTNING_BRIDGE_RAY_PLACEMENT_TIMEOUT_S", "600"))
+
+
+def ray_section(given: Any) -> RaySection:
+    """The config's `ray` section, validated: InvalidArgumentError with the one line its
+    first bad key gets (`RAY_MESSAGES`)."""
+    try:
+        return RaySection.model_validate(given or {})
+    except pydantic.ValidationError as exc:
+        error = exc.errors()[0]
+        key = str(error["loc"][0]) if error["loc"] else ""
+        if error["type"] == "extra_forbidden":
+            raise InvalidArgumentError(
+                f"ray.{key}: not a key of the ray section (it has: "
+                f"{', '.join(k for k in RAY_MESSAGES if k)})"
+            ) from None
+        if key not in RAY_MESSAGES or error["type"] in ("model_type", "dict_type"):
+            key = ""
+        value = given.get(key) if key and isinstance(given, dict) else given
+        raise InvalidArgumentError(RAY_MESSAGES[key].format(value=value)) from None
+
+
+@dataclasses.dataclass(frozen=True)
+class RaySettings:
+    """The trial's request to Ray, from Determined's config keys and the `ray` section."""
+
+    slots: int
+    slots_per_node: int
+    cpus_per_slot: float
+    pool: str | None
+    max_slots: int | None
+    runtime_env: dict[str, Any] | None
+    namespace: str
+    max_restarts: int
+
+    @classmethod
+    def of(cls, plan: _plan.Plan) -> RaySettings:
+        raw = plan.config.raw
+        section = ray_section(raw.get("ray"))
+        resources = raw.get("resources") or {}
+        pool = resources.get("resource_pool")
+        max_slots = resources.get("max_slots")
+        return cls(
+            slots=plan.processes,
+            slots_per_node=section.slots_per_node or plan.processes,
+            cpus_per_slot=float(section.cpus_per_slot),
+            pool=str(pool) if pool else None,
+            max_slots=int(max_slots) if isinstance(max_slots, int) and max_slots > 0 else None,
+            runtime_env=section.runtime_env,
+            namespace=section.namespace,
+            max_restarts=plan.config.model.max_restarts,
+        )
+
+    @property
+    def per_node(self) -> int:
+        return min(self.slots_per_node, self.slots)
+
+    @property
+    def nodes(self) -> int:
+        return math.ceil(self.slots / self.per_node)
+
+    def node_resources(self, gpus: bool) -> dict[str, float]:
+        """What one node's part of the trial reserves (a placement group's bundle)."""
+        out = {"CPU": self.per_node * self.cpus_per_slot}
+        if gpus:
+            out["GPU"] = float(self.per_node)
+        if self.pool:
+            out[self.pool] = float(self.per_node)
+        return out
+
+    def actor_options(self, gpus: bool) -> dict[str, Any]:
+        """`ray.remote` options of a node's `TrialSlot` (its bundle's resources)."""
+        wanted = self.node_resources(gpus)
+        options: dict[str, Any] = {"num_cpus": wanted.pop("CPU"), "num_gpus": wanted.pop("GPU", 0)}
+        if wanted:
+            options["resources"] = wanted
+        if self.runtime_env:
+            options["runtime_env"] = self.runtime_env
+        return options
+
+
+def _node_capacity(ray: Any, gpus: bool, pool: str | None) -> list[tuple[str, float, float]]:
+    """Each alive node's address, slots (GPUs, else CPUs) and pool units."""
+    out = []
+    for node in ray.nodes():
+        if not node.get("Alive"):
+            continue
+        res = node.get("Resources", {})
+        slots = float(res.get("GPU", 0) if gpus else res.get("CPU", 0))
+        units = float(res.get(pool, 0)) if pool else 0.0
+        out.append((str(node.get("NodeManagerAddress")), slots, units))
+    return out
+
+
+class RayLauncher(Launcher):
+    """Trials placed on a Ray cluster (see the module docstring)."""
+
+    name = "ray"
+    several_machines = True
+    scheduler_places = True
+    config_keys = ("ray", "resources.resource_pool", "resources.max_slots", "max_restarts")
+
+    def __init__(self) -> None:
+        self.address: str | None = None
+        self.gpus: bool | None = None
+        self.lost: str | None = None  # why the cluster went away, once it did
+        self._watch: _cluster.ClusterWatch | None = None
+        self._warm: dict[str, Any] = {}  # node id -> its WarmNode (a search's)
+        self._preload: Sequence[str] = ()
+        self._placements: dict[int, Placement] = {}
+
+    # ----- refusals, before anything is recorded -----
+
+    def connect(self, plan: _plan.Plan) -> RaySettings:
+        """Validate the `ray` section, reach the cluster (refused in one line when it does
+        not answer) and decide GPUs; the trial's settings."""
+        settings = RaySettings.of(plan)
+        if self.address is None:
+            given = _cluster.cluster_address(None, plan.options.address)
+            self.address = _cluster.connect(given, settings.namespace)
+        ray = _cluster.import_ray()
+        accelerator = (plan.options.accelerator or "auto").lower()
+        cluster = ray.cluster_resources()
+        self.gpus = accelerator in ("gpu", "cuda") or (
+            accelerator == "auto" and cluster.get("GPU", 0) > 0
+        )
+        return settings
+
+    def check(self, plan: _plan.Plan) -> None:
+        settings = self.connect(plan)
+        ray = _cluster.import_ray()
+        unit = "GPUs" if self.gpus else "CPUs"
+        nodes = _node_capacity(ray, bool(self.gpus), settings.pool)
+        if settings.pool is not None and not any(units for _, _, units in nodes):
+            raise InvalidArgumentError(
+                f"resources.resource_pool: no node of the Ray cluster at {self.address} has "
+                f"the custom resource {settings.pool!r}; start the pool's nodes with `ray start "
+                f"--resources='{{\"{settings.pool}\": SLOTS}}'` (KubeRay: rayStartParams "
+                "resources), or leave resource_pool out"
+            )
+        need = settings.per_node * (1 if self.gpus else settings.cpus_per_slot)
+        pooled = settings.pool is None
+        fitting = [n for n in nodes if n[1] >= need and (pooled or n[2] >= settings.per_node)]
+        if len(fitting) < settings.nodes:
+            shown = ", ".join(f"{a} {s:g}" for a, s, _ in nodes) or "no alive nodes"
+            raise InvalidArgumentError(
+                f"resources.slots_per_trial: the trial needs {settings.nodes} node(s) with "
+                f"{need:g} {unit} each (ray.slots_per_node {settings.per_node}), and the Ray "
+                f"cluster at {self.address} has {len(fitting)} ({unit}: {shown}); lower "
+                "ray.slots_per_node (a trial with more slots spans nodes), or add nodes"
+            )
+        if settings.max_slots is not None and settings.slots > settings.max_slots:
+            raise InvalidArgumentError(
+                f"resources.max_slots: {settings.max_slots} slots, fewer than one trial's "
+                f"{settings.slots} (resources.slots_per_trial); raise max_slots or leave it out"
+            )
+
+    def capacity(self, options: _plan.Options, processes: int) -> tuple[int, list[str]]:
+        """As many trials at once as `resources.max_slots` allows (Ray queues the rest)."""
+        return self._max_trials, []
+
+    _max_trials = 1 << 16
+
+    def running(self, trial: Trial, job: Job | None) -> RunningTrial | None:
+        if job is None or job.state not in LIVE_JOB_STATES:
+            return None
+        return RunningPlacement(job.job_id, job.reason)
+
+    # ----- a trial on the cluster -----
+
+    def _prepare(self, plan: _plan.Plan, trial: _plan.TrialRun) -> RaySettings:
+        """Connect, write the trial's run description (a trial across nodes: each node runs
+        `per_node` processes) and its working copy."""
+        settings = self.connect(plan)
+        trial.trial_dir.mkdir(parents=True, exist_ok=True)
+        if settings.nodes > 1:
+            options = dataclasses.replace(
+                plan.options, devices=settings.per_node, num_nodes=settings.nodes
+            )
+            plan = dataclasses.replace(plan, options=options)
+        _plan.describe_run(plan, trial).write(trial.run_file)
+        _trial_runs.prepare_work_dir(plan, trial)
+        return settings
+
+    def _placement(
+        self, registry: Registry, plan: _plan.Plan, trial: _plan.TrialRun, settings: RaySettings
+    ) -> Placement:
+        assert self.address is not None
+        name = f"lb-{trial.experiment_id}-{trial.trial_id}"
+        placement = Placement(
+            name=name,
+            address=self.address,
+            settings=settings,
+            gpus=bool(self.gpus),
+            run_file=trial.run_file,
+            cwd=trial.working_dir(plan),
+            output=trial.trial_dir / "output.log",
+            workspace=registry.workspace.root,
+            trial_id=trial.trial_id,
+            warm=self._warm_for,
+            lost=lambda: self.lost,
+        )
+        registry.job_submitted(trial.trial_id, self.name, placement.job_id, str(placement.output))
+        registry.job_state(trial.trial_id, "PENDING", "waiting for the cluster's resources")
+        self._placements[trial.trial_id] = placement
+        return placement
+
+    def run_trial(
+        self,
+        registry: Registry,
+        plan: _plan.Plan,
+        trial: _plan.TrialRun,
+        relaunch: bool = False,
+    ) -> int:
+        try:
+            settings = self._prepare(plan, trial)
+        except InvalidArgumentError as exc:
+            registry.trial_ended(trial.trial_id, TrialState.ERROR, str(exc), if_active=True)
+            raise
+        placement = self._placement(registry, plan, trial, settings)
+        print(
+            f"Trial {trial.trial_id}: placed on the Ray cluster at {self.address} as "
+            f"{placement.name}; its output: {placement.output}",
+            flush=True,
+        )
+        signals: list[int] = []
+
+        def on_signal(signum: int, frame: Any) -> None:
+            signals.append(signum)
+            placement.stop(kill=len(signals) > 1)
+            with contextlib.suppress(OSError, RuntimeError):
+                what = "Pausing" if len(signals) == 1 else "Killing"
+                print(f"{what} {placement.name}: the trial checkpoints and stops", flush=True)
+
+        self._watch_cluster(registry)
+        try:
+            with handling(on_signal):
+                code = placement.run(say=_print)
+        finally:
+            self._unwatch()
+            self._placements.pop(trial.trial_id, None)
+        return _outcome(registry, trial.trial_id, placement, code, bool(signals), self.lost)
+
+    def start(
+        self,
+        registry: Registry,
+        plan: _plan.Plan,
+        trial: _plan.TrialRun,
+        devices: Sequence[str] = (),
+    ) -> RayTrial:
+        """Place a search's trial and return at once; its handle runs it to its end (on
+        another node where its node is lost) in the search worker's thread."""
+        settings = self._prepare(plan, trial)
+        placement = self._placement(registry, plan, trial, settings)
+        return RayTrial(placement, registry.workspace.root)
+
+    # ----- a search's warm workers -----
+
+    def warm_up(self, preload: Sequence[str]) -> None:
+        """Remember what the warm processes import; each node gets its `WarmNode` when a
+        trial is first placed there (every alive node at once, in the background)."""
+        self._preload = tuple(preload)
+
+    def _warm_for(self, node_id: str) -> Any:
+        """The node's WarmNode (created on first use, pinned to the node, reserving
+        nothing); None where trials start cold (`LIGHTNING_BRIDGE_COLD_TRIALS=1`)."""
+        if not self._preload or os.environ.get("LIGHTNING_BRIDGE_COLD_TRIALS") == "1":
+            return None
+        if node_id not in self._warm:
+            ray = _cluster.import_ray()
+            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+            from lightning_bridge.experiment.launch.ray._actors import WarmNode
+
+            remote = ray.remote(WarmNode).options(
+                num_cpus=0,
+                max_concurrency=64,
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
+            )
+            self._warm[node_id] = remote.remote(tuple(self._preload), {})
+        return self._warm[node_id]
+
+    def close(self) -> None:
+        if self.lost is None:
+            ray = _cluster.import_ray()
+            for actor in self._warm.values():
+                with contextlib.suppress(Exception):
+                    ray.kill(actor)
+        self._warm.clear()
+
+    # ----- the cluster going away -----
+
+    def _watch_cluster(self, registry: Registry) -> None:
+        if self._watch is not None or self.address is None:
+            return
+        workspace = registry.workspace.root
+
+        def on_lost(reason: str) -> None:
+            self.lost = reason
+            for placement in list(self._placements.values()):
+                placement.cluster_lost(reason)
+            # Ray ends a driver 60 s after its cluster went away; the trials' ends are
+            # recorded by then (each placement's wait returns at once).
+            timer = threading.Timer(40.0, _exit_now_if_alive, args=(workspace,))
+            timer.daemon = True
+            timer.start()
+
+        self._watch = _cluster.ClusterWatch(self.address, on_lost).start()
+
+    def _unwatch(self) -> None:
+        if self._watch is not None:
+            self._watch.stop()
+            self._watch = None
+
+    def watch_for_search(self, registry: Registry) -> None:
+        """A search's coordinator follows the cluster too (see `_watch_cluster`)."""
+        self._watch_cluster(registry)
+
+
+def _exit_now_if_alive(workspace: pathlib.Path) -> None:
+    from lightning_bridge._process import exit_now
+
+    print(
+        "lightning-bridge: error: the Ray cluster went away; ending before Ray ends this process",
+        file=sys.stderr,
+        flush=True,
+    )
+    exit_now(1)
+
+
+def _print(message: str) -> None:
+    print(message, flush=True)
+
+
+class ClusterGone(Exception):
+    """The cluster went away while the trial ran."""
+
+
+class Placement:
+    """A trial on the cluster: its `TrialSlot` actors (one per node, in a placement group
+    across nodes), their processes, and running it again where a node is lost or it failed
+    under `max_restarts`."""
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        address: str,
+        settings: RaySettings,
+        gpus: bool,
+        run_file: pathlib.Path,
+        cwd: pathlib.Path,
+        output: pathlib.Path,
+        workspace: pathlib.Path,
+        trial_id: int,
+        warm: Callable[[str], Any],
+        lost: Callable[[], str | None],
+    ) -> None:
+        self.name = name
+        self.address = address
+        self.settings = settings
+        self.gpus = gpus
+        self.run_file = run_file
+        self.cwd = cwd
+        self.output = output
+        self.workspace = workspace
+        self.trial_id = trial_id
+        self._warm = warm
+        self._lost = lost
+        self._slots: list[Any] = []
+        self._group: Any = None
+        self._stopping: int | None = None  # the signal the trial was stopped with
+        self._gone = threading.Event()
+        self.nodes: list[dict[str, str]] = []
+        self.restarts = 0  # runs after a lost node
+        self.failures = 0  # runs after a failure (max_restarts)
+
+    @property
+    def job_id(self) -> str:
+        """The record's name for it: the actors' name and the cluster's address."""
+        return f"{self.settings.namespace}/{self.name}@{self.address}"
+
+    # ----- placing -----
+
+    def _place(self) -> None:
+        """Create the slots (in a placement group across nodes) and wait for Ray to place
+        them; their nodes."""
+        ray = _cluster.import_ray()
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        from lightning_bridge.experiment.launch.ray._actors import TrialSlot
+
+        options = self.settings.actor_options(self.gpus)
+        remote = ray.remote(TrialSlot)
+        if self.settings.nodes > 1:
+            bundles = [self.settings.node_resources(self.gpus)] * self.settings.nodes
+            self._group = placement_group(bundles, strategy="STRICT_SPREAD", name=self.name)
+        for rank in range(self.settings.nodes):
+            extra: dict[str, Any] = {}
+            if self._group is not None:
+                extra["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
+                    self._group, placement_group_bundle_index=rank
+                )
+            self._slots.append(
+                remote.options(
+                    name=f"{self.name}-{rank}",
+                    namespace=self.settings.namespace,
+                    max_concurrency=4,
+                    max_restarts=0,
+                    **options,
+                    **extra,
+                ).remote()
+            )
+        where = [slot.where.remote() for slot in self._slots]
+        deadline = time.monotonic() + PLACEMENT_TIMEOUT_S
+        while True:
+            ready, _ = ray.wait(where, num_returns=len(where), timeout=POLL_S)
+            if len(ready) == len(where):
+                break
+            if self._gone.is_set():
+                raise ClusterGone(self._lost() or "the Ray cluster went away")
+            if self._stopping is not None:
+                raise _Stopped()
+            if time.monotonic() > deadline:
+                raise InvalidArgumentError(
+                    f"the Ray cluster at {self.address} did not place trial {self.trial_id} "
+                    f"within {PLACEMENT_TIMEOUT_S:g} s (it needs "
+                    f"{self.settings.nodes} x {self.settings.node_resources(self.gpus)}); "
+                    "free or add resources, or lower resources.slots_per_trial"
+                )
+        self.nodes = list(ray.get(where))
+
+    def _start(self) -> None:
+        """Start the trial's process on each of its nodes."""
+        ray = _cluster.import_ray()
+        count = len(self._slots)
+        addrs = [n["ip"] for n in self.nodes]
+        base = {
+            NODE_ADDRS_ENV: ",".join(addrs),
+        }
+        environment = RayEnvironment(
+            placement=self.name,
+            restart_count=self.failures,
+            max_restarts=self.settings.max_restarts,
+        )
+        environment.export_to(base)
+        if count > 1:
+            port = int(ray.get(self._slots[0].free_port.remote()))
+            base.update({"MASTER_ADDR": addrs[0], "MASTER_PORT": str(port)})
+        started = []
+        for rank, slot in enumerate(self._slots):
+            env = dict(base)
+            output = self.output
+            if count > 1:
+                env["NODE_RANK"] = str(rank)
+                if rank:
+                    output = self.output.with_name(f"output.node{rank}.log")
+            warm = self._warm(self.nodes[rank]["node_id"]) if count == 1 else None
+            started.append(
+                slot.start.remote(str(self.run_file), str(self.cwd), env, str(output), warm)
+            )
+        ray.get(started)
+
+    # ----- running -----
+
+    def run(self, say: Callable[[str], None]) -> int:
+        """Place the trial and run it to its end; its exit code. A lost node: placed again
+        (Ray picks another node) and continued from its latest checkpoint; a failure while
+        its failures are under `max_restarts`: the same."""
+        ray = _cluster.import_ray()
+        lost: str | None
+        with Registry(self.workspace) as registry:
+            while True:
+                try:
+                    self._place()
+                    self._record(registry, "RUNNING")
+                    say(f"Trial {self.trial_id}: {self.describe()}")
+                    self._start()
+                    code = self._wait(ray)
+                except _Stopped:
+                    self.release()
+                    return 128 + (self._stopping or signal.SIGTERM)
+                except ClusterGone:
+                    self.release(quiet=True)
+                    return 1
+                except ray.exceptions.RayActorError as exc:
+                    code = None
+                    lost = _first_line(exc)
+                else:
+                    lost = None
+                self.release()
+                if self._gone.is_set():
+                    return 1
+                if code is None:  # a node lost: the trial runs again elsewhere
+                    if self._stopping is not None:
+                        return 1
+                    self.restarts += 1
+                    registry.job_state(
+                        self.trial_id, "REQUEUED", f"its node was lost: {lost}", self.restarts
+                    )
+                    say(
+                        f"Trial {self.trial_id}: its node was lost ({lost}); it continues on "
+                        "another node from its latest checkpoint"
+                    )
+                    self._continue_from_latest()
+                    continue
+                retry = self.failures < self.settings.max_restarts
+                if code != 0 and self._stopping is None and retry:
+                    state = registry.trial(self.trial_id).state
+                    if state in (TrialState.ERROR.value, TrialState.ACTIVE.value):
+                        self.failures += 1
+                        say(
+                            f"Trial {self.trial_id} failed (exit code {code}); restart "
+                            f"{self.failures} of max_restarts {self.settings.max_restarts}, "
+                            "from its latest checkpoint"
+                        )
+                        self._continue_from_latest()
+                        continue
+                self._record(registry, "COMPLETED" if code == 0 else "FAILED")
+                return code
+
+    def _wait(self, ray: Any) -> int | None:
+        """Until every node's process ended (the exit code of the first that failed, else 0)
+        or a node was lost (RayActorError)."""
+        pending = {slot.wait.remote(): rank for rank, slot in enumerate(self._slots)}
+        codes: dict[int, int] = {}
+        while pending:
+            ready, _ = ray.wait(list(pending), num_returns=1, timeout=POLL_S)
+            if self._gone.is_set():
+                raise ClusterGone(self._lost() or "the Ray cluster went away")
+            for ref in ready:
+                rank = pending.pop(ref)
+                codes[rank] = int(ray.get(ref))
+                if codes[rank] != 0 and pending:
+                    for slot in self._slots:  # one node failed: the others cannot go on
+                        with contextlib.suppress(Exception):
+                            slot.send_signal.remote(signal.SIGKILL)
+        failed = [c for c in codes.values() if c != 0]
+        return failed[0] if failed else 0
+
+    def _continue_from_latest(self) -> None:
+        run = RunDescription.read(self.run_file)
+        continue_from_latest(run, self.run_file)
+
+    def _record(self, registry: Registry, state: str) -> None:
+        registry.job_state(self.trial_id, state, self.describe_nodes(), self.restarts)
+
+    def describe_nodes(self) -> str:
+        """Where it runs: each node's address and Ray node id, and the actors' name."""
+        shown = ", ".join(f"{n['ip']} (node {n['node_id'][:12]})" for n in self.nodes)
+        return f"Ray actor {self.name} on node {shown}" if self.nodes else f"Ray actor {self.name}"
+
+    def describe(self) -> str:
+        return f"{self.describe_nodes()}, {len(self.nodes)} node(s)"
+
+    # ----- stopping -----
+
+    def stop(self, kill: bool) -> None:
+        """Pause (SIGTERM: the trial checkpoints and stops) or kill the trial's processes."""
+        self._stopping = signal.SIGKILL if kill else signal.SIGTERM
+        for slot in self._slots:
+            with contextlib.suppress(Exception):
+                slot.send_signal.remote(self._stopping)
+
+    def cluster_lost(self, reason: str) -> None:
+        self._gone.set()
+
+    def release(self, quiet: bool = False) -> None:
+        """End the slots (their processes with them) and give back their resources."""
+        if quiet or self._gone.is_set():
+            self._slots, self._group = [], None
+            return
+        ray = _cluster.import_ray()
+        for slot in self._slots:
+            with contextlib.suppress(Exception):
+                ray.kill(slot)
+        if self._group is not None:
+            from ray.util.placement_group import remove_placement_group
+
+            with contextlib.suppress(Exception):
+                remove_placement_group(self._group)
+        self._slots, self._group = [], None
+
+
+class _Stopped(Exception):
+    """Stopped before its processes started."""
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0][:300] if text else type(exc).__name__
+
+
+class RayTrial:
+    """A search's trial on the cluster as its worker follows it (`TrialProcess`): `wait`
+    runs it to its end in the worker's thread."""
+
+    def __init__(self, placement: Placement, workspace: pathlib.Path) -> None:
+        self.placement = placement
+        self.pid = 0  # no process on this machine
+        self._workspace = workspace
+
+    def wait(self) -> int:
+        code = self.placement.run(say=_print)
+        self.placement.release()
+        return code
+
+    def send_signal(self, sig: int) -> None:
+        self.placement.stop(kill=sig == signal.SIGKILL)
+
+
+class RunningPlacement(RunningTrial):
+    """A recorded trial's live placement, as `experiment pause | kill | describe` reach it:
+    its actors by name on the cluster the record names."""
+
+    def __init__(self, job_id: str, reason: str) -> None:
+        self.job_id = job_id
+        ref, _, self.address = job_id.rpartition("@")
+        self.namespace, _, self.name = ref.partition("/")
+        self.key = f"Ray actor {self.name}"
+        self._reason = reason
+
+    def _slots(self) -> list[Any]:
+        ray = _cluster.import_ray()
+        _cluster.connect(self.address, self.namespace)
+        slots = []
+        rank = 0
+        while True:
+            try:
+                slots.append(ray.get_actor(f"{self.name}-{rank}", namespace=self.namespace))
+            except ValueError:
+                return slots
+            rank += 1
+
+    def stop(self, registry: Registry, trial_id: int, kill: bool, signal_it: bool) -> str:
+        if signal_it:
+            ray = _cluster.import_ray()
+            sig = signal.SIGKILL if kill else signal.SIGTERM
+            refs = [slot.send_signal.remote(sig) for slot in self._slots()]
+            with contextlib.suppress(Exception):
+                ray.get(refs, timeout=30)
+        return self.key
+
+    def describe(self) -> str:
+        return f"{self._reason or self.key}, running"
+
+
+def _outcome(
+    registry: Registry,
+    trial_id: int,
+    placement: Placement,
+    code: int,
+    paused: bool,
+    lost: str | None,
+) -> int:
+    """The exit code of a trial whose placement ended: its recorded end, or (it ended without
+    the trial recording one: killed, the cluster gone) STOPPED / ERROR."""
+    recorded = registry.trial(trial_id)
+    if lost is not None:
+        registry.job_state(trial_id, "GONE", f"the Ray cluster went away: {lost}")
+        if recorded.state == TrialState.ACTIVE.value:
+            registry.trial_ended(
+                trial_id,
+                TrialState.STOPPED,
+                f"the Ray cluster at {placement.address} went away; the trial continues from "
+                "its latest checkpoint with `experiment continue`",
+            )
+        latest = registry.latest_checkpoint(trial_id)
+        at = f"its latest checkpoint (batch {latest.batches})" if latest else "its start"
+        print(
+            f"lightning-bridge: error: the Ray cluster at {placement.address} went away ({lost}); "
+            f"trial {trial_id} stopped and continues from {at} with `lightning-bridge "
+            f"experiment continue {registry.trial(trial_id).experiment_id}` once the cluster "
+            "is back",
+            file=sys.stderr,
+            flush=True,
+        )
+        return 1
+    if recorded.state == TrialState.ACTIVE.value:
+        if paused:
+            registry.trial_ended(trial_id, TrialState.STOPPED, f"{placement.name} killed")
+        else:
+            registry.trial_ended(
+                trial_id,
+                TrialState.ERROR,
+                f"{placement.name} ended (exit code {code}) without the trial recording an end; "
+                f"its output: {placement.output}",
+            )
+        recorded = registry.trial(trial_id)
+    if recorded.state == TrialState.ERROR.value:
+        print(f"lightning-bridge: error: trial {trial_id}: {recorded.message}", file=sys.stderr)
+        return 1
+    return 0
