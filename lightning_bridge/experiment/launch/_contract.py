@@ -89,12 +89,17 @@ class Launcher(abc.ABC):
     # Config keys this launcher reads besides those every run reads (not reported unused).
     config_keys: ClassVar[tuple[str, ...]] = ()
 
-    def capacity(self, options: _plan.Options, processes: int) -> tuple[int, list[str]]:
-        """How many of a search's trials (of `processes` processes each) this launcher runs
-        at once from one worker, and the GPUs it shares out among them (`start`'s
-        `devices`); a launcher whose scheduler places trials: as many as the searcher
-        allows."""
+    def capacity(self, plan: _plan.Plan, processes: int) -> tuple[int, list[str]]:
+        """How many of a search's trials (of `processes` processes each, planned as `plan`)
+        this launcher runs at once from one worker, and the GPUs it shares out among them
+        (`start`'s `devices`); a launcher whose scheduler places trials: as many as the
+        searcher allows."""
         return 1 << 16, []
+
+    def gone(self) -> str | None:
+        """Why the cluster trials run on went away while they ran (then no trial starts and
+        the run ends with this message); None while it is there."""
+        return None
 
     def allows(self, plan: _plan.Plan, force: bool) -> bool:
         """Whether the run may go on as planned on the machine it lands on (`force`: the

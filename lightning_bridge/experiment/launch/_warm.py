@@ -53,7 +53,14 @@ logger = logging.getLogger("lightning_bridge")
 COLD_ENV = "LIGHTNING_BRIDGE_COLD_TRIALS"
 # Per-trial variables: read by the bridge when the trial starts, never at import time.
 PER_TRIAL_ENV = frozenset(
-    {"LIGHTNING_BRIDGE_EXPERIMENT", "LIGHTNING_BRIDGE_SEARCH_WORKER", "CUDA_VISIBLE_DEVICES"}
+    {
+        "LIGHTNING_BRIDGE_EXPERIMENT",
+        "LIGHTNING_BRIDGE_SEARCH_WORKER",
+        "CUDA_VISIBLE_DEVICES",
+        # What a launcher tells the trial's process of its run (`_trial_environment`).
+        "LIGHTNING_BRIDGE_TRIAL_ENVIRONMENT",
+        "LIGHTNING_BRIDGE_NODE_ADDRS",
+    }
 )
 # What a trial's process imports before its first batch (a name missing here is imported by
 # the trial itself, as in a cold process).

@@ -124,7 +124,7 @@ class SearchCoordinator:
         self.processes = first.processes
         self.launcher = launcher_for(options.launcher)
         # On a cluster the scheduler places the trials (the searcher bounds how many run).
-        self.capacity, self._gpus = self.launcher.capacity(options, self.processes)
+        self.capacity, self._gpus = self.launcher.capacity(first, self.processes)
         self.running: dict[int, Launched] = {}
         self.ran: list[int] = []
         self._events: queue.SimpleQueue[tuple[int, int]] = queue.SimpleQueue()
@@ -160,6 +160,9 @@ class SearchCoordinator:
                     self._storage_away(exc)
                     continue
                 self._storage_back()
+        gone = self.launcher.gone()
+        if gone is not None:
+            raise SearchStorageUnavailable(gone)
         if self.unreachable is not None:
             raise SearchStorageUnavailable(self.unreachable)
         return not self._stopping
@@ -168,7 +171,7 @@ class SearchCoordinator:
     def _stopping(self) -> bool:
         """This worker was signalled, or the experiment paused: it starts no trial and ends
         once its running trials have."""
-        return bool(self._signals) or self._paused
+        return bool(self._signals) or self._paused or self.launcher.gone() is not None
 
     def _step(self) -> bool:
         """One turn of the loop: start trials while there is room, handle the trials that

@@ -94,11 +94,11 @@ class LocalLauncher(Launcher):
             return None
         return ProcessOnThisMachine(trial.pid)
 
-    def capacity(self, options: _plan.Options, processes: int) -> tuple[int, list[str]]:
+    def capacity(self, plan: _plan.Plan, processes: int) -> tuple[int, list[str]]:
         """Whole sets of `processes` GPUs of this machine, else of its CPU cores."""
         from lightning_bridge.experiment.launch.local._machine_capacity import trials_at_once
 
-        return trials_at_once(options.accelerator, options.devices, processes)
+        return trials_at_once(plan.options.accelerator, plan.options.devices, processes)
 
     def allows(self, plan: _plan.Plan, force: bool) -> bool:
         """More processes than this machine runs side by side: refused for devices, asked

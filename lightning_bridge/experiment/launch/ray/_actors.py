@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import os
 import pathlib
-import signal
 import socket
 import subprocess
 import sys

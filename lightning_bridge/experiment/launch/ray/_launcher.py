@@ -118,6 +118,16 @@ class RaySettings:
     def per_node(self) -> int:
         return min(self.slots_per_node, self.slots)
 
+    def check(self) -> None:
+        """Refuse a trial whose processes cannot split evenly over its nodes (Lightning runs
+        the same number on each)."""
+        if self.slots % self.per_node:
+            raise InvalidArgumentError(
+                f"resources.slots_per_trial: {self.slots} processes do not split evenly into "
+                f"nodes of ray.slots_per_node {self.per_node}; make slots_per_trial a multiple "
+                "of slots_per_node"
+            )
+
     @property
     def nodes(self) -> int:
         return math.ceil(self.slots / self.per_node)
@@ -178,9 +188,11 @@ class RayLauncher(Launcher):
         """Validate the `ray` section, reach the cluster (refused in one line when it does
         not answer) and decide GPUs; the trial's settings."""
         settings = RaySettings.of(plan)
+        settings.check()
         if self.address is None:
             given = _cluster.cluster_address(None, plan.options.address)
             self.address = _cluster.connect(given, settings.namespace)
+            self._watch_cluster()
         ray = _cluster.import_ray()
         accelerator = (plan.options.accelerator or "auto").lower()
         cluster = ray.cluster_resources()
@@ -218,11 +230,20 @@ class RayLauncher(Launcher):
                 f"{settings.slots} (resources.slots_per_trial); raise max_slots or leave it out"
             )
 
-    def capacity(self, options: _plan.Options, processes: int) -> tuple[int, list[str]]:
-        """As many trials at once as `resources.max_slots` allows (Ray queues the rest)."""
-        return self._max_trials, []
+    def capacity(self, plan: _plan.Plan, processes: int) -> tuple[int, list[str]]:
+        """As many trials at once as `resources.max_slots` allows (Ray queues the rest until
+        the cluster has room)."""
+        settings = RaySettings.of(plan)
+        if settings.max_slots is None:
+            return 1 << 16, []
+        return max(settings.max_slots // max(processes, 1), 1), []
 
-    _max_trials = 1 << 16
+    def gone(self) -> str | None:
+        return (
+            None
+            if self.lost is None
+            else f"the Ray cluster at {self.address} went away ({self.lost})"
+        )
 
     def running(self, trial: Trial, job: Job | None) -> RunningTrial | None:
         if job is None or job.state not in LIVE_JOB_STATES:
@@ -295,12 +316,10 @@ class RayLauncher(Launcher):
                 what = "Pausing" if len(signals) == 1 else "Killing"
                 print(f"{what} {placement.name}: the trial checkpoints and stops", flush=True)
 
-        self._watch_cluster(registry)
         try:
             with handling(on_signal):
                 code = placement.run(say=_print)
         finally:
-            self._unwatch()
             self._placements.pop(trial.trial_id, None)
         return _outcome(registry, trial.trial_id, placement, code, bool(signals), self.lost)
 
@@ -344,6 +363,7 @@ class RayLauncher(Launcher):
         return self._warm[node_id]
 
     def close(self) -> None:
+        self._unwatch()
         if self.lost is None:
             ray = _cluster.import_ray()
             for actor in self._warm.values():
@@ -353,10 +373,9 @@ class RayLauncher(Launcher):
 
     # ----- the cluster going away -----
 
-    def _watch_cluster(self, registry: Registry) -> None:
+    def _watch_cluster(self) -> None:
         if self._watch is not None or self.address is None:
             return
-        workspace = registry.workspace.root
 
         def on_lost(reason: str) -> None:
             self.lost = reason
@@ -364,7 +383,7 @@ class RayLauncher(Launcher):
                 placement.cluster_lost(reason)
             # Ray ends a driver 60 s after its cluster went away; the trials' ends are
             # recorded by then (each placement's wait returns at once).
-            timer = threading.Timer(40.0, _exit_now_if_alive, args=(workspace,))
+            timer = threading.Timer(40.0, _exit_now_if_alive)
             timer.daemon = True
             timer.start()
 
@@ -375,12 +394,8 @@ class RayLauncher(Launcher):
             self._watch.stop()
             self._watch = None
 
-    def watch_for_search(self, registry: Registry) -> None:
-        """A search's coordinator follows the cluster too (see `_watch_cluster`)."""
-        self._watch_cluster(registry)
 
-
-def _exit_now_if_alive(workspace: pathlib.Path) -> None:
+def _exit_now_if_alive() -> None:
     from lightning_bridge._process import exit_now
 
     print(
@@ -544,8 +559,15 @@ class Placement:
                 except _Stopped:
                     self.release()
                     return 128 + (self._stopping or signal.SIGTERM)
-                except ClusterGone:
+                except ClusterGone as exc:
                     self.release(quiet=True)
+                    registry.trial_ended(
+                        self.trial_id,
+                        TrialState.STOPPED,
+                        f"the Ray cluster at {self.address} went away ({exc}); it continues from "
+                        "its latest checkpoint with `experiment continue`",
+                        if_active=True,
+                    )
                     return 1
                 except ray.exceptions.RayActorError as exc:
                     code = None
