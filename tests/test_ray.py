@@ -1,0 +1,495 @@
+"""`--launcher ray`: trials placed on a real two-node Ray cluster started on this machine
+(marker `ray`, the cluster of `_ray_cluster`), each run compared with the same trial or search
+run locally (the local launcher, as a user runs it): same final weights, bit for bit.
+
+The trial is the Slurm tests' linear trial (`SLOW_MODEL_DEF`: `delay` seconds a batch, its
+ranks' view of the cluster written by its __init__), the search the tiny trial's
+adaptive_asha search.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import pathlib
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from typing import Any
+
+import pytest
+import torch
+
+from lightning_bridge.record._registry import Registry
+from lightning_bridge.record._workspace import Workspace
+from tests import _folders as sf
+from tests._folders import checkpoint_weights
+from tests._ray_cluster import (  # noqa: F401 - fixtures
+    RayCluster,
+    fresh_ray_cluster_fixture,
+    ray_cluster_fixture,
+)
+from tests.test_slurm import (
+    _config,
+    _final_weights,
+    _folder,
+    _job,
+    _same,
+    _shown,
+    _trial,
+    _trial_batches,
+    _wait_for,
+    finish,
+    lb,
+    lb_start,
+)
+
+pytestmark = pytest.mark.ray
+
+
+def on_ray(config: pathlib.Path, workspace: pathlib.Path, *extra: str) -> list[str]:
+    """`run CONFIG --launcher ray` on CPUs into `workspace` (`extra`: more options)."""
+    return [
+        "run",
+        str(config),
+        "--launcher",
+        "ray",
+        "--accelerator",
+        "cpu",
+        "--workspace",
+        str(workspace),
+        *extra,
+    ]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _experiments(workspace: pathlib.Path) -> list[Any]:
+    if not Workspace(workspace).registry_path.exists():
+        return []
+    with Registry(workspace) as registry:
+        return registry.experiments()
+
+
+def _search_trials(workspace: pathlib.Path) -> list[Any]:
+    if not Workspace(workspace).registry_path.exists():
+        return []
+    try:
+        with Registry(workspace) as registry:
+            return registry.trials()
+    except Exception:  # noqa: BLE001 - the registry being created
+        return []
+
+
+def _weights_by_hparams(workspace: pathlib.Path) -> dict[str, dict[str, torch.Tensor]]:
+    """Each trial's final weights (its latest checkpoint), keyed by its hyperparameters."""
+    out = {}
+    with Registry(workspace) as registry:
+        for trial in registry.trials(1):
+            assert trial.state == "COMPLETED", trial
+            latest = registry.latest_checkpoint(trial.id)
+            assert latest is not None
+            key = json.dumps(trial.hparams, sort_keys=True)
+            out[key] = checkpoint_weights(pathlib.Path(latest.location))
+    return out
+
+
+def _live_actors(cluster: RayCluster, prefix: str) -> list[str]:
+    """The names of the cluster's live actors starting with `prefix` (as `ray list actors`
+    shows them)."""
+    done = subprocess.run(
+        [
+            "ray",
+            "list",
+            "actors",
+            "--address",
+            cluster.address,
+            "--format",
+            "json",
+            "--limit",
+            "500",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        env={**os.environ, "PATH": f"{pathlib.Path(sys.executable).parent}:{os.environ['PATH']}"},
+    )
+    if done.returncode != 0:
+        return []
+    return [
+        a["name"]
+        for a in json.loads(done.stdout or "[]")
+        if a.get("state") == "ALIVE" and str(a.get("name") or "").startswith(prefix)
+    ]
+
+
+@pytest.fixture(scope="module")
+def local_weights(tmp_path_factory: pytest.TempPathFactory) -> dict[str, torch.Tensor]:
+    """The linear trial's final weights run locally, once for the module."""
+    root = tmp_path_factory.mktemp("local")
+    config = _folder(root, _config())
+    done = lb(*on_ray(config, root / "ws", "--launcher", "local"), cwd=root)
+    assert done.returncode == 0, _shown(done)
+    return _final_weights(root / "ws")
+
+
+@pytest.fixture(scope="module")
+def local_search_weights(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> dict[str, dict[str, torch.Tensor]]:
+    """The adaptive_asha search's trials' final weights run locally, by hyperparameters."""
+    root = tmp_path_factory.mktemp("local-search")
+    path = sf.write_folder(root, copy.deepcopy(sf.ASHA_CONFIG), "exp", sf.TINY)
+    done = lb(*on_ray(path, root / "ws", "--launcher", "local"), cwd=root, timeout=400)
+    assert done.returncode == 0, _shown(done)
+    return _weights_by_hparams(root / "ws")
+
+
+# ----- refusals, before anything is recorded -----
+
+
+def test_a_dead_or_malformed_address_is_refused_before_anything_is_recorded(
+    tmp_path: pathlib.Path,
+) -> None:
+    """No cluster at the address (a GCS address, a Ray Client address, RAY_ADDRESS), or no
+    address at all: exit 2 within seconds, one line naming the address and the fix, and the
+    workspace records nothing."""
+    path = _folder(tmp_path, _config())
+    ws = tmp_path / "ws"
+    dead = f"127.0.0.1:{_free_port()}"
+    client = f"ray://127.0.0.1:{_free_port()}"
+    for extra, env in (
+        (("--address", dead), {}),
+        (("--address", client), {}),
+        ((), {"RAY_ADDRESS": dead}),
+        (("--address", "127.0.0.1:port"), {}),
+    ):
+        started = time.monotonic()
+        done = subprocess.run(
+            sf.command(*on_ray(path, ws, *extra)),
+            cwd=tmp_path,
+            env={**sf.cli_env(), **env},
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert done.returncode == 2, _shown(done)
+        assert time.monotonic() - started < 60
+        lines = [line for line in done.stderr.splitlines() if line.strip()]
+        assert len(lines) == 1, done.stderr
+        shown = extra[1] if extra else dead
+        assert shown in lines[0] and "--address" in lines[0], lines[0]
+        assert "lightning-bridge: error:" in lines[0]
+        assert not _experiments(ws)
+
+
+def test_a_bad_ray_section_is_refused_in_one_line(tmp_path: pathlib.Path) -> None:
+    """The config's `ray` section is checked before the cluster is reached: a bad value, an
+    unknown key, processes that do not split over their nodes."""
+    cases = (
+        ({"ray": {"slots_per_node": "two"}}, "ray.slots_per_node: expected a positive integer"),
+        ({"ray": {"cpus": 2}}, "ray.cpus: not a key of the ray section"),
+        ({"ray": {"runtime_env": ["pip"]}}, "ray.runtime_env: expected a mapping"),
+        (
+            {"ray": {"slots_per_node": 2}, "resources": {"slots_per_trial": 3}},
+            "3 processes do not split evenly",
+        ),
+    )
+    for number, (changes, message) in enumerate(cases):
+        path = _folder(tmp_path, _config(**changes), name=f"exp{number}")
+        ws = tmp_path / f"ws{number}"
+        done = lb(*on_ray(path, ws, "--address", f"127.0.0.1:{_free_port()}"), cwd=tmp_path)
+        assert done.returncode == 2, _shown(done)
+        assert message in done.stderr, done.stderr
+        assert not _experiments(ws)
+
+
+def test_refusals_that_need_the_cluster(tmp_path: pathlib.Path, ray_cluster: RayCluster) -> None:
+    """A resource pool no node declares, a trial larger than any node: refused with the
+    cluster's view, nothing recorded."""
+    cases = (
+        ({"resources": {"resource_pool": "absent"}}, "custom resource 'absent'"),
+        (
+            {"resources": {"slots_per_trial": 4}},
+            "the trial needs 1 node(s) with 4 CPUs each",
+        ),
+        (
+            {"resources": {"slots_per_trial": 2, "max_slots": 1}},
+            "resources.max_slots: 1 slots, fewer than one trial's 2",
+        ),
+    )
+    for number, (changes, message) in enumerate(cases):
+        path = _folder(tmp_path, _config(**changes), name=f"exp{number}")
+        ws = tmp_path / f"ws{number}"
+        done = lb(*on_ray(path, ws, "--address", ray_cluster.address), cwd=tmp_path)
+        assert done.returncode == 2, _shown(done)
+        assert message in done.stderr, done.stderr
+        assert not _experiments(ws)
+
+
+# ----- trials -----
+
+
+def test_a_trial_through_ray_client_in_its_pool_has_the_local_weights(
+    tmp_path: pathlib.Path, ray_cluster: RayCluster, local_weights: dict[str, torch.Tensor]
+) -> None:
+    """Through Ray Client (`ray://`), with `resources.resource_pool` naming the worker's
+    custom resource: the trial runs on the worker node, `experiment describe` names the node
+    and the actor, `trial logs` shows its output, its weights are the local run's."""
+    path = _folder(tmp_path, _config(resources={"resource_pool": "node-b"}))
+    ws = tmp_path / "ws"
+    done = lb(*on_ray(path, ws, "--address", ray_cluster.client_address), cwd=tmp_path)
+    assert done.returncode == 0, _shown(done)
+    worker = ray_cluster.node_ids()["worker"]
+    job = _job(ws)
+    assert job.launcher == "ray" and job.state == "COMPLETED", job
+    assert f"node {worker[:12]}" in job.reason and "Ray actor lb-1-1" in job.reason, job
+    assert _trial(ws).state == "COMPLETED"
+    _same(_final_weights(ws), local_weights)
+    described = lb("experiment", "describe", "1", "--workspace", str(ws), cwd=tmp_path)
+    assert "Ray actor lb-1-1 on node" in described.stdout and worker[:12] in described.stdout
+    logs = lb("trial", "logs", "1", "--workspace", str(ws), cwd=tmp_path)
+    assert logs.returncode == 0 and "Start-up:" in logs.stdout, _shown(logs)
+
+
+def test_a_trial_across_the_two_nodes_equals_its_two_process_local_run(
+    tmp_path: pathlib.Path, ray_cluster: RayCluster
+) -> None:
+    """`slots_per_trial: 2` with `ray.slots_per_node: 1`: one process on each node (a
+    placement group, STRICT_SPREAD), the rendezvous at rank 0's node; the ranks see their
+    node ranks and both nodes' addresses, and the weights and validations equal the local
+    two-process run's."""
+    config = _config(resources={"slots_per_trial": 2}, ray={"slots_per_node": 1})
+    path = _folder(tmp_path, config)
+    results: dict[str, Any] = {}
+    for launcher in ("local", "ray"):
+        ws = tmp_path / f"ws-{launcher}"
+        extra = ("--launcher", "local", "--force") if launcher == "local" else ()
+        env = {"RAY_ADDRESS": ray_cluster.address}
+        done = lb(*on_ray(path, ws, *extra), cwd=tmp_path, env=env)
+        assert done.returncode == 0, _shown(done)
+        with Registry(ws) as registry:
+            results[launcher] = [m.values for m in registry.metrics(1, "validation")]
+        results[f"{launcher}-weights"] = _final_weights(ws)
+        seen = [json.loads((path.parent / f"init.{r}.json").read_text()) for r in (0, 1)]
+        if launcher == "ray":
+            job = _job(ws)
+            ids = ray_cluster.node_ids()
+            assert ids["head"][:12] in job.reason and ids["worker"][:12] in job.reason, job
+            # each rank: its node's rank (cross rank) and the trial's two node addresses
+            assert [s[2:4] for s in seen] == [[0, 2], [1, 2]], seen
+            assert [s[6] for s in seen] == [0, 1] and all(len(s[7]) == 2 for s in seen), seen
+            assert (ws / "experiments/1/trials/1/output.node1.log").is_file()
+    _same(results["local-weights"], results["ray-weights"])
+    assert results["local"] == results["ray"]
+
+
+def test_an_adaptive_asha_search_forks_its_trials_warm_with_the_local_weights(
+    tmp_path: pathlib.Path,
+    ray_cluster: RayCluster,
+    local_search_weights: dict[str, dict[str, torch.Tensor]],
+) -> None:
+    """The search's trials are placed on both nodes and forked there from each node's warm
+    process (well under a second from the process's start to training); every trial ends
+    with the weights of the same trial of the local search."""
+    path = sf.write_folder(tmp_path, copy.deepcopy(sf.ASHA_CONFIG), "exp", sf.TINY)
+    ws = tmp_path / "ws"
+    done = lb(*on_ray(path, ws, "--address", ray_cluster.address), cwd=tmp_path, timeout=400)
+    assert done.returncode == 0, _shown(done)
+    weights = _weights_by_hparams(ws)
+    assert weights.keys() == local_search_weights.keys()
+    for key, expected in local_search_weights.items():
+        _same(weights[key], expected)
+    with Registry(ws) as registry:
+        jobs = registry.jobs(1)
+    assert {j.launcher for j in jobs} == {"ray"} and all(j.state == "COMPLETED" for j in jobs)
+    startups = []
+    for trial_dir in sorted((ws / "experiments/1/trials").iterdir()):
+        found = re.findall(r"Start-up: ([0-9.]+) s", (trial_dir / "trial.log").read_text())
+        startups += [float(s) for s in found]
+    assert len(startups) == 4 and sorted(startups)[1] < 1.0, startups
+    assert not _live_actors(ray_cluster, "lb-1-")
+
+
+def test_pause_then_continue_on_ray_to_the_same_weights(
+    tmp_path: pathlib.Path, ray_cluster: RayCluster, local_weights: dict[str, torch.Tensor]
+) -> None:
+    """`experiment pause` while the trial trains: it checkpoints and stops, the coordinator
+    ends; `experiment continue` places it again and it ends with the uninterrupted weights."""
+    path = _folder(tmp_path, _config())
+    ws = tmp_path / "ws"
+    slow = ("--set", "hyperparameters.delay=0.3", "--address", ray_cluster.address)
+    coordinator = lb_start(*on_ray(path, ws, *slow), cwd=tmp_path)
+    try:
+        _wait_for(lambda: _trial_batches(ws) >= 6, 180, "the trial to train 6 batches")
+        paused = lb("experiment", "pause", "1", "--workspace", str(ws), cwd=tmp_path)
+        assert paused.returncode == 0, _shown(paused)
+    finally:
+        out = finish(coordinator)
+    assert coordinator.returncode == 0, out[-4000:]
+    trial = _trial(ws)
+    assert trial.state == "STOPPED" and 6 <= trial.batches_trained < 24, trial
+    assert not _live_actors(ray_cluster, "lb-1-")
+    done = lb("experiment", "continue", "1", "--workspace", str(ws), cwd=tmp_path)
+    assert done.returncode == 0, _shown(done)
+    assert _trial(ws).state == "COMPLETED" and _trial(ws).runs == 2
+    _same(_final_weights(ws), local_weights)
+
+
+def test_experiment_kill_ends_a_search_on_ray(
+    tmp_path: pathlib.Path, ray_cluster: RayCluster
+) -> None:
+    """`experiment kill` ends the running trials at once (their actors and processes gone),
+    records them stopped, and the coordinator ends."""
+    config = copy.deepcopy(sf.ASHA_CONFIG)
+    config["hyperparameters"]["delay"] = 0.3
+    path = sf.write_folder(tmp_path, config, "exp", sf.TINY)
+    ws = tmp_path / "ws"
+    coordinator = lb_start(*on_ray(path, ws, "--address", ray_cluster.address), cwd=tmp_path)
+    try:
+        _wait_for(
+            lambda: any(t.batches_trained >= 2 for t in _search_trials(ws)),
+            180,
+            "a trial to train 2 batches",
+        )
+        killed = lb("experiment", "kill", "1", "--workspace", str(ws), cwd=tmp_path)
+        assert killed.returncode == 0, _shown(killed)
+    finally:
+        out = finish(coordinator)
+    trials = _search_trials(ws)
+    assert trials and not any(t.state == "ACTIVE" for t in trials), trials
+    assert not any(t.state == "COMPLETED" for t in trials), trials
+    _wait_for(lambda: not _live_actors(ray_cluster, "lb-1-"), 30, "the trials' actors to end")
+    assert "lightning-bridge: error" not in out.split("Search")[0] or coordinator.returncode == 0
+
+
+def test_a_killed_coordinator_then_experiment_continue_finishes_the_search(
+    tmp_path: pathlib.Path,
+    ray_cluster: RayCluster,
+    local_search_weights: dict[str, dict[str, torch.Tensor]],
+) -> None:
+    """The search's coordinator SIGKILLed mid-search: its trials' actors end with it;
+    `experiment continue` goes on from the trials' checkpoints to the local search's
+    weights."""
+    config = copy.deepcopy(sf.ASHA_CONFIG)
+    path = sf.write_folder(tmp_path, config, "exp", sf.TINY)
+    ws = tmp_path / "ws"
+    slow = ("--set", "hyperparameters.delay=0.3", "--address", ray_cluster.address)
+    coordinator = lb_start(*on_ray(path, ws, *slow), cwd=tmp_path)
+    try:
+        _wait_for(
+            lambda: any(t.batches_trained >= 4 for t in _search_trials(ws)),
+            180,
+            "a trial to train 4 batches",
+        )
+        coordinator.send_signal(signal.SIGKILL)
+    finally:
+        finish(coordinator)
+    _wait_for(lambda: not _live_actors(ray_cluster, "lb-1-"), 60, "the trials' actors to end")
+    done = lb("experiment", "continue", "1", "--workspace", str(ws), cwd=tmp_path, timeout=400)
+    assert done.returncode == 0, _shown(done)
+    weights = _weights_by_hparams(ws)
+    assert weights.keys() == local_search_weights.keys()
+    for key, expected in local_search_weights.items():
+        _same(weights[key], expected)
+
+
+# ----- faults that take the cluster apart -----
+
+
+def test_a_lost_node_trial_continues_on_the_other_node_to_the_same_weights(
+    tmp_path: pathlib.Path,
+    fresh_ray_cluster: RayCluster,
+    local_weights: dict[str, torch.Tensor],
+) -> None:
+    """The trial runs on the worker node (the head's CPUs held by another job while it is
+    placed); the worker's raylet is killed mid-trial: the trial is placed again on the head
+    and continues from its latest checkpoint to the uninterrupted run's weights."""
+    import ray
+
+    cluster = fresh_ray_cluster
+    ray.init(address=cluster.address, logging_level="ERROR", namespace="test-blocker")
+    try:
+
+        @ray.remote(num_cpus=2, resources={"node-a": 1})
+        class Blocker:
+            def ready(self) -> bool:
+                return True
+
+        blocker = Blocker.remote()  # type: ignore[attr-defined]
+        ray.get(blocker.ready.remote())
+        path = _folder(tmp_path, _config())
+        ws = tmp_path / "ws"
+        slow = ("--set", "hyperparameters.delay=0.3", "--address", cluster.address)
+        coordinator = lb_start(*on_ray(path, ws, *slow), cwd=tmp_path)
+        try:
+            _wait_for(lambda: _trial_batches(ws) >= 8, 180, "the trial to train 8 batches")
+            assert cluster.node_ids()["worker"][:12] in _job(ws).reason
+            ray.kill(blocker)
+            cluster.kill_worker()
+        finally:
+            out = finish(coordinator, timeout=300)
+    finally:
+        ray.shutdown()
+    assert coordinator.returncode == 0, out[-4000:]
+    assert "its node was lost" in out, out[-4000:]
+    job = _job(ws)
+    assert job.state == "COMPLETED" and job.restarts == 1, job
+    assert cluster.node_ids()["head"][:12] in job.reason, job
+    trial = _trial(ws)
+    assert trial.state == "COMPLETED" and trial.batches_trained == 24, trial
+    _same(_final_weights(ws), local_weights)
+
+
+def test_the_cluster_going_away_stops_the_trial_with_one_message_and_loses_nothing(
+    tmp_path: pathlib.Path,
+    fresh_ray_cluster: RayCluster,
+    local_weights: dict[str, torch.Tensor],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """The whole cluster stops mid-trial: the coordinator ends (exit 1) with one error line
+    naming the cluster and how to continue, the trial is recorded stopped with its
+    checkpoints; continued on a new cluster, it ends with the uninterrupted weights."""
+    from tests._ray_cluster import start_cluster
+
+    path = _folder(tmp_path, _config())
+    ws = tmp_path / "ws"
+    slow = ("--set", "hyperparameters.delay=0.3", "--address", fresh_ray_cluster.address)
+    coordinator = lb_start(*on_ray(path, ws, *slow), cwd=tmp_path)
+    try:
+        _wait_for(lambda: _trial_batches(ws) >= 6, 180, "the trial to train 6 batches")
+        fresh_ray_cluster.stop_head()
+        started = time.monotonic()
+        out = finish(coordinator, timeout=120)
+    finally:
+        if coordinator.poll() is None:
+            coordinator.kill()
+    assert coordinator.returncode == 1, out[-4000:]
+    assert time.monotonic() - started < 60
+    errors = [line for line in out.splitlines() if line.startswith("lightning-bridge: error:")]
+    assert len(errors) == 1, out[-4000:]
+    assert fresh_ray_cluster.address in errors[0] and "experiment continue 1" in errors[0]
+    trial = _trial(ws)
+    assert trial.state == "STOPPED" and trial.batches_trained >= 6, trial
+    with Registry(ws) as registry:
+        assert registry.latest_checkpoint(1) is not None
+    again = start_cluster(tmp_path_factory.mktemp("ray-again"))
+    try:
+        done = lb(
+            "experiment", "continue", "1", "--workspace", str(ws), "--address", again.address,
+            cwd=tmp_path,
+        )  # fmt: skip
+        assert done.returncode == 0, _shown(done)
+    finally:
+        again.stop_head()
+    assert _trial(ws).state == "COMPLETED"
+    _same(_final_weights(ws), local_weights)
