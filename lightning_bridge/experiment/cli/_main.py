@@ -172,9 +172,14 @@ def _print_mirror(registry: Any, experiment_id: int) -> None:
 
 
 def _trial(args: argparse.Namespace, from_command_line: bool) -> int:
+    from lightning_bridge.experiment.trial_process._signals import held_until_training
     from lightning_bridge.experiment.trials._trial_runs import run_from_file
+    from lightning_bridge.translation.services._trial_environment import TrialEnvironment
 
-    return guarded(lambda: run_from_file(pathlib.Path(args.run_file)))
+    if not TrialEnvironment.current().holds_early_stop:
+        return guarded(lambda: run_from_file(pathlib.Path(args.run_file)))
+    with held_until_training():
+        return guarded(lambda: run_from_file(pathlib.Path(args.run_file)))
 
 
 def _search_worker(args: argparse.Namespace, from_command_line: bool) -> int:

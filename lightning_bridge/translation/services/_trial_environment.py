@@ -54,6 +54,11 @@ class TrialEnvironment:
     def requeued(self) -> bool:
         return self.restarts > 0
 
+    # Whether a stop signal before the fit takes it is held until it does (`_signals.
+    # held_until_training`): a launcher that pauses trials from afar, where the signal may
+    # come while the trial still imports.
+    holds_early_stop = False
+
     @property
     def node_addrs(self) -> list[str]:
         """The trial's nodes' addresses in node-rank order; one machine: this one."""
@@ -218,6 +223,7 @@ class RayEnvironment(TrialEnvironment):
     trial back."""
 
     kind = "ray"
+    holds_early_stop = True
 
     placement: str = ""  # the trial's actors' name on the cluster
     restart_count: int = 0
