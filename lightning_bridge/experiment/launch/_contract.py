@@ -96,11 +96,6 @@ class Launcher(abc.ABC):
         searcher allows."""
         return 1 << 16, []
 
-    def gone(self) -> str | None:
-        """Why the cluster trials run on went away while they ran (then no trial starts and
-        the run ends with this message); None while it is there."""
-        return None
-
     def allows(self, plan: _plan.Plan, force: bool) -> bool:
         """Whether the run may go on as planned on the machine it lands on (`force`: the
         user accepted a slower run); a launcher whose scheduler places trials: always."""

@@ -160,9 +160,6 @@ class SearchCoordinator:
                     self._storage_away(exc)
                     continue
                 self._storage_back()
-        gone = self.launcher.gone()
-        if gone is not None:
-            raise SearchStorageUnavailable(gone)
         if self.unreachable is not None:
             raise SearchStorageUnavailable(self.unreachable)
         return not self._stopping
@@ -171,7 +168,7 @@ class SearchCoordinator:
     def _stopping(self) -> bool:
         """This worker was signalled, or the experiment paused: it starts no trial and ends
         once its running trials have."""
-        return bool(self._signals) or self._paused or self.launcher.gone() is not None
+        return bool(self._signals) or self._paused
 
     def _step(self) -> bool:
         """One turn of the loop: start trials while there is room, handle the trials that

@@ -86,20 +86,27 @@ def resolve(address: str) -> str:
     return noted
 
 
-def probe(address: str) -> None:
-    """Refuse an address where no Ray cluster answers (InvalidArgumentError, one line naming
-    the address and the fix), in seconds rather than `ray.init`'s minutes."""
+def unanswered(address: str) -> str | None:
+    """Why nothing answers at the cluster's address (its GCS, or its Ray Client server for
+    `ray://`), in a few words; None when something does."""
     target = address.removeprefix("ray://")
     host, port = _host_port(target, 10001 if address.startswith("ray://") else 6379)
     try:
         with socket.create_connection((host, port), timeout=_PROBE_TIMEOUT_S):
-            pass
+            return None
     except OSError as exc:
-        reason = exc.strerror or type(exc).__name__
+        return exc.strerror or type(exc).__name__
+
+
+def probe(address: str) -> None:
+    """Refuse an address where no Ray cluster answers (InvalidArgumentError, one line naming
+    the address and the fix), in seconds rather than `ray.init`'s minutes."""
+    reason = unanswered(address)
+    if reason is not None:
         raise InvalidArgumentError(
             f"--launcher ray: no Ray cluster answers at {address} ({reason}); "
             + _how_to_fix(address)
-        ) from None
+        )
 
 
 def connect(address: str, namespace: str = NAMESPACE) -> str:
@@ -156,13 +163,13 @@ class ClusterWatch:
     def _run(self) -> None:
         since: float | None = None
         while not self._stop.wait(1.0):
-            try:
-                probe(self.address)
+            reason = unanswered(self.address)
+            if reason is None:
                 since = None
-            except InvalidArgumentError as exc:
-                now = time.monotonic()
-                since = now if since is None else since
-                if now - since >= self._grace_s and not self._stop.is_set():
-                    self.lost = str(exc).removeprefix("--launcher ray: ")
-                    self._on_lost(self.lost)
-                    return
+                continue
+            now = time.monotonic()
+            since = now if since is None else since
+            if now - since >= self._grace_s and not self._stop.is_set():
+                self.lost = f"nothing answers at {self.address} any more: {reason}"
+                self._on_lost(self.lost)
+                return

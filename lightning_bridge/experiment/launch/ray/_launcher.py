@@ -238,13 +238,6 @@ class RayLauncher(Launcher):
             return 1 << 16, []
         return max(settings.max_slots // max(processes, 1), 1), []
 
-    def gone(self) -> str | None:
-        return (
-            None
-            if self.lost is None
-            else f"the Ray cluster at {self.address} went away ({self.lost})"
-        )
-
     def running(self, trial: Trial, job: Job | None) -> RunningTrial | None:
         if job is None or job.state not in LIVE_JOB_STATES:
             return None
@@ -280,6 +273,7 @@ class RayLauncher(Launcher):
             cwd=trial.working_dir(plan),
             output=trial.trial_dir / "output.log",
             workspace=registry.workspace.root,
+            experiment_id=trial.experiment_id,
             trial_id=trial.trial_id,
             warm=self._warm_for,
             lost=lambda: self.lost,
@@ -321,7 +315,9 @@ class RayLauncher(Launcher):
                 code = placement.run(say=_print)
         finally:
             self._placements.pop(trial.trial_id, None)
-        return _outcome(registry, trial.trial_id, placement, code, bool(signals), self.lost)
+        if self.lost is not None:  # the watch's thread records the end and ends the process
+            threading.Event().wait(60)
+        return _outcome(registry, trial.trial_id, placement, code, bool(signals))
 
     def start(
         self,
@@ -379,13 +375,10 @@ class RayLauncher(Launcher):
 
         def on_lost(reason: str) -> None:
             self.lost = reason
-            for placement in list(self._placements.values()):
+            placements = list(self._placements.values())
+            for placement in placements:
                 placement.cluster_lost(reason)
-            # Ray ends a driver 60 s after its cluster went away; the trials' ends are
-            # recorded by then (each placement's wait returns at once).
-            timer = threading.Timer(40.0, _exit_now_if_alive)
-            timer.daemon = True
-            timer.start()
+            _end_without_cluster(str(self.address), reason, placements)
 
         self._watch = _cluster.ClusterWatch(self.address, on_lost).start()
 
@@ -395,15 +388,38 @@ class RayLauncher(Launcher):
             self._watch = None
 
 
-def _exit_now_if_alive() -> None:
-    from lightning_bridge._process import exit_now
-
-    print(
-        "lightning-bridge: error: the Ray cluster went away; ending before Ray ends this process",
-        file=sys.stderr,
-        flush=True,
+def _end_without_cluster(address: str, reason: str, placements: Sequence[Placement]) -> None:
+    """The cluster went away: record each running trial stopped (its processes, ended with
+    their actors, checkpointed on the way if they could) and its job gone, say so in one
+    line with the command that continues, and end this process. Ray would end it anyway
+    once its GCS stayed away (a fatal error, a minute on), and a call into Ray now may never
+    return, so this runs in the watch's thread and ends the process with `os._exit`."""
+    stopped: list[str] = []
+    experiments: set[int] = set()
+    for placement in placements:
+        with contextlib.suppress(Exception), Registry(placement.workspace) as registry:
+            registry.job_state(placement.trial_id, "GONE", f"the Ray cluster went away: {reason}")
+            registry.trial_ended(
+                placement.trial_id,
+                TrialState.STOPPED,
+                f"the Ray cluster at {address} went away ({reason}); it continues from its "
+                "latest checkpoint with `experiment continue`",
+                if_active=True,
+            )
+            latest = registry.latest_checkpoint(placement.trial_id)
+            at = f"its latest checkpoint (batch {latest.batches})" if latest else "its start"
+            stopped.append(f"trial {placement.trial_id} continues from {at}")
+            experiments.add(placement.experiment_id)
+    commands = " / ".join(
+        f"`lightning-bridge experiment continue {e}`" for e in sorted(experiments)
     )
-    exit_now(1)
+    line = f"lightning-bridge: error: the Ray cluster at {address} went away ({reason})"
+    if stopped:
+        line += f"; {', '.join(stopped)} with {commands} once the cluster is back"
+    with contextlib.suppress(Exception):
+        print(line, file=sys.stderr, flush=True)
+        sys.stdout.flush()
+    os._exit(1)
 
 
 def _print(message: str) -> None:
@@ -430,6 +446,7 @@ class Placement:
         cwd: pathlib.Path,
         output: pathlib.Path,
         workspace: pathlib.Path,
+        experiment_id: int,
         trial_id: int,
         warm: Callable[[str], Any],
         lost: Callable[[], str | None],
@@ -442,6 +459,7 @@ class Placement:
         self.cwd = cwd
         self.output = output
         self.workspace = workspace
+        self.experiment_id = experiment_id
         self.trial_id = trial_id
         self._warm = warm
         self._lost = lost
@@ -737,31 +755,10 @@ def _outcome(
     placement: Placement,
     code: int,
     paused: bool,
-    lost: str | None,
 ) -> int:
     """The exit code of a trial whose placement ended: its recorded end, or (it ended without
     the trial recording one: killed, the cluster gone) STOPPED / ERROR."""
     recorded = registry.trial(trial_id)
-    if lost is not None:
-        registry.job_state(trial_id, "GONE", f"the Ray cluster went away: {lost}")
-        if recorded.state == TrialState.ACTIVE.value:
-            registry.trial_ended(
-                trial_id,
-                TrialState.STOPPED,
-                f"the Ray cluster at {placement.address} went away; the trial continues from "
-                "its latest checkpoint with `experiment continue`",
-            )
-        latest = registry.latest_checkpoint(trial_id)
-        at = f"its latest checkpoint (batch {latest.batches})" if latest else "its start"
-        print(
-            f"lightning-bridge: error: the Ray cluster at {placement.address} went away ({lost}); "
-            f"trial {trial_id} stopped and continues from {at} with `lightning-bridge "
-            f"experiment continue {registry.trial(trial_id).experiment_id}` once the cluster "
-            "is back",
-            file=sys.stderr,
-            flush=True,
-        )
-        return 1
     if recorded.state == TrialState.ACTIVE.value:
         if paused:
             registry.trial_ended(trial_id, TrialState.STOPPED, f"{placement.name} killed")
