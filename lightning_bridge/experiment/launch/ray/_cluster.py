@@ -170,6 +170,6 @@ class ClusterWatch:
             now = time.monotonic()
             since = now if since is None else since
             if now - since >= self._grace_s and not self._stop.is_set():
-                self.lost = f"nothing answers at {self.address} any more: {reason}"
+                self.lost = f"its head stopped answering: {reason}"
                 self._on_lost(self.lost)
                 return
