@@ -16,8 +16,10 @@
 experiment's record keeps the name (in its options), so `experiment continue` starts its
 trials the same way. This module holds only the contract; the launchers implement it:
 `local` (`local/_launcher.py`) runs trials on this machine (a search's forked from a warm
-process, `local/_warm.py`); `slurm` (`slurm/_launcher.py`) submits each trial as an `sbatch`
-job, or a search's trials into worker jobs (`searches/_slurm_workers.py`).
+process, `_warm.py`); `slurm` (`slurm/_launcher.py`) submits each trial as an `sbatch`
+job, or a search's trials into worker jobs (`searches/_slurm_workers.py`); `ray`
+(`ray/_launcher.py`) places each trial on a Ray cluster (a search's forked from a warm
+process on its node).
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """`TrialProcess`: a started trial as whoever started it follows it (the handle a launcher
 returns): a local process (`subprocess.Popen`), a trial forked by the warm process
-(`_warm.WarmTrial`) or a scheduler's job (`_slurm.SlurmJob`)."""
+(`_warm.WarmTrial`), a scheduler's job (`slurm._launcher.SlurmJob`) or a trial placed on a
+Ray cluster (`ray._launcher.RayTrial`)."""
 
 from __future__ import annotations
 

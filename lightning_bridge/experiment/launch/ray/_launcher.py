@@ -340,23 +340,30 @@ class RayLauncher(Launcher):
         self._preload = tuple(preload)
 
     def _warm_for(self, node_id: str) -> Any:
-        """The node's WarmNode (created on first use, pinned to the node, reserving
-        nothing); None where trials start cold (`LIGHTNING_BRIDGE_COLD_TRIALS=1`)."""
+        """The node's WarmNode; None where trials start cold (`LIGHTNING_BRIDGE_COLD_TRIALS=1`,
+        or no search). The first call creates one on every alive node (pinned to it,
+        reserving nothing), so that each warms up while the first trials start."""
         if not self._preload or os.environ.get("LIGHTNING_BRIDGE_COLD_TRIALS") == "1":
             return None
         if node_id not in self._warm:
             ray = _cluster.import_ray()
-            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-            from lightning_bridge.experiment.launch.ray._actors import WarmNode
-
-            remote = ray.remote(WarmNode).options(
-                num_cpus=0,
-                max_concurrency=64,
-                scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
-            )
-            self._warm[node_id] = remote.remote(tuple(self._preload), {})
+            alive = [str(n["NodeID"]) for n in ray.nodes() if n.get("Alive")]
+            for node in [node_id, *alive]:
+                if node not in self._warm:
+                    self._warm[node] = self._warm_node(ray, node)
         return self._warm[node_id]
+
+    def _warm_node(self, ray: Any, node_id: str) -> Any:
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        from lightning_bridge.experiment.launch.ray._actors import WarmNode
+
+        remote = ray.remote(WarmNode).options(
+            num_cpus=0,
+            max_concurrency=64,
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
+        )
+        return remote.remote(tuple(self._preload), {})
 
     def close(self) -> None:
         self._unwatch()
