@@ -250,6 +250,7 @@ def command() -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of `lightning-bridge` and `python -m lightning_bridge`."""
     args = build_parser().parse_args(argv)
+    _ray_address(args)
     handler = _handler(args.handler)
     _logging.configure()
     args.from_command_line = argv is None

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import pathlib
 import sys
 from typing import TYPE_CHECKING, Any
@@ -255,8 +254,6 @@ def _checkpoint_table(checkpoints: list[Checkpoint], metric: str | None, indent:
 def experiment_continue(args: argparse.Namespace) -> int:
     from lightning_bridge.experiment.trials._trial_runs import continue_experiment
 
-    if getattr(args, "address", None):  # the Ray cluster's (Ray's setting wins over recorded)
-        os.environ["RAY_ADDRESS"] = args.address
     with open_registry(args) as registry:
         if registry.experiment(args.id).options.get("search"):
             from lightning_bridge.experiment.searches._search import continue_search

@@ -317,8 +317,20 @@ def script_command(plan: Plan) -> list[str]:
         return [sys.executable, *command[1:]]
     rest = command[1:]
     torchrun = [sys.executable, "-m", "lightning_bridge.experiment.trial_process._torchrun"]
-    torchrun += [f"--stop-timeout={plan.stop_timeout}", "--", "--standalone"]
-    torchrun.append(f"--nproc_per_node={n}")
+    torchrun += [f"--stop-timeout={plan.stop_timeout}", "--"]
+    nodes = plan.options.num_nodes or 1
+    if nodes > 1 and "NODE_RANK" in os.environ and "RANK" not in os.environ:
+        # One process per node of a trial across nodes (the Ray launcher's): torchrun starts
+        # this node's processes, its rendezvous at rank 0's node.
+        torchrun += [
+            f"--nnodes={nodes}",
+            f"--node_rank={os.environ['NODE_RANK']}",
+            f"--master_addr={os.environ.get('MASTER_ADDR', '127.0.0.1')}",
+            f"--master_port={os.environ.get('MASTER_PORT', '29500')}",
+            f"--nproc_per_node={n // nodes}",
+        ]
+    else:
+        torchrun += ["--standalone", f"--nproc_per_node={n}"]
     if rest and rest[0] == "-m":
         return [*torchrun, "-m", *rest[1:]]
     return [*torchrun, *rest]

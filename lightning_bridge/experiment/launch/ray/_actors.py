@@ -162,10 +162,7 @@ class WarmNode:
     def wait(self, pid: int) -> int:
         with self._lock:
             trial = self._trials[pid]
-        code = int(trial.wait())
-        with self._lock:
-            self._trials.pop(pid, None)
-        return code
+        return int(trial.wait())  # kept: a kill's wait may follow the coordinator's
 
     def send_signal(self, pid: int, sig: int) -> None:
         with self._lock:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import logging
 import math
 import os
@@ -263,7 +264,7 @@ class RayLauncher(Launcher):
         self, registry: Registry, plan: _plan.Plan, trial: _plan.TrialRun, settings: RaySettings
     ) -> Placement:
         assert self.address is not None
-        name = f"lb-{trial.experiment_id}-{trial.trial_id}"
+        name = placement_name(registry.workspace.root, trial.experiment_id, trial.trial_id)
         placement = Placement(
             name=name,
             address=self.address,
@@ -433,6 +434,13 @@ def _print(message: str) -> None:
     print(message, flush=True)
 
 
+def placement_name(workspace: pathlib.Path, experiment_id: int, trial_id: int) -> str:
+    """The trial's actors' name on the cluster: `lb-EXPERIMENT-TRIAL`, and the workspace's
+    short digest, so that two workspaces sharing a cluster and a namespace never meet."""
+    digest = hashlib.sha1(str(workspace.resolve()).encode()).hexdigest()[:6]
+    return f"lb-{experiment_id}-{trial_id}-{digest}"
+
+
 class ClusterGone(Exception):
     """The cluster went away while the trial ran."""
 
@@ -550,7 +558,13 @@ class Placement:
         environment.export_to(base)
         if count > 1:
             port = int(ray.get(self._slots[0].free_port.remote()))
-            base.update({"MASTER_ADDR": addrs[0], "MASTER_PORT": str(port)})
+            base.update(
+                {
+                    "MASTER_ADDR": addrs[0],
+                    "MASTER_PORT": str(port),
+                    "LOCAL_WORLD_SIZE": str(self.settings.per_node),
+                }
+            )
         started = []
         for rank, slot in enumerate(self._slots):
             env = dict(base)
@@ -597,6 +611,13 @@ class Placement:
                 except ray.exceptions.RayActorError as exc:
                     code = None
                     lost = _first_line(exc)
+                except (InvalidArgumentError, ray.exceptions.RayError) as exc:
+                    # not placed in time, or a node that cannot run it (its files not there)
+                    self.release()
+                    message = _first_line(exc)
+                    registry.job_state(self.trial_id, "FAILED", message, self.restarts)
+                    registry.trial_ended(self.trial_id, TrialState.ERROR, message, if_active=True)
+                    return 1
                 else:
                     lost = None
                 self.release()
@@ -616,8 +637,18 @@ class Placement:
                     self._continue_from_latest()
                     continue
                 retry = self.failures < self.settings.max_restarts
+                state = registry.trial(self.trial_id).state
+                if code < 0 and state == TrialState.ACTIVE.value:
+                    # ended by a signal from outside (`experiment kill`): stopped, not failed
+                    registry.trial_ended(
+                        self.trial_id,
+                        TrialState.STOPPED,
+                        f"killed ({signal.Signals(-code).name})",
+                        if_active=True,
+                    )
+                    self._record(registry, "CANCELLED")
+                    return code
                 if code != 0 and self._stopping is None and retry:
-                    state = registry.trial(self.trial_id).state
                     if state in (TrialState.ERROR.value, TrialState.ACTIVE.value):
                         self.failures += 1
                         say(
@@ -751,6 +782,13 @@ class RunningPlacement(RunningTrial):
             with contextlib.suppress(Exception):
                 ray.get(refs, timeout=30)
         return self.key
+
+    def wait_stopped(self) -> None:
+        """After a kill: until the trial's processes have ended (their slots' waits
+        returned), at most a minute."""
+        ray = _cluster.import_ray()
+        with contextlib.suppress(Exception):
+            ray.get([slot.wait.remote() for slot in self._slots()], timeout=60)
 
     def describe(self) -> str:
         return f"{self._reason or self.key}, running"
