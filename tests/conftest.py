@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import re
 from collections.abc import Iterator
 
 import pytest
@@ -49,15 +50,16 @@ def _workdir(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> Iterato
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """`lightning_api` on the tests of LIGHTNING_API's modules. Tests marked `slurm` start a
-    Slurm cluster: they run only when `-m` names them (the slurm session), never as part of
-    another selection."""
+    """`lightning_api` on the tests of LIGHTNING_API's modules. Tests marked `slurm` or `ray`
+    start a Slurm or a Ray cluster: they run only when `-m` names their marker (the slurm or
+    the ray session), never as part of another selection."""
     for item in items:
         if item.path.stem in LIGHTNING_API:
             item.add_marker(pytest.mark.lightning_api)
-    if "slurm" in (config.option.markexpr or ""):
-        return
-    skip = pytest.mark.skip(reason="needs the Slurm test cluster: run with -m slurm")
-    for item in items:
-        if item.get_closest_marker("slurm") is not None:
-            item.add_marker(skip)
+    for marker, cluster in (("slurm", "Slurm"), ("ray", "Ray")):
+        if re.search(rf"\b{marker}\b", config.option.markexpr or ""):
+            continue
+        skip = pytest.mark.skip(reason=f"needs the {cluster} test cluster: run with -m {marker}")
+        for item in items:
+            if item.get_closest_marker(marker) is not None:
+                item.add_marker(skip)

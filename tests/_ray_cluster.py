@@ -1,0 +1,414 @@
+"""A two-node Ray cluster on this machine, for the tests marked `ray`.
+
+`ray start --head --block` and a second `ray start --address --block` (the `ray` beside this
+Python), both with `--node-ip-address=127.0.0.1` (Ray registers them under the machine's
+address; the cluster answers on 127.0.0.1) and ports of their own (none of Ray's defaults, so
+the cluster sits beside any other on the machine), each node with its own temporary folder
+(Ray 2.60 takes a worker node's `--temp-dir`) and log file, in a process session of its own.
+Each node has 2 CPUs and a custom resource naming it, `node-a` (the head) or `node-b` (the
+worker), so that a test places work on a chosen node with `resources={"node-b": 1}`. The
+nodes' Python path has this checkout's root, so their workers import `tests.*` as the test
+process does. A driver on this machine attaches to the head node (Ray prefers the head when
+several nodes share a machine), so losing the worker does not take the driver with it.
+
+The head's GCS is tuned to notice a lost node in about 3 s, much sooner than with Ray's
+defaults: `kill_worker` loses the worker node as a machine going down would, and
+`start_worker` adds a new one. A `--block` node ends its Ray processes when its `ray start`
+is terminated; `stop_head` does that for both nodes and then kills, by pid, any process of
+this cluster left (found by its process session and by a mark in its environment), never
+with `ray stop`, which would end every Ray cluster on the machine.
+
+`ray_cluster` (session-scoped; a test module imports `ray_cluster_fixture`) is shared by the
+session's tests; `fresh_ray_cluster` (function-scoped; imported as
+`fresh_ray_cluster_fixture`) is a test's own, for tests that break it. Both skip with the
+reason when Ray is missing or the cluster cannot start. The ray session runs with `-n 0`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pathlib
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+
+import pytest
+
+CPUS_PER_NODE = 2
+RESOURCES = {"head": "node-a", "worker": "node-b"}  # the custom resource naming each node
+OBJECT_STORE_BYTES = 256 * 1024**2  # per node (Ray's default is 30% of the machine's memory)
+START_TIMEOUT = 60.0
+# The head's GCS checks each raylet every second and gives up on it after 3 failed checks.
+HEALTH_CHECK = {
+    "RAY_health_check_initial_delay_ms": "1000",
+    "RAY_health_check_period_ms": "1000",
+    "RAY_health_check_timeout_ms": "2000",
+    "RAY_health_check_failure_threshold": "3",
+}
+# The head's Ray Client server forks a server per client while its gRPC threads run; gRPC's
+# fork handlers then sometimes crash the child ("Check failed: next_worker->state == KICKED",
+# ray-project/ray#63202). The child execs at once: it needs no fork handlers.
+HEAD_ENV = {**HEALTH_CHECK, "GRPC_ENABLE_FORK_SUPPORT": "false"}
+MARK = "LIGHTNING_BRIDGE_TEST_RAY_CLUSTER"  # in each node's environment: the cluster's folder
+REPOSITORY = pathlib.Path(__file__).resolve().parent.parent
+
+
+class ClusterUnavailable(Exception):
+    """The Ray cluster cannot start here; the message says why."""
+
+
+@dataclasses.dataclass
+class RayNode:
+    """One `ray start --block` process: the node's name, its folder, its output."""
+
+    name: str  # "head", "worker", then "worker-2", ... for the workers started after a loss
+    temp_dir: pathlib.Path
+    log: pathlib.Path
+    process: subprocess.Popen[bytes]
+
+    @property
+    def session(self) -> int:
+        """The process session of the node's processes (`ray start` leads it)."""
+        return self.process.pid
+
+    def processes(self) -> list[int]:
+        """The node's live processes (those of its session)."""
+        return [pid for pid in _session_pids(self.session) if _running(pid)]
+
+
+@dataclasses.dataclass
+class RayCluster:
+    """A running test cluster: its addresses, its nodes, the environment its clients need."""
+
+    root: pathlib.Path
+    port: int  # the GCS
+    client_port: int  # Ray Client's server
+    dashboard_port: int
+    head: RayNode
+    worker: RayNode | None
+    past_nodes: list[RayNode] = dataclasses.field(default_factory=list)  # workers lost
+
+    @property
+    def address(self) -> str:
+        """The GCS address, for `ray.init(address=...)` and `RAY_ADDRESS`."""
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def client_address(self) -> str:
+        return f"ray://127.0.0.1:{self.client_port}"
+
+    @property
+    def dashboard_url(self) -> str:
+        """The dashboard (and the job submission and state APIs behind it)."""
+        return f"http://127.0.0.1:{self.dashboard_port}"
+
+    @property
+    def env(self) -> dict[str, str]:
+        """What a subprocess needs to find the cluster."""
+        return {"RAY_ADDRESS": self.address}
+
+    @property
+    def head_log(self) -> pathlib.Path:
+        return self.head.log
+
+    @property
+    def worker_log(self) -> pathlib.Path | None:
+        """The current worker node's `ray start` output (None while there is none)."""
+        return None if self.worker is None else self.worker.log
+
+    def ray_logs(self, name: str = "head") -> pathlib.Path:
+        """The folder of Ray's own logs of the node (raylet.out, gcs_server.out, ...)."""
+        node = self.head if name == "head" else self.worker
+        if node is None:
+            raise ValueError("the cluster has no worker node")
+        return node.temp_dir / "session_latest" / "logs"
+
+    def node_ids(self) -> dict[str, str]:
+        """The alive nodes' ids by name ("head", "worker"), from the GCS through the dashboard."""
+        from ray.util.state import list_nodes
+
+        # Filtered here: with a state filter, the API fails once a node is dead ("missing
+        # output", counting the dead ones).
+        ids: dict[str, str] = {}
+        for node in list_nodes(address=self.dashboard_url, detail=True):
+            if node.state != "ALIVE":
+                continue
+            for name, resource in RESOURCES.items():
+                if resource in (node.resources_total or {}):
+                    ids[name] = node.node_id
+        return ids
+
+    def wait_nodes(self, names: set[str], timeout: float = START_TIMEOUT) -> dict[str, str]:
+        """Wait until exactly the nodes `names` are alive; their ids (ClusterUnavailable with
+        the logs' tail when they are not within `timeout`)."""
+        deadline = time.monotonic() + timeout
+        seen: object = None
+        while time.monotonic() < deadline:
+            for role, node in (("head", self.head), ("worker", self.worker)):
+                if node is not None and role in names and node.process.poll() is not None:
+                    raise ClusterUnavailable(
+                        f"`ray start` of the {role} exited ({node.process.returncode}):"
+                        f"\n{self.logs_tail()}"
+                    )
+            try:
+                ids = self.node_ids()
+            except Exception as exc:  # the dashboard is not up yet
+                seen = exc
+            else:
+                if set(ids) == names:
+                    return ids
+                seen = ids
+            time.sleep(0.5)
+        raise ClusterUnavailable(
+            f"the nodes {sorted(names)} were not the alive ones within {timeout:g} s (last seen:"
+            f" {seen!r}):\n{self.logs_tail()}"
+        )
+
+    def logs_tail(self, chars: int = 2000) -> str:
+        """The end of each node's `ray start` output (for failure messages)."""
+        return "\n".join(f"--- {node.log}:\n{_tail(node.log, chars)}" for node in self._nodes())
+
+    def kill_worker(self) -> None:
+        """Lose the worker node as a machine going down does: SIGKILL its raylet, then every
+        process of the node; return when the GCS counts it dead (the head alone alive)."""
+        node = self.worker
+        if node is None:
+            raise ValueError("the cluster has no worker node")
+        for pid in node.processes():
+            if _command(pid)[:1] and _command(pid)[0].endswith("/raylet"):
+                _kill(pid, signal.SIGKILL)
+        _kill_session(node)
+        deadline = time.monotonic() + 10
+        while node.processes() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        self.worker = None
+        self.past_nodes.append(node)
+        self.wait_nodes({"head"})
+
+    def start_worker(self) -> None:
+        """Start a (new) worker node and wait until both nodes are alive."""
+        if self.worker is not None and self.worker.process.poll() is None:
+            raise ValueError("the worker node is running")
+        name = f"worker-{len(self.past_nodes) + 1}" if self.past_nodes else "worker"
+        self.worker = _start_node(self.root, name, _worker_command(self, self.root / name))
+        self.wait_nodes({"head", "worker"})
+
+    def stop_head(self) -> None:
+        """End the whole cluster: terminate the worker's and the head's `ray start` (each ends
+        its node's processes), then kill whatever of this cluster is left, by pid."""
+        nodes = list(reversed(self._nodes()))  # the worker first
+        for node in nodes:
+            if node.process.poll() is None:
+                node.process.terminate()
+            try:
+                node.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                pass
+        deadline = time.monotonic() + 10
+        while self.leftovers() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        for node in (self.head, self.worker):
+            if node is not None:
+                _kill_session(node)
+        for pid in self.leftovers():
+            _kill(pid, signal.SIGKILL)
+
+    def leftovers(self) -> list[int]:
+        """Live processes of this cluster: in the session of its head or worker node, or
+        marked with its folder in their environment (Ray renames some processes, e.g.
+        `ray::DashboardAgent`, over their environment). A lost worker's session is not
+        counted: it was empty when `kill_worker` returned, and its number may be reused."""
+        sessions = {node.session for node in (self.head, self.worker) if node is not None}
+        mark = f"{MARK}={self.root}".encode()
+        pids = []
+        for pid in _pids():
+            if pid == os.getpid() or not _running(pid):
+                continue
+            try:
+                in_session = os.getsid(pid) in sessions
+                environ = pathlib.Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if in_session or mark in environ:
+                pids.append(pid)
+        return pids
+
+    def _nodes(self) -> list[RayNode]:
+        return [self.head, *self.past_nodes, *([self.worker] if self.worker else [])]
+
+
+def _tail(path: pathlib.Path, chars: int) -> str:
+    try:
+        return path.read_text(errors="replace")[-chars:]
+    except OSError as exc:
+        return f"({exc})"
+
+
+def _pids() -> list[int]:
+    return [int(p.name) for p in pathlib.Path("/proc").iterdir() if p.name.isdigit()]
+
+
+def _session_pids(session: int) -> list[int]:
+    pids = []
+    for pid in _pids():
+        try:
+            if os.getsid(pid) == session:
+                pids.append(pid)
+        except OSError:
+            pass
+    return pids
+
+
+def _command(pid: int) -> list[str]:
+    try:
+        raw = pathlib.Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return []
+    return [part.decode(errors="replace") for part in raw.split(b"\0") if part]
+
+
+def _kill(pid: int, signum: int) -> None:
+    try:
+        os.kill(pid, signum)
+    except OSError:
+        pass
+
+
+def _running(pid: int) -> bool:
+    """Whether `pid` is a live process (a zombie is not)."""
+    try:
+        stat = pathlib.Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
+
+
+def _kill_session(node: RayNode) -> None:
+    """SIGKILL the node's process group, then every other process of its session (Ray's
+    workers lead groups of their own), and reap its `ray start`."""
+    try:
+        os.killpg(node.process.pid, signal.SIGKILL)
+    except OSError:
+        pass
+    for pid in _session_pids(node.session):
+        _kill(pid, signal.SIGKILL)
+    try:
+        node.process.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+def _free_ports(count: int) -> list[int]:
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def _ray() -> str:
+    """The `ray` command of this Python's environment."""
+    ray = pathlib.Path(sys.executable).parent / "ray"
+    if not ray.is_file():
+        raise ClusterUnavailable(f"Ray is not installed beside {sys.executable} (no {ray})")
+    return str(ray)
+
+
+def _node_options(name: str, temp_dir: pathlib.Path) -> list[str]:
+    """What both kinds of node take: the address, CPUs, the resource naming it, its folder
+    and its own ports (Ray's defaults would clash with another node on the machine)."""
+    manager, objects, metrics, agent, agent_grpc, runtime_env = _free_ports(6)
+    resource = RESOURCES["head" if name == "head" else "worker"]
+    return [
+        "--block", "--node-ip-address=127.0.0.1", f"--num-cpus={CPUS_PER_NODE}",
+        f"--resources={json.dumps({resource: 100})}", f"--temp-dir={temp_dir}",
+        f"--object-store-memory={OBJECT_STORE_BYTES}", f"--node-manager-port={manager}",
+        f"--object-manager-port={objects}", f"--metrics-export-port={metrics}",
+        f"--dashboard-agent-listen-port={agent}", f"--dashboard-agent-grpc-port={agent_grpc}",
+        f"--runtime-env-agent-port={runtime_env}", "--disable-usage-stats",
+    ]  # fmt: skip
+
+
+def _worker_command(cluster: RayCluster, temp_dir: pathlib.Path) -> list[str]:
+    return [_ray(), "start", f"--address={cluster.address}", *_node_options("worker", temp_dir)]
+
+
+def _start_node(
+    root: pathlib.Path, name: str, command: list[str], extra_env: dict[str, str] | None = None
+) -> RayNode:
+    """Run `command` (a `ray start --block`) in a session of its own, its output to a log,
+    with `extra_env` in its environment."""
+    temp_dir = root / name
+    temp_dir.mkdir()
+    log = root / f"{name}.log"
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    python_path = [p for p in (env.get("PYTHONPATH"), str(REPOSITORY)) if p]
+    env.update(extra_env or {}, PYTHONPATH=os.pathsep.join(python_path), **{MARK: str(root)})
+    with open(log, "ab") as out:
+        process = subprocess.Popen(
+            command, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
+            start_new_session=True,
+        )  # fmt: skip
+    return RayNode(name, temp_dir, log, process)
+
+
+def start_cluster(root: pathlib.Path) -> RayCluster:
+    """Start the head and a worker node in `root` and wait until both are alive
+    (ClusterUnavailable on failure, after stopping what started)."""
+    ray = _ray()
+    port, client_port, dashboard_port = _free_ports(3)
+    head_command = [
+        ray, "start", "--head", f"--port={port}", f"--ray-client-server-port={client_port}",
+        "--include-dashboard=true", "--dashboard-host=127.0.0.1",
+        f"--dashboard-port={dashboard_port}", *_node_options("head", root / "head"),
+    ]  # fmt: skip
+    head = _start_node(root, "head", head_command, HEAD_ENV)
+    cluster = RayCluster(root, port, client_port, dashboard_port, head, None)
+    try:
+        cluster.wait_nodes({"head"})
+        cluster.worker = _start_node(root, "worker", _worker_command(cluster, root / "worker"))
+        cluster.wait_nodes({"head", "worker"})
+    except BaseException:
+        cluster.stop_head()
+        raise
+    return cluster
+
+
+@pytest.fixture(scope="session", name="ray_cluster")
+def ray_cluster_fixture() -> Iterator[RayCluster]:
+    """The session's cluster, shared by its tests (skipped with the reason where it cannot
+    start); stopped at the session's end."""
+    yield from _cluster()
+
+
+@pytest.fixture(name="fresh_ray_cluster")
+def fresh_ray_cluster_fixture() -> Iterator[RayCluster]:
+    """A cluster of the test's own (for tests that lose nodes), stopped at its end."""
+    yield from _cluster()
+
+
+def _cluster() -> Iterator[RayCluster]:
+    root = pathlib.Path(tempfile.mkdtemp(prefix="lb-ray-"))  # short: Ray's socket paths
+    try:
+        cluster = start_cluster(root)
+    except (ClusterUnavailable, OSError) as exc:
+        shutil.rmtree(root, ignore_errors=True)
+        pytest.skip(f"no Ray test cluster: {exc}")
+    try:
+        yield cluster
+    finally:
+        cluster.stop_head()
+        left = cluster.leftovers()
+        shutil.rmtree(root, ignore_errors=True)
+        if left:
+            raise AssertionError(f"processes of the Ray test cluster outlived it: {left}")
