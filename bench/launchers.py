@@ -1,200 +1,506 @@
-"""The Slurm launcher against the local one: time from the command to the trial's first
-batch, and the coordinator's own CPU while the trial trains.
+"""Launch to first batch of one trial on each launcher, cold and warm, in one invocation.
 
-It starts the two-node test cluster of `tests/_slurm_cluster.py` (root, Debian's slurm-wlm
-and munge), then runs the same one-trial experiment (a linear trial, 40 batches, 0.1 s each)
-with `--launcher local` and `--launcher slurm`, `--rounds` times each, interleaved. First
-batch: the trial's first training report (`scheduling_unit: 1`) minus the command's start.
-Coordinator CPU: the `run` process's user + system seconds (with the local launcher the trial
-trains in it, so it is the training's CPU; with Slurm only submitting and polling). Run
-`python bench/launchers.py [--rounds N] [--json FILE]`.
+Rows (each against the local launcher's cold figure measured in the same invocation):
 
-`--search` compares, on the same cluster in one invocation, a random search of `--trials`
-trials (2 at a time, 20 batches of 0.1 s) with one job per trial (`--launcher slurm`) against
-two worker jobs that fork their trials from a warm process (`--launcher slurm --worker-jobs
-2`). Per trial: launch to first batch, from the moment the trial appears in the record (the
-coordinator records it just before `sbatch`; a worker just before forking it; polled every
-50 ms) to its first training report (`scheduling_unit: 1`). Also the command's start to the
-first trial's first batch, and the search's wall time.
+- local, cold: `lightning-bridge run single.yaml --launcher local` (a new process per trial);
+- local, warm: a random search's trials on the local launcher (forked from its warm process);
+- ray, cold: `run single.yaml --launcher ray --address ...` on a two-node Ray cluster this
+  script starts on 127.0.0.1 (`ray start --head --block` and a worker `ray start --block
+  --address`, 2 CPUs each, own ports and temporary folders, each in a session of its own,
+  stopped by this script: never `ray stop`, which would end every Ray cluster on the machine);
+- ray, warm: the same search on that cluster (a node's trials after its first are forked from
+  the node's `WarmNode` process);
+- slurm, cold and warm: `--launcher slurm`, and `--worker-jobs 1` for the search, where Slurm's
+  clients reach a cluster (`sinfo` answers as the environment is), else on the test cluster of
+  `tests/_slurm_cluster.py` (root, Debian's `slurm-wlm` and `munge`); skipped with the reason
+  printed where neither works.
+
+The trial is `tests/_folders.py`'s `TinyTrial` (a linear model, 4 batches of 8 records) that
+writes the time of its first `train_batch` call into its trial folder, and whether a warm
+process forked it (its parent process is one: the `forked` column). **Launch to first
+batch** (the figure of every row): from the moment the trial is asked for to that first
+batch. Asked for: a cold trial by its command (the moment this script starts `run`: a cold
+trial pays its command's start, imports, config checks and, on a cluster, the connection and
+the placement or `sbatch`); a warm trial by its search's coordinator (the launcher writing the
+trial's run description as it launches it, just before it forks, places or submits it). A
+warm row counts the search's trials other than the first launched on each node (that one
+starts the node's warm process or waits for its imports). `launch` beside it: from the run
+description's writing to the first batch, for every row.
+
+    python bench/launchers.py [--trials 4] [--rounds 1] [--no-ray] [--no-slurm] [--json FILE]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
+import importlib.util
 import json
 import os
 import pathlib
-import resource
+import re
+import shutil
+import signal
+import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from typing import Any
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 
 import yaml  # noqa: E402
+from _harness import package_versions  # noqa: E402
 
 from lightning_bridge.record._registry import Registry  # noqa: E402
-from tests._folders import BASE_CONFIG  # noqa: E402
-from tests._slurm_cluster import start_cluster  # noqa: E402
-from tests.test_slurm import SLOW_MODEL_DEF  # noqa: E402
+from tests._folders import SEARCH_CONFIG, TINY, Trial, write_folder  # noqa: E402
+
+COMMAND_TIMEOUT_S = 300.0
+RAY_CPUS_PER_NODE = 2
+RAY_START_TIMEOUT_S = 90.0
+# In every process of the bench's Ray cluster (inherited from `ray start`): its folder, so that
+# whatever of it outlives `ray start` is found and ended by pid.
+RAY_MARK = "LIGHTNING_BRIDGE_BENCH_RAY_CLUSTER"
+
+# At its first batch the trial writes the time, and whether a warm process forked it (its
+# parent is one), into its folder.
+FIRST_BATCH = """\
+        first = pathlib.Path(os.environ["LIGHTNING_BRIDGE_EXPERIMENT"]).parent / "first_batch"
+        if not first.exists():
+            parent = pathlib.Path(f"/proc/{os.getppid()}/cmdline").read_bytes()
+            forked = b"lightning_bridge.experiment.launch._warm" in parent
+            first.write_text(json.dumps({"at": time.time(), "forked": forked}))
+"""
+_SLEEP = '        time.sleep(float(self.context.get_hparam("delay")))\n'
+assert TINY.model_def.count(_SLEEP) == 1
+TRIAL = Trial(TINY.model_def.replace(_SLEEP, FIRST_BATCH + _SLEEP), SEARCH_CONFIG)
 
 
-def _folder(root: pathlib.Path) -> pathlib.Path:
-    folder = root / "exp"
-    folder.mkdir(parents=True)
-    (folder / "model_def.py").write_text(SLOW_MODEL_DEF)
-    config = {
-        **BASE_CONFIG,
-        "hyperparameters": {**BASE_CONFIG["hyperparameters"], "delay": 0.1},
-        "searcher": {**BASE_CONFIG["searcher"], "max_length": {"batches": 40}},
-        "scheduling_unit": 1,
+@dataclasses.dataclass(frozen=True)
+class Sample:
+    """One trial: seconds from its being asked for, and from its launch, to its first batch;
+    whether a warm process forked it."""
+
+    asked_s: float
+    launch_s: float
+    forked: bool
+
+
+@dataclasses.dataclass
+class Row:
+    launcher: str
+    mode: str  # cold | warm
+    samples: list[Sample] = dataclasses.field(default_factory=list)
+
+
+# ----- the experiment folders and what a run left ------------------------------------------
+
+
+def _configs(root: pathlib.Path, trials: int) -> tuple[pathlib.Path, pathlib.Path]:
+    """The one-trial config and the search's, in one folder with the trial's code."""
+    common = {**SEARCH_CONFIG, "scheduling_unit": 4, "min_validation_period": {"batches": 4}}
+    single = {
+        **common,
+        "name": "bench_single",
+        "hyperparameters": {**SEARCH_CONFIG["hyperparameters"], "lr": 0.01},
+        "searcher": {"name": "single", "metric": "validation_loss", "max_length": {"batches": 4}},
     }
-    (folder / "const.yaml").write_text(yaml.safe_dump(config))
-    return folder / "const.yaml"
-
-
-def _one(config: pathlib.Path, launcher: str, workspace: pathlib.Path) -> dict[str, float]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    start = time.time()
-    command = [sys.executable, "-m", "lightning_bridge", "run", str(config)]
-    command += ["--launcher", launcher, "--accelerator", "cpu", "--workspace", str(workspace)]
-    subprocess.run(command, env=env, capture_output=True, check=True)
-    wall = time.time() - start
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    with Registry(workspace) as registry:
-        first = registry.metrics(1, "training")[0].reported_at
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return {"first_batch_s": first - start, "wall_s": wall, "coordinator_cpu_s": cpu}
-
-
-def _search_folder(root: pathlib.Path, trials: int) -> pathlib.Path:
-    folder = root / "search"
-    folder.mkdir(parents=True)
-    (folder / "model_def.py").write_text(SLOW_MODEL_DEF)
-    config = {
-        **BASE_CONFIG,
-        "hyperparameters": {**BASE_CONFIG["hyperparameters"], "delay": 0.1},
+    search = {
+        **common,
+        "name": "bench_search",
         "searcher": {
             "name": "random",
             "metric": "validation_loss",
             "max_trials": trials,
             "max_concurrent_trials": 2,
-            "max_length": {"batches": 20},
+            "max_length": {"batches": 4},
         },
-        "scheduling_unit": 1,
-        "max_restarts": 0,
     }
-    (folder / "const.yaml").write_text(yaml.safe_dump(config))
-    return folder / "const.yaml"
+    single_file = write_folder(root, single, "exp", TRIAL)
+    search_file = single_file.with_name("search.yaml")
+    search_file.write_text(yaml.safe_dump(search))
+    return single_file, search_file
 
 
-def _search(config: pathlib.Path, extra: list[str], workspace: pathlib.Path) -> dict[str, Any]:
-    """One search on the cluster; each trial's launch (first seen in the record) to its first
-    batch, the command's start to the first batch, and the wall time."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    command = [sys.executable, "-m", "lightning_bridge", "run", str(config), "--launcher"]
-    command += ["slurm", "--accelerator", "cpu", "--workspace", str(workspace), *extra]
-    start = time.time()
-    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    seen: dict[int, float] = {}
-    registry_file = workspace / "registry.sqlite"
-    while process.poll() is None:
-        if registry_file.exists():
-            try:
-                with Registry(workspace) as registry:
-                    ids = [t.id for t in registry.trials()]
-            except Exception:  # noqa: BLE001 - the record being created
-                ids = []
-            now = time.time()
-            for trial_id in ids:
-                seen.setdefault(trial_id, now)
-        time.sleep(0.05)
-    wall = time.time() - start
-    out = process.stdout.read().decode() if process.stdout else ""
-    if process.returncode != 0:
-        raise SystemExit(f"the search failed:\n{out[-4000:]}")
-    firsts = {}
+def _node(reason: str) -> str:
+    """The Ray node a trial ran on, from its job's recorded reason ("" elsewhere: one node)."""
+    found = re.search(r"\(node ([0-9a-f]+)\)", reason)
+    return found.group(1) if found else ""
+
+
+def _trials(workspace: pathlib.Path) -> list[tuple[float, dict[str, Any], str]]:
+    """Each trial of the workspace's experiment: its launch (its run description's writing),
+    what it wrote at its first batch, its node; in the order of their launch."""
+    found = []
     with Registry(workspace) as registry:
         for trial in registry.trials():
-            reports = registry.metrics(trial.id, "training")
-            if reports:
-                firsts[trial.id] = reports[0].reported_at
-    launch = sorted(firsts[t] - seen[t] for t in firsts if t in seen)
-    return {
-        "launch_to_first_batch_s": launch,
-        "command_to_first_batch_s": min(firsts.values()) - start,
-        "wall_s": wall,
+            folder = pathlib.Path(trial.run_dir)
+            first = folder / "first_batch"
+            if not first.is_file():
+                raise SystemExit(f"trial {trial.id} never trained (no {first})")
+            job = registry.job(trial.id)
+            launch = (folder / "run.json").stat().st_mtime
+            found.append((launch, json.loads(first.read_text()), _node(job.reason if job else "")))
+    return sorted(found, key=lambda t: t[0])
+
+
+# ----- running `lightning-bridge run` ---------------------------------------------------------
+
+
+def _environment(root: pathlib.Path, extra: dict[str, str]) -> dict[str, str]:
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("LIGHTNING_BRIDGE_") and k != "RAY_ADDRESS"
     }
+    env.update(PYTHONPATH=str(ROOT), XDG_DATA_HOME=str(root / "data"), **extra)
+    return env
 
 
-def _search_main(args: argparse.Namespace) -> int:
-    root = pathlib.Path(tempfile.mkdtemp(prefix="lb-bench-launchers-"))
-    root.chmod(0o755)
-    cluster = start_cluster(root / "cluster")
-    os.environ.update(cluster.env)
-    modes = {"job per trial": [], "2 worker jobs": ["--worker-jobs", "2"]}
-    runs: dict[str, list[dict[str, Any]]] = {mode: [] for mode in modes}
+def _run(
+    config: pathlib.Path, workspace: pathlib.Path, args: list[str], env: dict[str, str]
+) -> float:
+    """`lightning-bridge run CONFIG --workspace WORKSPACE ARGS` to its end; the time it was
+    started (SystemExit with its output's end when it fails or runs past the limit)."""
+    command = [sys.executable, "-m", "lightning_bridge", "run", str(config)]
+    command += ["--workspace", str(workspace), "--accelerator", "cpu", *args]
+    log = workspace.with_name(workspace.name + ".log")
+    with open(log, "wb") as out:
+        started = time.time()
+        process = subprocess.Popen(
+            command,
+            cwd=config.parent,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        try:
+            code = process.wait(COMMAND_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+            code = None
+    if code != 0:
+        text = log.read_text(errors="replace")[-4000:]
+        what = (
+            f"exit code {code}" if code is not None else f"still running at {COMMAND_TIMEOUT_S} s"
+        )
+        raise SystemExit(f"{' '.join(command[2:])} failed ({what}):\n{text}")
+    return started
+
+
+def _cold(
+    config: pathlib.Path, workspace: pathlib.Path, args: list[str], env: dict[str, str]
+) -> Sample:
+    started = _run(config, workspace, args, env)
+    ((launch, first, _),) = _trials(workspace)
+    return Sample(first["at"] - started, first["at"] - launch, first["forked"])
+
+
+def _warm(
+    config: pathlib.Path, workspace: pathlib.Path, args: list[str], env: dict[str, str]
+) -> list[Sample]:
+    """The search's trials other than the first launched on each node."""
+    _run(config, workspace, args, env)
+    seen: set[str] = set()
+    samples = []
+    for launch, first, node in _trials(workspace):
+        if node in seen:
+            samples.append(Sample(first["at"] - launch, first["at"] - launch, first["forked"]))
+        seen.add(node)
+    return samples
+
+
+def _measure(
+    rows: list[Row],
+    launcher: str,
+    files: tuple[pathlib.Path, pathlib.Path],
+    root: pathlib.Path,
+    args: list[str],
+    env: dict[str, str],
+    rounds: int,
+) -> None:
+    cold, warm = Row(launcher, "cold"), Row(launcher, "warm")
+    rows += [cold, warm]
+    for r in range(rounds):
+        cold.samples.append(_cold(files[0], root / f"ws-{launcher}-cold-{r}", args, env))
+        print(f"{launcher} cold, round {r + 1}: {cold.samples[-1]}", flush=True)
+        extra = ["--worker-jobs", "1"] if launcher == "slurm" else []
+        samples = _warm(files[1], root / f"ws-{launcher}-warm-{r}", args + extra, env)
+        warm.samples += samples
+        print(f"{launcher} warm, round {r + 1}: {samples}", flush=True)
+
+
+# ----- the Ray cluster ------------------------------------------------------------------------
+
+
+def _free_ports(count: int) -> list[int]:
+    sockets = [socket.socket() for _ in range(count)]
     try:
-        config = _search_folder(root, args.trials)
-        for r in range(args.rounds):
-            for mode in list(modes) if r % 2 == 0 else list(modes)[::-1]:
-                ws = root / f"ws-{len(runs[mode])}-{mode.replace(' ', '-')}"
-                runs[mode].append(_search(config, modes[mode], ws))
-                print(mode, json.dumps(runs[mode][-1]), flush=True)
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [int(s.getsockname()[1]) for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def _pids() -> list[int]:
+    return [int(p.name) for p in pathlib.Path("/proc").iterdir() if p.name.isdigit()]
+
+
+def _running(pid: int) -> bool:
+    try:
+        stat = pathlib.Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
+
+
+class RayCluster:
+    """A head and a worker node on 127.0.0.1 (see the module docstring)."""
+
+    def __init__(self, root: pathlib.Path) -> None:
+        self.root = root
+        self.port, self.client_port = _free_ports(2)
+        self.nodes: list[subprocess.Popen[bytes]] = []
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def _start_node(self, name: str, options: list[str]) -> None:
+        ray = pathlib.Path(sys.executable).with_name("ray")
+        manager, objects, metrics, agent, agent_grpc, runtime_env = _free_ports(6)
+        command = [
+            str(ray), "start", *options, "--block", "--node-ip-address=127.0.0.1",
+            f"--num-cpus={RAY_CPUS_PER_NODE}", f"--temp-dir={self.root / name}",
+            f"--object-store-memory={256 * 1024**2}", f"--node-manager-port={manager}",
+            f"--object-manager-port={objects}", f"--metrics-export-port={metrics}",
+            f"--dashboard-agent-listen-port={agent}", f"--dashboard-agent-grpc-port={agent_grpc}",
+            f"--runtime-env-agent-port={runtime_env}", "--disable-usage-stats",
+        ]  # fmt: skip
+        env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+        env.update(PYTHONPATH=str(ROOT), **{RAY_MARK: str(self.root)})
+        with open(self.root / f"{name}.log", "ab") as out:
+            self.nodes.append(
+                subprocess.Popen(
+                    command,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                    start_new_session=True,
+                )
+            )
+
+    def _alive(self) -> int:
+        """Alive nodes, as the GCS counts them (a short-lived driver of this process)."""
+        import ray
+
+        ray.init(address=self.address, logging_level="ERROR", log_to_driver=False)
+        try:
+            return sum(1 for node in ray.nodes() if node.get("Alive"))
+        finally:
+            ray.shutdown()
+
+    def _wait(self, nodes: int) -> None:
+        deadline = time.monotonic() + RAY_START_TIMEOUT_S
+        while True:
+            for process in self.nodes:
+                if process.poll() is not None:
+                    raise SystemExit(f"`ray start` exited ({process.returncode}):\n{self._logs()}")
+            with contextlib.suppress(Exception):  # the GCS not up yet
+                if self._alive() >= nodes:
+                    return
+            if time.monotonic() > deadline:
+                raise SystemExit(f"{nodes} Ray node(s) not up in time:\n{self._logs()}")
+            time.sleep(1.0)
+
+    def _logs(self) -> str:
+        return "\n".join(
+            f"--- {log}:\n{log.read_text(errors='replace')[-1500:]}"
+            for log in sorted(self.root.glob("*.log"))
+        )
+
+    def start(self) -> RayCluster:
+        head = [
+            "--head", f"--port={self.port}", f"--ray-client-server-port={self.client_port}",
+            "--include-dashboard=false",
+        ]  # fmt: skip
+        self._start_node("head", head)
+        self._wait(1)
+        self._start_node("worker", [f"--address={self.address}"])
+        self._wait(2)
+        return self
+
+    def _leftovers(self, sessions: set[int]) -> list[int]:
+        """Live processes of this cluster: in a node's session, or marked with its folder."""
+        mark = f"{RAY_MARK}={self.root}".encode()
+        found = []
+        for pid in _pids():
+            if pid == os.getpid() or not _running(pid):
+                continue
+            try:
+                environ = pathlib.Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+                if os.getsid(pid) in sessions or mark in environ:
+                    found.append(pid)
+            except OSError:
+                continue
+        return found
+
+    def stop(self) -> None:
+        """Terminate each `ray start --block` (the worker first; each ends its node's
+        processes), then kill by pid whatever of the cluster is left."""
+        sessions = {process.pid for process in self.nodes}
+        for process in reversed(self.nodes):
+            if process.poll() is None:
+                process.terminate()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(30)
+        deadline = time.monotonic() + 10
+        while self._leftovers(sessions) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        for pid in self._leftovers(sessions):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        for process in self.nodes:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(10)
+
+
+@contextlib.contextmanager
+def _ray_cluster(root: pathlib.Path) -> Iterator[RayCluster]:
+    root.mkdir(parents=True)
+    cluster = RayCluster(root)
+    try:
+        yield cluster.start()
+    finally:
+        cluster.stop()
+
+
+# ----- Slurm ----------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _slurm(root: pathlib.Path) -> Iterator[dict[str, str] | str]:
+    """The environment Slurm's clients need to reach a cluster: the one `sinfo` reaches as the
+    environment is, else the test cluster (started here, stopped at the end); or why none."""
+    if shutil.which("sinfo") is not None:
+        done = subprocess.run(["sinfo", "--noheader"], capture_output=True, text=True)
+        if done.returncode == 0 and done.stdout.strip():
+            yield {}
+            return
+    try:
+        from tests._slurm_cluster import ClusterUnavailable, start_cluster
+    except ImportError as exc:
+        yield f"the Slurm test cluster cannot be imported ({exc})"
+        return
+    try:
+        cluster = start_cluster(root)
+    except (ClusterUnavailable, OSError) as exc:
+        yield f"no Slurm cluster answers (`sinfo`) and the test cluster cannot start: {exc}"
+        return
+    try:
+        yield cluster.env
     finally:
         cluster.cancel_all()
         cluster.stop()
-    print(f"random search of {args.trials} trials, 2 at a time, 20 batches of 0.1 s; seconds:")
-    print(f"{'':14}  {'launch to first batch, median [min-max]':>40}  {'first':>6}  {'wall':>6}")
-    for mode, done in runs.items():
-        launch = [x for d in done for x in d["launch_to_first_batch_s"]]
-        first = statistics.median(d["command_to_first_batch_s"] for d in done)
-        wall = statistics.median(d["wall_s"] for d in done)
-        spread = f"{statistics.median(launch):.2f} [{min(launch):.2f}-{max(launch):.2f}]"
-        print(f"{mode:14}  {spread:>40}  {first:6.1f}  {wall:6.1f}")
-    if args.json is not None:
-        args.json.write_text(json.dumps(runs, indent=2))
-    return 0
+
+
+# ----- the table ------------------------------------------------------------------------------
+
+
+def _table(rows: list[Row], skipped: list[str]) -> str:
+    local = [r for r in rows if (r.launcher, r.mode) == ("local", "cold") and r.samples]
+    base = statistics.median(s.asked_s for s in local[0].samples) if local else None
+    lines = [
+        f"{'launcher':8}  {'mode':4}  {'n':>2}  {'median s':>8}  {'min s':>6}  "
+        f"{'vs local cold':>13}  {'launch: median s':>16}  {'forked':>6}"
+    ]
+    for row in rows:
+        if not row.samples:
+            lines.append(f"{row.launcher:8}  {row.mode:4}   0  (no trial counted)")
+            continue
+        asked = [s.asked_s for s in row.samples]
+        median = statistics.median(asked)
+        ratio = f"{median / base:.3f}x" if base else "-"
+        launch = statistics.median(s.launch_s for s in row.samples)
+        forked = f"{sum(s.forked for s in row.samples)}/{len(asked)}"
+        lines.append(
+            f"{row.launcher:8}  {row.mode:4}  {len(asked):>2}  {median:8.2f}  {min(asked):6.2f}  "
+            f"{ratio:>13}  {launch:16.2f}  {forked:>6}"
+        )
+    lines += [f"skipped: {why}" for why in skipped]
+    return "\n".join(lines)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--trials", type=int, default=4, help="a warm row's search's trials")
+    parser.add_argument("--rounds", type=int, default=1, help="cold runs and searches each")
+    parser.add_argument("--no-ray", action="store_true")
+    parser.add_argument("--no-slurm", action="store_true")
     parser.add_argument("--json", type=pathlib.Path, default=None)
-    parser.add_argument("--search", action="store_true", help="a search's trials (see above)")
-    parser.add_argument("--trials", type=int, default=6)
     args = parser.parse_args()
-    if args.search:
-        return _search_main(args)
-    root = pathlib.Path(tempfile.mkdtemp(prefix="lb-bench-launchers-"))
-    root.chmod(0o755)
-    cluster = start_cluster(root / "cluster")
-    os.environ.update(cluster.env)
-    runs: dict[str, list[dict[str, float]]] = {"local": [], "slurm": []}
-    try:
-        config = _folder(root)
-        for r in range(args.rounds):
-            for launcher in ("local", "slurm") if r % 2 == 0 else ("slurm", "local"):
-                ws = root / f"ws-{launcher}-{r}"
-                runs[launcher].append(_one(config, launcher, ws))
-                print(launcher, runs[launcher][-1], flush=True)
-    finally:
-        cluster.cancel_all()
-        cluster.stop()
-    print(f"{'launcher':8}  {'first batch s':>13}  {'wall s':>7}  {'coordinator CPU s':>17}")
-    for launcher, done in runs.items():
-        med = {k: statistics.median(d[k] for d in done) for k in done[0]}
-        print(
-            f"{launcher:8}  {med['first_batch_s']:13.1f}  {med['wall_s']:7.1f}  "
-            f"{med['coordinator_cpu_s']:17.1f}"
-        )
+    began = time.monotonic()
+    load = os.getloadavg()[0]
+    root = pathlib.Path(tempfile.mkdtemp(prefix="lb-launchers-"))  # short: Ray's socket paths
+    root.chmod(0o755)  # a Slurm job may run as another user
+    print(f"runs in {root} (removed at the end, kept when a run fails)", flush=True)
+    files = _configs(root, args.trials)
+    rows: list[Row] = []
+    skipped: list[str] = []
+    local = ["--launcher", "local"]
+    _measure(rows, "local", files, root, local, _environment(root, {}), args.rounds)
+    if args.no_ray:
+        skipped.append("ray rows (--no-ray)")
+    elif importlib.util.find_spec("ray") is None:
+        skipped.append(f"ray rows: Ray is not installed beside {sys.executable}")
+    else:
+        with _ray_cluster(root / "ray") as cluster:
+            on_ray = ["--launcher", "ray", "--address", cluster.address]
+            _measure(rows, "ray", files, root, on_ray, _environment(root, {}), args.rounds)
+    if args.no_slurm:
+        skipped.append("slurm rows (--no-slurm)")
+    else:
+        with _slurm(root / "slurm") as reached:
+            if isinstance(reached, str):
+                skipped.append(f"slurm rows: {reached}")
+            else:
+                on_slurm = ["--launcher", "slurm"]
+                env = _environment(root, reached)
+                _measure(rows, "slurm", files, root, on_slurm, env, args.rounds)
+    shutil.rmtree(root, ignore_errors=True)  # kept when something failed, for its logs
+    versions = package_versions(["ray", "torch", "lightning"])
+    print()
+    print(
+        f"{os.cpu_count()} CPUs, python {sys.version.split()[0]}, "
+        + ", ".join(f"{k} {v}" for k, v in versions.items())
+        + f"; 1-minute load average {load:.2f} before, {os.getloadavg()[0]:.2f} after; "
+        f"{time.monotonic() - began:.0f} s in all"
+    )
+    print(
+        "launch to first batch, seconds: from the trial being asked for (cold: this script "
+        "starting `run`;\nwarm: the coordinator writing the trial's run description as it "
+        "launches it) to the trial's first train_batch.\n"
+        f"warm: a random search of {args.trials} trials, 2 at a time, each node's first trial "
+        "left out. launch: from the run\ndescription's writing, every row. forked: trials "
+        "a warm process forked (the trial's parent is one)."
+    )
+    print(_table(rows, skipped))
     if args.json is not None:
-        args.json.write_text(json.dumps(runs, indent=2))
+        data = {f"{r.launcher} {r.mode}": [dataclasses.asdict(s) for s in r.samples] for r in rows}
+        args.json.write_text(json.dumps({"rows": data, "skipped": skipped}, indent=2))
     return 0
 
 
