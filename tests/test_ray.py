@@ -252,11 +252,12 @@ def test_a_trial_through_ray_client_in_its_pool_has_the_local_weights(
     worker = ray_cluster.node_ids()["worker"]
     job = _job(ws)
     assert job.launcher == "ray" and job.state == "COMPLETED", job
-    assert f"node {worker[:12]}" in job.reason and "Ray actor lb-1-1" in job.reason, job
+    assert f"node {worker[:12]}" in job.reason and "Ray actor lb-1-1-" in job.reason, job
     assert _trial(ws).state == "COMPLETED"
     _same(_final_weights(ws), local_weights)
     described = lb("experiment", "describe", "1", "--workspace", str(ws), cwd=tmp_path)
-    assert "Ray actor lb-1-1 on node" in described.stdout and worker[:12] in described.stdout
+    assert re.search(r"Ray actor lb-1-1-\w+ on node", described.stdout), described.stdout
+    assert worker[:12] in described.stdout
     logs = lb("trial", "logs", "1", "--workspace", str(ws), cwd=tmp_path)
     assert logs.returncode == 0 and "Start-up:" in logs.stdout, _shown(logs)
 
@@ -285,9 +286,11 @@ def test_a_trial_across_the_two_nodes_equals_its_two_process_local_run(
             job = _job(ws)
             ids = ray_cluster.node_ids()
             assert ids["head"][:12] in job.reason and ids["worker"][:12] in job.reason, job
-            # each rank: its node's rank (cross rank) and the trial's two node addresses
-            assert [s[2:4] for s in seen] == [[0, 2], [1, 2]], seen
-            assert [s[6] for s in seen] == [0, 1] and all(len(s[7]) == 2 for s in seen), seen
+            # each rank: its rank and the trial's size, one process on its node, its node's
+            # rank (cross rank) of two, and the trial's two node addresses
+            assert [s[:4] for s in seen] == [[0, 2, 0, 1], [1, 2, 0, 1]], seen
+            assert [s[4:7] for s in seen] == [[0, 2, 0], [1, 2, 1]], seen
+            assert all(len(s[7]) == 2 for s in seen), seen
             assert (ws / "experiments/1/trials/1/output.node1.log").is_file()
     _same(results["local-weights"], results["ray-weights"])
     assert results["local"] == results["ray"]
@@ -463,10 +466,10 @@ def test_the_cluster_going_away_stops_the_trial_with_one_message_and_loses_nothi
 
     path = _folder(tmp_path, _config())
     ws = tmp_path / "ws"
-    slow = ("--set", "hyperparameters.delay=0.3", "--address", fresh_ray_cluster.address)
+    slow = ("--set", "hyperparameters.delay=1.0", "--address", fresh_ray_cluster.address)
     coordinator = lb_start(*on_ray(path, ws, *slow), cwd=tmp_path)
     try:
-        _wait_for(lambda: _trial_batches(ws) >= 6, 180, "the trial to train 6 batches")
+        _wait_for(lambda: _trial_batches(ws) >= 4, 180, "the trial to train 4 batches")
         fresh_ray_cluster.stop_head()
         started = time.monotonic()
         out = finish(coordinator, timeout=120)
@@ -479,7 +482,7 @@ def test_the_cluster_going_away_stops_the_trial_with_one_message_and_loses_nothi
     assert len(errors) == 1, out[-4000:]
     assert fresh_ray_cluster.address in errors[0] and "experiment continue 1" in errors[0]
     trial = _trial(ws)
-    assert trial.state == "STOPPED" and trial.batches_trained >= 6, trial
+    assert trial.state == "STOPPED" and 4 <= trial.batches_trained < 24, trial
     with Registry(ws) as registry:
         assert registry.latest_checkpoint(1) is not None
     again = start_cluster(tmp_path_factory.mktemp("ray-again"))

@@ -111,8 +111,9 @@ class TrialSlot:
         self._pid = self._process.pid
         return self._pid
 
-    def wait(self) -> int:
-        """Until the process ends; its exit code (a signal's: negative)."""
+    def wait(self, pid: int = 0) -> int:
+        """Until the process ends; its exit code (a signal's: negative). (`pid`: the
+        `WarmNode.wait` signature, unused here.)"""
         if self._warm is not None:
             import ray
 
@@ -120,12 +121,12 @@ class TrialSlot:
         assert self._process is not None
         return self._process.wait()
 
-    def send_signal(self, sig: int) -> None:
+    def send_signal(self, sig: int, pid: int = 0) -> None:
         """Signal the trial's process group (its ranks and loader workers with it)."""
         if self._warm is not None:
             import ray
 
-            ray.get(self._warm.send_signal.remote(self._pid, sig))
+            ray.get(self._warm.send_signal.remote(sig, self._pid))
             return
         if self._process is None or self._process.poll() is not None:
             return
@@ -159,12 +160,22 @@ class WarmNode:
             self._trials[trial.pid] = trial
         return int(trial.pid)
 
+    def start_trial(self, run_file: str, cwd: str, env: Mapping[str, str], output: str) -> int:
+        """Fork a trial whose resources a placement group reserves on this node (a search's
+        trial on CPUs: no actor of its own to start); its pid."""
+        if not pathlib.Path(run_file).is_file():
+            raise NotOnThisNode(
+                f"the trial's run description {run_file} is not on node "
+                f"{socket.gethostname()}'s file systems"
+            )
+        return self.start([sys.executable, *TRIAL_COMMAND, run_file], cwd, env, output)
+
     def wait(self, pid: int) -> int:
         with self._lock:
             trial = self._trials[pid]
         return int(trial.wait())  # kept: a kill's wait may follow the coordinator's
 
-    def send_signal(self, pid: int, sig: int) -> None:
+    def send_signal(self, sig: int, pid: int = 0) -> None:
         with self._lock:
             trial = self._trials.get(pid)
         if trial is not None:

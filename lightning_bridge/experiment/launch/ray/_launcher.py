@@ -78,7 +78,7 @@ def ray_section(given: Any) -> RaySection:
                 f"ray.{key}: not a key of the ray section (it has: "
                 f"{', '.join(k for k in RAY_MESSAGES if k)})"
             ) from None
-        if key not in RAY_MESSAGES or error["type"] in ("model_type", "dict_type"):
+        if key not in RAY_MESSAGES or (not error["loc"] and error["type"] == "model_type"):
             key = ""
         value = given.get(key) if key and isinstance(given, dict) else given
         raise InvalidArgumentError(RAY_MESSAGES[key].format(value=value)) from None
@@ -180,8 +180,11 @@ class RayLauncher(Launcher):
         self.lost: str | None = None  # why the cluster went away, once it did
         self._watch: _cluster.ClusterWatch | None = None
         self._warm: dict[str, Any] = {}  # node id -> its WarmNode (a search's)
+        self._warm_lock = threading.Lock()
         self._preload: Sequence[str] = ()
         self._placements: dict[int, Placement] = {}
+        self._settings: RaySettings | None = None  # the last trial's (its warm processes')
+        self._digest: str | None = None  # the workspace's (`placement_name`)
 
     # ----- refusals, before anything is recorded -----
 
@@ -250,6 +253,8 @@ class RayLauncher(Launcher):
         """Connect, write the trial's run description (a trial across nodes: each node runs
         `per_node` processes) and its working copy."""
         settings = self.connect(plan)
+        self._settings = settings
+        self._digest = workspace_digest(trial.workspace)
         trial.trial_dir.mkdir(parents=True, exist_ok=True)
         if settings.nodes > 1:
             options = dataclasses.replace(
@@ -340,29 +345,38 @@ class RayLauncher(Launcher):
         trial is first placed there (every alive node at once, in the background)."""
         self._preload = tuple(preload)
 
-    def _warm_for(self, node_id: str) -> Any:
-        """The node's WarmNode; None where trials start cold (`LIGHTNING_BRIDGE_COLD_TRIALS=1`,
-        or no search). The first call creates one on every alive node (pinned to it,
-        reserving nothing), so that each warms up while the first trials start."""
+    def _warm_for(self, node_id: str | None) -> Any:
+        """The node's WarmNode (`node_id` None: whether trials are forked at all); None where
+        trials start cold (`LIGHTNING_BRIDGE_COLD_TRIALS=1`, or no search). The first call
+        creates one on every alive node (pinned to it, reserving nothing, named for `experiment
+        pause` to find), so that each warms up while the first trials start."""
         if not self._preload or os.environ.get("LIGHTNING_BRIDGE_COLD_TRIALS") == "1":
             return None
-        if node_id not in self._warm:
-            ray = _cluster.import_ray()
-            alive = [str(n["NodeID"]) for n in ray.nodes() if n.get("Alive")]
-            for node in [node_id, *alive]:
-                if node not in self._warm:
-                    self._warm[node] = self._warm_node(ray, node)
-        return self._warm[node_id]
+        with self._warm_lock:  # trials are placed from several threads at once
+            if node_id is None or node_id not in self._warm:
+                ray = _cluster.import_ray()
+                alive = [str(n["NodeID"]) for n in ray.nodes() if n.get("Alive")]
+                for node in [*([node_id] if node_id else []), *alive]:
+                    if node not in self._warm:
+                        self._warm[node] = self._warm_node(ray, node)
+        return self._warm if node_id is None else self._warm[node_id]
 
     def _warm_node(self, ray: Any, node_id: str) -> Any:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         from lightning_bridge.experiment.launch.ray._actors import WarmNode
 
+        assert self._settings is not None and self._digest is not None
+        options: dict[str, Any] = {}
+        if self._settings.runtime_env:  # the trials' environment, which the fork keeps
+            options["runtime_env"] = self._settings.runtime_env
         remote = ray.remote(WarmNode).options(
+            name=f"{warm_name(self._digest, node_id)}-{os.getpid()}",
+            namespace=self._settings.namespace,
             num_cpus=0,
             max_concurrency=64,
             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
+            **options,
         )
         return remote.remote(tuple(self._preload), {})
 
@@ -434,11 +448,19 @@ def _print(message: str) -> None:
     print(message, flush=True)
 
 
+def warm_name(digest: str, node_id: str) -> str:
+    """A node's warm process's actor name, for a workspace (its digest)."""
+    return f"lb-warm-{digest}-{node_id[:16]}"
+
+
 def placement_name(workspace: pathlib.Path, experiment_id: int, trial_id: int) -> str:
     """The trial's actors' name on the cluster: `lb-EXPERIMENT-TRIAL`, and the workspace's
     short digest, so that two workspaces sharing a cluster and a namespace never meet."""
-    digest = hashlib.sha1(str(workspace.resolve()).encode()).hexdigest()[:6]
-    return f"lb-{experiment_id}-{trial_id}-{digest}"
+    return f"lb-{experiment_id}-{trial_id}-{workspace_digest(workspace)}"
+
+
+def workspace_digest(workspace: pathlib.Path) -> str:
+    return hashlib.sha1(str(workspace.resolve()).encode()).hexdigest()[:6]
 
 
 class ClusterGone(Exception):
@@ -463,7 +485,7 @@ class Placement:
         workspace: pathlib.Path,
         experiment_id: int,
         trial_id: int,
-        warm: Callable[[str], Any],
+        warm: Callable[[str | None], Any],
         lost: Callable[[], str | None],
     ) -> None:
         self.name = name
@@ -478,7 +500,8 @@ class Placement:
         self.trial_id = trial_id
         self._warm = warm
         self._lost = lost
-        self._slots: list[Any] = []
+        # what runs each node's process: (TrialSlot, 0) or (WarmNode, the trial's pid)
+        self._runners: list[tuple[Any, int]] = []
         self._group: Any = None
         self._stopping: int | None = None  # the signal the trial was stopped with
         self._gone = threading.Event()
@@ -494,18 +517,29 @@ class Placement:
     # ----- placing -----
 
     def _place(self) -> None:
-        """Create the slots (in a placement group across nodes) and wait for Ray to place
-        them; their nodes."""
+        """Reserve the trial's resources and wait for Ray to place them: a search's trial
+        on one node's CPUs in a placement group, forked there by the node's warm process (no
+        actor to start: a fraction of a second); any other trial in `TrialSlot` actors (in a
+        placement group across nodes), which Ray gives its GPUs."""
         ray = _cluster.import_ray()
-        from ray.util.placement_group import placement_group
+        from ray.util.placement_group import placement_group, placement_group_table
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         from lightning_bridge.experiment.launch.ray._actors import TrialSlot
 
+        bundle = self.settings.node_resources(self.gpus)
+        if self.settings.nodes == 1 and not self.gpus and self._warm(None) is not None:
+            self._group = placement_group([bundle], strategy="PACK", name=self.name)
+            self._wait_placed(ray, [self._group.ready()])
+            node_id = str(placement_group_table(self._group)["bundles_to_node_id"][0])
+            warm = self._warm(node_id)
+            self.nodes = [ray.get(warm.where.remote())]
+            self._runners = [(warm, 0)]
+            return
         options = self.settings.actor_options(self.gpus)
         remote = ray.remote(TrialSlot)
         if self.settings.nodes > 1:
-            bundles = [self.settings.node_resources(self.gpus)] * self.settings.nodes
+            bundles = [bundle] * self.settings.nodes
             self._group = placement_group(bundles, strategy="STRICT_SPREAD", name=self.name)
         for rank in range(self.settings.nodes):
             extra: dict[str, Any] = {}
@@ -513,22 +547,27 @@ class Placement:
                 extra["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
                     self._group, placement_group_bundle_index=rank
                 )
-            self._slots.append(
-                remote.options(
-                    name=f"{self.name}-{rank}",
-                    namespace=self.settings.namespace,
-                    max_concurrency=4,
-                    max_restarts=0,
-                    **options,
-                    **extra,
-                ).remote()
-            )
-        where = [slot.where.remote() for slot in self._slots]
+            slot = remote.options(
+                name=f"{self.name}-{rank}",
+                namespace=self.settings.namespace,
+                max_concurrency=4,
+                max_restarts=0,
+                **options,
+                **extra,
+            ).remote()
+            self._runners.append((slot, 0))
+        where = [slot.where.remote() for slot, _ in self._runners]
+        self._wait_placed(ray, where)
+        self.nodes = list(ray.get(where))
+
+    def _wait_placed(self, ray: Any, refs: list[Any]) -> None:
+        """Until Ray placed what `refs` wait for (or the trial was stopped, or the cluster
+        went away); refused after PLACEMENT_TIMEOUT_S."""
         deadline = time.monotonic() + PLACEMENT_TIMEOUT_S
         while True:
-            ready, _ = ray.wait(where, num_returns=len(where), timeout=POLL_S)
-            if len(ready) == len(where):
-                break
+            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=POLL_S)
+            if len(ready) == len(refs):
+                return
             if self._gone.is_set():
                 raise ClusterGone(self._lost() or "the Ray cluster went away")
             if self._stopping is not None:
@@ -540,12 +579,11 @@ class Placement:
                     f"{self.settings.nodes} x {self.settings.node_resources(self.gpus)}); "
                     "free or add resources, or lower resources.slots_per_trial"
                 )
-        self.nodes = list(ray.get(where))
 
     def _start(self) -> None:
         """Start the trial's process on each of its nodes."""
         ray = _cluster.import_ray()
-        count = len(self._slots)
+        count = len(self._runners)
         addrs = [n["ip"] for n in self.nodes]
         base = {
             NODE_ADDRS_ENV: ",".join(addrs),
@@ -556,8 +594,14 @@ class Placement:
             max_restarts=self.settings.max_restarts,
         )
         environment.export_to(base)
+        run_file, cwd = str(self.run_file), str(self.cwd)
+        if self._group is not None and count == 1:  # forked by the node's warm process
+            warm = self._runners[0][0]
+            pid = int(ray.get(warm.start_trial.remote(run_file, cwd, base, str(self.output))))
+            self._runners = [(warm, pid)]
+            return
         if count > 1:
-            port = int(ray.get(self._slots[0].free_port.remote()))
+            port = int(ray.get(self._runners[0][0].free_port.remote()))
             base.update(
                 {
                     "MASTER_ADDR": addrs[0],
@@ -566,7 +610,7 @@ class Placement:
                 }
             )
         started = []
-        for rank, slot in enumerate(self._slots):
+        for rank, (slot, _) in enumerate(self._runners):
             env = dict(base)
             output = self.output
             if count > 1:
@@ -574,9 +618,7 @@ class Placement:
                 if rank:
                     output = self.output.with_name(f"output.node{rank}.log")
             warm = self._warm(self.nodes[rank]["node_id"]) if count == 1 else None
-            started.append(
-                slot.start.remote(str(self.run_file), str(self.cwd), env, str(output), warm)
-            )
+            started.append(slot.start.remote(run_file, cwd, env, str(output), warm))
         ray.get(started)
 
     # ----- running -----
@@ -664,7 +706,7 @@ class Placement:
     def _wait(self, ray: Any) -> int | None:
         """Until every node's process ended (the exit code of the first that failed, else 0)
         or a node was lost (RayActorError)."""
-        pending = {slot.wait.remote(): rank for rank, slot in enumerate(self._slots)}
+        pending = {actor.wait.remote(pid): rank for rank, (actor, pid) in enumerate(self._runners)}
         codes: dict[int, int] = {}
         while pending:
             ready, _ = ray.wait(list(pending), num_returns=1, timeout=POLL_S)
@@ -674,9 +716,9 @@ class Placement:
                 rank = pending.pop(ref)
                 codes[rank] = int(ray.get(ref))
                 if codes[rank] != 0 and pending:
-                    for slot in self._slots:  # one node failed: the others cannot go on
+                    for actor, pid in self._runners:  # one node failed: no others go on
                         with contextlib.suppress(Exception):
-                            slot.send_signal.remote(signal.SIGKILL)
+                            actor.send_signal.remote(signal.SIGKILL, pid)
         failed = [c for c in codes.values() if c != 0]
         return failed[0] if failed else 0
 
@@ -700,28 +742,32 @@ class Placement:
     def stop(self, kill: bool) -> None:
         """Pause (SIGTERM: the trial checkpoints and stops) or kill the trial's processes."""
         self._stopping = signal.SIGKILL if kill else signal.SIGTERM
-        for slot in self._slots:
+        for actor, pid in self._runners:
             with contextlib.suppress(Exception):
-                slot.send_signal.remote(self._stopping)
+                actor.send_signal.remote(self._stopping, pid)
 
     def cluster_lost(self, reason: str) -> None:
         self._gone.set()
 
     def release(self, quiet: bool = False) -> None:
-        """End the slots (their processes with them) and give back their resources."""
+        """End the slots (their processes with them) and give back the resources (a node's
+        warm process stays, for the next trial)."""
+        runners, group = self._runners, self._group
+        self._runners, self._group = [], None
         if quiet or self._gone.is_set():
-            self._slots, self._group = [], None
             return
         ray = _cluster.import_ray()
-        for slot in self._slots:
+        for actor, pid in runners:
             with contextlib.suppress(Exception):
-                ray.kill(slot)
-        if self._group is not None:
+                if pid:  # a forked trial: ended, its warm process kept
+                    actor.send_signal.remote(signal.SIGKILL, pid)
+                else:
+                    ray.kill(actor)
+        if group is not None:
             from ray.util.placement_group import remove_placement_group
 
             with contextlib.suppress(Exception):
-                remove_placement_group(self._group)
-        self._slots, self._group = [], None
+                remove_placement_group(group)
 
 
 class _Stopped(Exception):
@@ -762,33 +808,45 @@ class RunningPlacement(RunningTrial):
         self.key = f"Ray actor {self.name}"
         self._reason = reason
 
-    def _slots(self) -> list[Any]:
+    def _runners(self, pid: int | None) -> list[tuple[Any, int]]:
+        """What runs the trial's processes: its slots by name, or (a forked search trial,
+        `pid` its process) the warm processes of its workspace's placements."""
         ray = _cluster.import_ray()
         _cluster.connect(self.address, self.namespace)
-        slots = []
-        rank = 0
+        runners: list[tuple[Any, int]] = []
         while True:
             try:
-                slots.append(ray.get_actor(f"{self.name}-{rank}", namespace=self.namespace))
+                name = f"{self.name}-{len(runners)}"
+                runners.append((ray.get_actor(name, namespace=self.namespace), 0))
             except ValueError:
-                return slots
-            rank += 1
+                break
+        if runners or not pid:
+            return runners
+        from ray.util import list_named_actors
+
+        prefix = warm_name(self.name.rpartition("-")[2], "")
+        for entry in list_named_actors(all_namespaces=True):
+            if entry["namespace"] == self.namespace and entry["name"].startswith(prefix):
+                runners.append((ray.get_actor(entry["name"], namespace=self.namespace), pid))
+        return runners
 
     def stop(self, registry: Registry, trial_id: int, kill: bool, signal_it: bool) -> str:
+        self._pid = registry.trial(trial_id).pid
         if signal_it:
             ray = _cluster.import_ray()
             sig = signal.SIGKILL if kill else signal.SIGTERM
-            refs = [slot.send_signal.remote(sig) for slot in self._slots()]
+            runners = self._runners(self._pid)
+            refs = [actor.send_signal.remote(sig, pid) for actor, pid in runners]
             with contextlib.suppress(Exception):
                 ray.get(refs, timeout=30)
         return self.key
 
     def wait_stopped(self) -> None:
-        """After a kill: until the trial's processes have ended (their slots' waits
-        returned), at most a minute."""
+        """After a kill: until the trial's processes have ended, at most a minute."""
         ray = _cluster.import_ray()
         with contextlib.suppress(Exception):
-            ray.get([slot.wait.remote() for slot in self._slots()], timeout=60)
+            runners = self._runners(getattr(self, "_pid", None))
+            ray.get([actor.wait.remote(pid) for actor, pid in runners], timeout=60)
 
     def describe(self) -> str:
         return f"{self._reason or self.key}, running"
