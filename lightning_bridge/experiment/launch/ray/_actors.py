@@ -9,7 +9,9 @@ processes (Ray places and supervises them; the fit itself stays Lightning's).
   follows it: the actor's end (killed, its node lost, its coordinator gone) ends the process.
 - `WarmNode`: one per node for a search (`_warm.WarmStarter` in an actor that reserves
   nothing): its warm process has imported what a trial imports, so a trial placed on its node
-  starts with a fork rather than a new interpreter.
+  starts with a fork rather than a new interpreter. A search's trial on CPUs has no slot: a
+  placement group reserves its resources and the node's WarmNode forks it (`start_trial`),
+  with no actor to start.
 
 The actors run in the node's Python environment (lightning-bridge and its `[ray]` extra
 installed there, or by the config's `ray.runtime_env`), so the trial's command is the node's
