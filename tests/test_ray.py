@@ -80,8 +80,8 @@ def _experiments(workspace: pathlib.Path) -> list[Any]:
 
 
 def _search_trials(workspace: pathlib.Path) -> list[Any]:
-    if not Workspace(workspace).registry_path.exists():
-        return []
+    """The workspace's trials (its record in its folder or on the server workspace.json
+    names); none while it is being created."""
     try:
         with Registry(workspace) as registry:
             return registry.trials()
@@ -97,7 +97,10 @@ def _weights_by_hparams(workspace: pathlib.Path) -> dict[str, dict[str, torch.Te
             assert trial.state == "COMPLETED", trial
             latest = registry.latest_checkpoint(trial.id)
             assert latest is not None
-            key = json.dumps(trial.hparams, sort_keys=True)
+            # the trial's own hyperparameters (not the test's `delay`, a constant)
+            key = json.dumps(
+                {k: v for k, v in trial.hparams.items() if k != "delay"}, sort_keys=True
+            )
             out[key] = checkpoint_weights(pathlib.Path(latest.location))
     return out
 
@@ -375,19 +378,24 @@ def test_experiment_kill_ends_a_search_on_ray(
     assert "lightning-bridge: error" not in out.split("Search")[0] or coordinator.returncode == 0
 
 
-def test_a_killed_coordinator_then_experiment_continue_finishes_the_search(
+@pytest.mark.postgres
+def test_a_killed_coordinator_then_experiment_continue_finishes_the_search_on_postgresql(
     tmp_path: pathlib.Path,
     ray_cluster: RayCluster,
+    postgres: Any,
     local_search_weights: dict[str, dict[str, torch.Tensor]],
 ) -> None:
-    """The search's coordinator SIGKILLed mid-search: its trials' actors end with it;
-    `experiment continue` goes on from the trials' checkpoints to the local search's
-    weights."""
+    """The search's record and its Optuna storage on PostgreSQL, as a cluster shares them; its
+    coordinator SIGKILLed mid-search: its trials' actors end with it; `experiment continue`
+    goes on from the trials' checkpoints to the local search's weights."""
     config = copy.deepcopy(sf.ASHA_CONFIG)
     path = sf.write_folder(tmp_path, config, "exp", sf.TINY)
     ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "workspace.json").write_text(json.dumps({"record": postgres.new_database()}))
     slow = ("--set", "hyperparameters.delay=0.3", "--address", ray_cluster.address)
-    coordinator = lb_start(*on_ray(path, ws, *slow), cwd=tmp_path)
+    storage = ("--storage", postgres.new_database())
+    coordinator = lb_start(*on_ray(path, ws, *slow, *storage), cwd=tmp_path)
     try:
         _wait_for(
             lambda: any(t.batches_trained >= 4 for t in _search_trials(ws)),

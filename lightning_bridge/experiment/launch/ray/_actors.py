@@ -94,11 +94,14 @@ class TrialSlot:
             )
         command = [sys.executable, *TRIAL_COMMAND, run_file]
         environment = self._environment(env)
-        if warm is not None:
+        if warm is not None:  # forked in the warm process's environment, with the GPUs Ray gave
             import ray
 
+            own = dict(env)
+            if os.environ.get("CUDA_VISIBLE_DEVICES") is not None:
+                own["CUDA_VISIBLE_DEVICES"] = os.environ["CUDA_VISIBLE_DEVICES"]
             self._warm = warm
-            self._pid = int(ray.get(warm.start.remote(command, cwd, environment, output)))
+            self._pid = int(ray.get(warm.start.remote(command, cwd, own, output)))
             return self._pid
         with open(output, "ab") as out:
             self._process = subprocess.Popen(
@@ -157,7 +160,9 @@ class WarmNode:
         return bool(self._starter.ready())
 
     def start(self, command: Sequence[str], cwd: str, env: Mapping[str, str], output: str) -> int:
-        trial = self._starter.start(list(command), cwd=cwd, env=dict(env), output=output)
+        """Fork a trial (`env`: what it adds to this actor's environment); its pid."""
+        environment = {**os.environ, **env, _PARENT_ENV: str(os.getpid())}
+        trial = self._starter.start(list(command), cwd=cwd, env=environment, output=output)
         with self._lock:
             self._trials[trial.pid] = trial
         return int(trial.pid)
