@@ -220,6 +220,14 @@ class RayCluster:
         for pid in self.leftovers():
             _kill(pid, signal.SIGKILL)
 
+    def crash(self) -> None:
+        """The whole cluster dies at once (its head's machine lost): SIGKILL every process of
+        both nodes' sessions. What the cluster's workers started in sessions of their own
+        (a trial's processes) is left to end by itself, as it would on real nodes."""
+        for node in (self.worker, self.head):
+            if node is not None:
+                _kill_session(node)
+
     def leftovers(self) -> list[int]:
         """Live processes of this cluster: in the session of its head or worker node, or
         marked with its folder in their environment (Ray renames some processes, e.g.

@@ -478,7 +478,7 @@ def test_the_cluster_going_away_stops_the_trial_with_one_message_and_loses_nothi
     coordinator = lb_start(*on_ray(path, ws, *slow), cwd=tmp_path)
     try:
         _wait_for(lambda: _trial_batches(ws) >= 4, 180, "the trial to train 4 batches")
-        fresh_ray_cluster.stop_head()
+        fresh_ray_cluster.crash()
         started = time.monotonic()
         out = finish(coordinator, timeout=120)
     finally:
