@@ -270,9 +270,12 @@ def test_a_trial_across_the_two_nodes_equals_its_two_process_local_run(
 ) -> None:
     """`slots_per_trial: 2` with `ray.slots_per_node: 1`: one process on each node (a
     placement group, STRICT_SPREAD), the rendezvous at rank 0's node; the ranks see their
-    node ranks and both nodes' addresses, and the weights and validations equal the local
-    two-process run's."""
-    config = _config(resources={"slots_per_trial": 2}, ray={"slots_per_node": 1})
+    node ranks, both nodes' addresses and `ray.runtime_env`'s variables, and the weights and
+    validations equal the local two-process run's."""
+    runtime_env = {"env_vars": {"FROM_HOOK": "from ray.runtime_env"}}
+    config = _config(
+        resources={"slots_per_trial": 2}, ray={"slots_per_node": 1, "runtime_env": runtime_env}
+    )
     path = _folder(tmp_path, config)
     results: dict[str, Any] = {}
     for launcher in ("local", "ray"):
@@ -294,6 +297,8 @@ def test_a_trial_across_the_two_nodes_equals_its_two_process_local_run(
             assert [s[:4] for s in seen] == [[0, 2, 0, 1], [1, 2, 0, 1]], seen
             assert [s[4:7] for s in seen] == [[0, 2, 0], [1, 2, 1]], seen
             assert all(len(s[7]) == 2 for s in seen), seen
+            # `ray.runtime_env` reached both nodes' processes
+            assert [s[8] for s in seen] == ["from ray.runtime_env"] * 2, seen
             assert (ws / "experiments/1/trials/1/output.node1.log").is_file()
     _same(results["local-weights"], results["ray-weights"])
     assert results["local"] == results["ray"]
