@@ -144,13 +144,23 @@ def local_weights(tmp_path_factory: pytest.TempPathFactory) -> dict[str, torch.T
     return _final_weights(root / "ws")
 
 
+def _asha(delay: float = 0.0) -> dict[str, Any]:
+    """The tiny trial's adaptive_asha search, one trial at a time: ASHA's promotions then do
+    not depend on which of two trials reports first, so the search makes the same trials,
+    each trained as long, on every run."""
+    config = copy.deepcopy(sf.ASHA_CONFIG)
+    config["searcher"]["max_concurrent_trials"] = 1
+    config["hyperparameters"]["delay"] = delay
+    return config
+
+
 @pytest.fixture(scope="module")
 def local_search_weights(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> dict[str, dict[str, torch.Tensor]]:
     """The adaptive_asha search's trials' final weights run locally, by hyperparameters."""
     root = tmp_path_factory.mktemp("local-search")
-    path = sf.write_folder(root, copy.deepcopy(sf.ASHA_CONFIG), "exp", sf.TINY)
+    path = sf.write_folder(root, _asha(), "exp", sf.TINY)
     done = lb(*on_ray(path, root / "ws", "--launcher", "local"), cwd=root, timeout=400)
     assert done.returncode == 0, _shown(done)
     return _weights_by_hparams(root / "ws")
@@ -312,7 +322,7 @@ def test_an_adaptive_asha_search_forks_its_trials_warm_with_the_local_weights(
     """The search's trials are placed on both nodes and forked there from each node's warm
     process (well under a second from the process's start to training); every trial ends
     with the weights of the same trial of the local search."""
-    path = sf.write_folder(tmp_path, copy.deepcopy(sf.ASHA_CONFIG), "exp", sf.TINY)
+    path = sf.write_folder(tmp_path, _asha(), "exp", sf.TINY)
     ws = tmp_path / "ws"
     done = lb(*on_ray(path, ws, "--address", ray_cluster.address), cwd=tmp_path, timeout=400)
     assert done.returncode == 0, _shown(done)
@@ -393,8 +403,7 @@ def test_a_killed_coordinator_then_experiment_continue_finishes_the_search_on_po
     """The search's record and its Optuna storage on PostgreSQL, as a cluster shares them; its
     coordinator SIGKILLed mid-search: its trials' actors end with it; `experiment continue`
     goes on from the trials' checkpoints to the local search's weights."""
-    config = copy.deepcopy(sf.ASHA_CONFIG)
-    path = sf.write_folder(tmp_path, config, "exp", sf.TINY)
+    path = sf.write_folder(tmp_path, _asha(), "exp", sf.TINY)
     ws = tmp_path / "ws"
     ws.mkdir()
     (ws / "workspace.json").write_text(json.dumps({"record": postgres.new_database()}))
@@ -469,14 +478,12 @@ def test_a_lost_node_trial_continues_on_the_other_node_to_the_same_weights(
 def test_the_cluster_going_away_stops_the_trial_with_one_message_and_loses_nothing(
     tmp_path: pathlib.Path,
     fresh_ray_cluster: RayCluster,
+    ray_cluster: RayCluster,
     local_weights: dict[str, torch.Tensor],
-    tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
     """The whole cluster stops mid-trial: the coordinator ends (exit 1) with one error line
     naming the cluster and how to continue, the trial is recorded stopped with its
-    checkpoints; continued on a new cluster, it ends with the uninterrupted weights."""
-    from tests._ray_cluster import start_cluster
-
+    checkpoints; continued on another cluster, it ends with the uninterrupted weights."""
     path = _folder(tmp_path, _config())
     ws = tmp_path / "ws"
     slow = ("--set", "hyperparameters.delay=1.0", "--address", fresh_ray_cluster.address)
@@ -498,14 +505,10 @@ def test_the_cluster_going_away_stops_the_trial_with_one_message_and_loses_nothi
     assert trial.state == "STOPPED" and 4 <= trial.batches_trained < 24, trial
     with Registry(ws) as registry:
         assert registry.latest_checkpoint(1) is not None
-    again = start_cluster(tmp_path_factory.mktemp("ray-again"))
-    try:
-        done = lb(
-            "experiment", "continue", "1", "--workspace", str(ws), "--address", again.address,
-            cwd=tmp_path,
-        )  # fmt: skip
-        assert done.returncode == 0, _shown(done)
-    finally:
-        again.stop_head()
+    again = ray_cluster.address  # another cluster: the session's
+    done = lb(
+        "experiment", "continue", "1", "--workspace", str(ws), "--address", again, cwd=tmp_path
+    )
+    assert done.returncode == 0, _shown(done)
     assert _trial(ws).state == "COMPLETED"
     _same(_final_weights(ws), local_weights)
