@@ -324,4 +324,7 @@ def ray(session: nox.Session) -> None:
     127.0.0.1 with their own ports and temporary folders, stopped by the fixture). Ray is the
     ``[ray]`` extra (``ray[default]``)."""
     _install(session, *_extra("test"), *_extra("ray"))
-    _pytest(session, "-m", "ray", "-rs", "-n", "0")
+    env = {**_env(session), "LIGHTNING_BRIDGE_RAY_REQUIRED": "1"}  # no cluster: a failure
+    session.run(
+        "python", "-m", "pytest", "-q", "-m", "ray", "-rs", "-n", "0", *session.posargs, env=env
+    )

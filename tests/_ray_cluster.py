@@ -56,6 +56,9 @@ HEALTH_CHECK = {
 # fork handlers then sometimes crash the child ("Check failed: next_worker->state == KICKED",
 # ray-project/ray#63202). The child execs at once: it needs no fork handlers.
 HEAD_ENV = {**HEALTH_CHECK, "GRPC_ENABLE_FORK_SUPPORT": "false"}
+# Set by the `ray` nox session: there, a cluster that cannot start fails the tests (elsewhere
+# they are skipped with the reason).
+REQUIRED_ENV = "LIGHTNING_BRIDGE_RAY_REQUIRED"
 MARK = "LIGHTNING_BRIDGE_TEST_RAY_CLUSTER"  # in each node's environment: the cluster's folder
 REPOSITORY = pathlib.Path(__file__).resolve().parent.parent
 
@@ -313,6 +316,11 @@ def _kill_session(node: RayNode) -> None:
         pass
 
 
+def _temp_root() -> str | None:
+    """/tmp where it exists (else the platform's temporary folder)."""
+    return "/tmp" if os.path.isdir("/tmp") else None
+
+
 def _free_ports(count: int) -> list[int]:
     sockets = [socket.socket() for _ in range(count)]
     try:
@@ -406,11 +414,17 @@ def fresh_ray_cluster_fixture() -> Iterator[RayCluster]:
 
 
 def _cluster() -> Iterator[RayCluster]:
-    root = pathlib.Path(tempfile.mkdtemp(prefix="lb-ray-"))  # short: Ray's socket paths
+    # In /tmp itself: short (Ray's socket paths have a length limit), and outside the
+    # virtual environment, where Ray refuses a temporary folder (nox points TMPDIR into it).
+    root = pathlib.Path(tempfile.mkdtemp(prefix="lb-ray-", dir=_temp_root()))
     try:
         cluster = start_cluster(root)
     except (ClusterUnavailable, OSError) as exc:
         shutil.rmtree(root, ignore_errors=True)
+        if (
+            os.environ.get(REQUIRED_ENV) == "1"
+        ):  # the ray session: a cluster that cannot start fails
+            pytest.fail(f"the Ray test cluster did not start: {exc}")
         pytest.skip(f"no Ray test cluster: {exc}")
     try:
         yield cluster
