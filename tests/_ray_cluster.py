@@ -421,9 +421,7 @@ def _cluster() -> Iterator[RayCluster]:
         cluster = start_cluster(root)
     except (ClusterUnavailable, OSError) as exc:
         shutil.rmtree(root, ignore_errors=True)
-        if (
-            os.environ.get(REQUIRED_ENV) == "1"
-        ):  # the ray session: a cluster that cannot start fails
+        if os.environ.get(REQUIRED_ENV) == "1":  # the ray session: no cluster is a failure
             pytest.fail(f"the Ray test cluster did not start: {exc}")
         pytest.skip(f"no Ray test cluster: {exc}")
     try:
