@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import abc
 import logging
+import sys
 from collections.abc import Sequence
 from typing import ClassVar
 
@@ -35,6 +36,7 @@ from lightning_bridge.experiment.trial_process import _plan
 from lightning_bridge.record._filesystem import network_filesystem
 from lightning_bridge.record._records import Job, Trial
 from lightning_bridge.record._registry import Registry
+from lightning_bridge.record._schema import TrialState
 from lightning_bridge.record._settings import SETTINGS_FILE, WorkspaceSettings
 from lightning_bridge.record._workspace import Workspace
 
@@ -57,6 +59,24 @@ def sqlite_on_network(workspace: Workspace, mounts: str | None = None) -> str | 
         f'write {{"record": "postgresql://USER:PASSWORD@HOST/DATABASE"}} in '
         f"{workspace.root / SETTINGS_FILE}, or choose a --workspace on a local disk"
     )
+
+
+def settle_end(registry: Registry, trial_id: int, stopped: str | None, failed: str) -> int:
+    """The exit code of a trial whose launcher's work ended (its job, its placement): its
+    recorded end; one it did not record (killed, cancelled, its node lost) is recorded
+    STOPPED with `stopped` where the run was paused, else ERROR with `failed`. An error is
+    printed, in one line."""
+    recorded = registry.trial(trial_id)
+    if recorded.state == TrialState.ACTIVE.value:
+        if stopped is not None:
+            registry.trial_ended(trial_id, TrialState.STOPPED, stopped)
+        else:
+            registry.trial_ended(trial_id, TrialState.ERROR, failed)
+        recorded = registry.trial(trial_id)
+    if recorded.state == TrialState.ERROR.value:
+        print(f"lightning-bridge: error: trial {trial_id}: {recorded.message}", file=sys.stderr)
+        return 1
+    return 0
 
 
 class RunningTrial(abc.ABC):

@@ -43,7 +43,7 @@ import pydantic
 
 from lightning_bridge._errors import InvalidArgumentError
 from lightning_bridge.experiment.config._config_schema import RAY_MESSAGES, RaySection
-from lightning_bridge.experiment.launch._contract import Launcher, RunningTrial
+from lightning_bridge.experiment.launch._contract import Launcher, RunningTrial, settle_end
 from lightning_bridge.experiment.launch.ray import _cluster
 from lightning_bridge.experiment.trial_process import _plan
 from lightning_bridge.experiment.trial_process._signals import handling
@@ -861,19 +861,8 @@ def _outcome(
 ) -> int:
     """The exit code of a trial whose placement ended: its recorded end, or (it ended without
     the trial recording one: killed, the cluster gone) STOPPED / ERROR."""
-    recorded = registry.trial(trial_id)
-    if recorded.state == TrialState.ACTIVE.value:
-        if paused:
-            registry.trial_ended(trial_id, TrialState.STOPPED, f"{placement.name} killed")
-        else:
-            registry.trial_ended(
-                trial_id,
-                TrialState.ERROR,
-                f"{placement.name} ended (exit code {code}) without the trial recording an end; "
-                f"its output: {placement.output}",
-            )
-        recorded = registry.trial(trial_id)
-    if recorded.state == TrialState.ERROR.value:
-        print(f"lightning-bridge: error: trial {trial_id}: {recorded.message}", file=sys.stderr)
-        return 1
-    return 0
+    failed = (
+        f"{placement.name} ended (exit code {code}) without the trial recording an end; "
+        f"its output: {placement.output}"
+    )
+    return settle_end(registry, trial_id, f"{placement.name} killed" if paused else None, failed)

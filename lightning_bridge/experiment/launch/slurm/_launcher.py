@@ -38,7 +38,7 @@ import pydantic
 
 from lightning_bridge._errors import InvalidArgumentError
 from lightning_bridge.experiment.config._config_schema import SLURM_MESSAGES, SlurmSection
-from lightning_bridge.experiment.launch._contract import Launcher, RunningTrial
+from lightning_bridge.experiment.launch._contract import Launcher, RunningTrial, settle_end
 from lightning_bridge.experiment.trial_process import _plan
 from lightning_bridge.experiment.trial_process._signals import handling
 from lightning_bridge.experiment.trials import _trial_runs
@@ -530,25 +530,16 @@ def _outcome(
     the trial recording one: killed, cancelled, its node lost) ERROR / STOPPED."""
     job = registry.job(trial_id)
     state = job.state if job is not None else "UNKNOWN"
-    recorded = registry.trial(trial_id)
-    if recorded.state == TrialState.ACTIVE.value:
-        problem = unreachable_in(output)
-        if problem is not None:
-            registry.trial_ended(trial_id, TrialState.ERROR, problem)
-        elif paused:
-            registry.trial_ended(trial_id, TrialState.STOPPED, f"Slurm job {job_id} cancelled")
-        else:
-            registry.trial_ended(
-                trial_id,
-                TrialState.ERROR,
-                f"its Slurm job {job_id} ended {state} without the trial recording an end; "
-                f"its output: {output}",
-            )
-        recorded = registry.trial(trial_id)
-    if recorded.state == TrialState.ERROR.value:
-        print(f"lightning-bridge: error: trial {trial_id}: {recorded.message}", file=sys.stderr)
-        return 1
-    return 0
+    problem = unreachable_in(output)
+    if problem is not None:  # its node could not reach the record or the search's storage
+        return settle_end(registry, trial_id, None, problem)
+    failed = (
+        f"its Slurm job {job_id} ended {state} without the trial recording an end; "
+        f"its output: {output}"
+    )
+    return settle_end(
+        registry, trial_id, f"Slurm job {job_id} cancelled" if paused else None, failed
+    )
 
 
 def unreachable_in(output: pathlib.Path) -> str | None:
