@@ -314,6 +314,33 @@ def test_a_trial_across_the_two_nodes_equals_its_two_process_local_run(
     assert results["local"] == results["ray"]
 
 
+def test_a_script_across_the_two_nodes_equals_its_two_process_local_run(
+    tmp_path: pathlib.Path, ray_cluster: RayCluster
+) -> None:
+    """A Trainer-API script (`python3 train.py`) across the two nodes: torchrun on each node,
+    its rendezvous at rank 0's node; the two ranks see a world of two and the weights equal
+    the local two-process run's (one torchrun of both)."""
+    config = copy.deepcopy(sf.BASE_CONFIG)
+    config.update(
+        entrypoint="python3 train.py",
+        hyperparameters={"global_batch_size": 8, "lr": 0.05},
+        resources={"slots_per_trial": 2},
+        ray={"slots_per_node": 1},
+    )
+    path = sf.write_folder(tmp_path, config)
+    weights = {}
+    for launcher in ("local", "ray"):
+        ws = tmp_path / f"ws-{launcher}"
+        extra = ("--launcher", "local", "--force") if launcher == "local" else ()
+        done = lb(*on_ray(path, ws, *extra, "--address", ray_cluster.address), cwd=tmp_path)
+        assert done.returncode == 0, _shown(done)
+        seen = [json.loads((path.parent / f"script.{r}.json").read_text()) for r in (0, 1)]
+        assert [(s["size"], s["batches"]) for s in seen] == [(2, 6), (2, 6)], seen
+        weights[launcher] = _final_weights(ws)
+    assert _job(tmp_path / "ws-ray").state == "COMPLETED"
+    _same(weights["local"], weights["ray"])
+
+
 def test_an_adaptive_asha_search_forks_its_trials_warm_with_the_local_weights(
     tmp_path: pathlib.Path,
     ray_cluster: RayCluster,
