@@ -335,7 +335,8 @@ def test_a_script_across_the_two_nodes_equals_its_two_process_local_run(
         done = lb(*on_ray(path, ws, *extra, "--address", ray_cluster.address), cwd=tmp_path)
         assert done.returncode == 0, _shown(done)
         seen = [json.loads((path.parent / f"script.{r}.json").read_text()) for r in (0, 1)]
-        assert [(s["size"], s["batches"]) for s in seen] == [(2, 6), (2, 6)], seen
+        # a world of two; the chief holds the checkpoints, the last at batch 6
+        assert [s["size"] for s in seen] == [2, 2] and seen[0]["batches"] == 6, seen
         weights[launcher] = _final_weights(ws)
     assert _job(tmp_path / "ws-ray").state == "COMPLETED"
     _same(weights["local"], weights["ray"])
