@@ -4,10 +4,10 @@ Rows (each against the local launcher's cold figure measured in the same invocat
 
 - local, cold: `lightning-bridge run single.yaml --launcher local` (a new process per trial);
 - local, warm: a random search's trials on the local launcher (forked from its warm process);
-- ray, cold: `run single.yaml --launcher ray --address ...` on a two-node Ray cluster this
-  script starts on 127.0.0.1 (`ray start --head --block` and a worker `ray start --block
-  --address`, 2 CPUs each, own ports and temporary folders, each in a session of its own,
-  stopped by this script: never `ray stop`, which would end every Ray cluster on the machine);
+- ray, cold: `run single.yaml --launcher ray --address ...` on the tests' two-node Ray cluster
+  (`tests/_ray_cluster.py`: `ray start --head --block` and a worker `ray start --block
+  --address` on 127.0.0.1, 2 CPUs each, own ports and temporary folders, stopped by pid:
+  never `ray stop`, which would end every Ray cluster on the machine);
 - ray, warm: the same search on that cluster (a node's trials after its first are forked from
   the node's `WarmNode` process);
 - slurm, cold and warm: `--launcher slurm`, and `--worker-jobs 1` for the search, where Slurm's
@@ -42,7 +42,6 @@ import pathlib
 import re
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -60,13 +59,10 @@ from _harness import package_versions  # noqa: E402
 
 from lightning_bridge.record._registry import Registry  # noqa: E402
 from tests._folders import SEARCH_CONFIG, TINY, Trial, write_folder  # noqa: E402
+from tests._ray_cluster import RayCluster  # noqa: E402
+from tests._ray_cluster import start_cluster as start_ray_cluster  # noqa: E402
 
 COMMAND_TIMEOUT_S = 300.0
-RAY_CPUS_PER_NODE = 2
-RAY_START_TIMEOUT_S = 90.0
-# In every process of the bench's Ray cluster (inherited from `ray start`): its folder, so that
-# whatever of it outlives `ray start` is found and ended by pid.
-RAY_MARK = "LIGHTNING_BRIDGE_BENCH_RAY_CLUSTER"
 
 # At its first batch the trial writes the time, and whether a warm process forked it (its
 # parent is one), into its folder.
@@ -243,149 +239,15 @@ def _measure(
 # ----- the Ray cluster ------------------------------------------------------------------------
 
 
-def _free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for s in sockets:
-            s.bind(("127.0.0.1", 0))
-        return [int(s.getsockname()[1]) for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
-
-
-def _pids() -> list[int]:
-    return [int(p.name) for p in pathlib.Path("/proc").iterdir() if p.name.isdigit()]
-
-
-def _running(pid: int) -> bool:
-    try:
-        stat = pathlib.Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
-
-
-class RayCluster:
-    """A head and a worker node on 127.0.0.1 (see the module docstring)."""
-
-    def __init__(self, root: pathlib.Path) -> None:
-        self.root = root
-        self.port, self.client_port = _free_ports(2)
-        self.nodes: list[subprocess.Popen[bytes]] = []
-
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    def _start_node(self, name: str, options: list[str]) -> None:
-        ray = pathlib.Path(sys.executable).with_name("ray")
-        manager, objects, metrics, agent, agent_grpc, runtime_env = _free_ports(6)
-        command = [
-            str(ray), "start", *options, "--block", "--node-ip-address=127.0.0.1",
-            f"--num-cpus={RAY_CPUS_PER_NODE}", f"--temp-dir={self.root / name}",
-            f"--object-store-memory={256 * 1024**2}", f"--node-manager-port={manager}",
-            f"--object-manager-port={objects}", f"--metrics-export-port={metrics}",
-            f"--dashboard-agent-listen-port={agent}", f"--dashboard-agent-grpc-port={agent_grpc}",
-            f"--runtime-env-agent-port={runtime_env}", "--disable-usage-stats",
-        ]  # fmt: skip
-        env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-        env.update(PYTHONPATH=str(ROOT), **{RAY_MARK: str(self.root)})
-        with open(self.root / f"{name}.log", "ab") as out:
-            self.nodes.append(
-                subprocess.Popen(
-                    command,
-                    stdin=subprocess.DEVNULL,
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    env=env,
-                    start_new_session=True,
-                )
-            )
-
-    def _alive(self) -> int:
-        """Alive nodes, as the GCS counts them (a short-lived driver of this process)."""
-        import ray
-
-        ray.init(address=self.address, logging_level="ERROR", log_to_driver=False)
-        try:
-            return sum(1 for node in ray.nodes() if node.get("Alive"))
-        finally:
-            ray.shutdown()
-
-    def _wait(self, nodes: int) -> None:
-        deadline = time.monotonic() + RAY_START_TIMEOUT_S
-        while True:
-            for process in self.nodes:
-                if process.poll() is not None:
-                    raise SystemExit(f"`ray start` exited ({process.returncode}):\n{self._logs()}")
-            with contextlib.suppress(Exception):  # the GCS not up yet
-                if self._alive() >= nodes:
-                    return
-            if time.monotonic() > deadline:
-                raise SystemExit(f"{nodes} Ray node(s) not up in time:\n{self._logs()}")
-            time.sleep(1.0)
-
-    def _logs(self) -> str:
-        return "\n".join(
-            f"--- {log}:\n{log.read_text(errors='replace')[-1500:]}"
-            for log in sorted(self.root.glob("*.log"))
-        )
-
-    def start(self) -> RayCluster:
-        head = [
-            "--head", f"--port={self.port}", f"--ray-client-server-port={self.client_port}",
-            "--include-dashboard=false",
-        ]  # fmt: skip
-        self._start_node("head", head)
-        self._wait(1)
-        self._start_node("worker", [f"--address={self.address}"])
-        self._wait(2)
-        return self
-
-    def _leftovers(self, sessions: set[int]) -> list[int]:
-        """Live processes of this cluster: in a node's session, or marked with its folder."""
-        mark = f"{RAY_MARK}={self.root}".encode()
-        found = []
-        for pid in _pids():
-            if pid == os.getpid() or not _running(pid):
-                continue
-            try:
-                environ = pathlib.Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-                if os.getsid(pid) in sessions or mark in environ:
-                    found.append(pid)
-            except OSError:
-                continue
-        return found
-
-    def stop(self) -> None:
-        """Terminate each `ray start --block` (the worker first; each ends its node's
-        processes), then kill by pid whatever of the cluster is left."""
-        sessions = {process.pid for process in self.nodes}
-        for process in reversed(self.nodes):
-            if process.poll() is None:
-                process.terminate()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                process.wait(30)
-        deadline = time.monotonic() + 10
-        while self._leftovers(sessions) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        for pid in self._leftovers(sessions):
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
-        for process in self.nodes:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                process.wait(10)
-
-
 @contextlib.contextmanager
 def _ray_cluster(root: pathlib.Path) -> Iterator[RayCluster]:
+    """The tests' two-node Ray cluster (`tests/_ray_cluster.py`), stopped by pid at the end."""
     root.mkdir(parents=True)
-    cluster = RayCluster(root)
+    cluster = start_ray_cluster(root)
     try:
-        yield cluster.start()
+        yield cluster
     finally:
-        cluster.stop()
+        cluster.stop_head()
 
 
 # ----- Slurm ----------------------------------------------------------------------------------
