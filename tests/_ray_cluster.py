@@ -32,7 +32,6 @@ import os
 import pathlib
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -40,6 +39,8 @@ import time
 from collections.abc import Iterator
 
 import pytest
+
+from tests._servers import free_ports, is_running, signal_quietly
 
 CPUS_PER_NODE = 2
 RESOURCES = {"head": "node-a", "worker": "node-b"}  # the custom resource naming each node
@@ -83,7 +84,7 @@ class RayNode:
 
     def processes(self) -> list[int]:
         """The node's live processes (those of its session)."""
-        return [pid for pid in _session_pids(self.session) if _running(pid)]
+        return [pid for pid in _session_pids(self.session) if is_running(pid)]
 
 
 @dataclasses.dataclass
@@ -186,7 +187,7 @@ class RayCluster:
             raise ValueError("the cluster has no worker node")
         for pid in node.processes():
             if _command(pid)[:1] and _command(pid)[0].endswith("/raylet"):
-                _kill(pid, signal.SIGKILL)
+                signal_quietly(pid, signal.SIGKILL)
         _kill_session(node)
         deadline = time.monotonic() + 10
         while node.processes() and time.monotonic() < deadline:
@@ -221,7 +222,7 @@ class RayCluster:
             if node is not None:
                 _kill_session(node)
         for pid in self.leftovers():
-            _kill(pid, signal.SIGKILL)
+            signal_quietly(pid, signal.SIGKILL)
 
     def crash(self) -> None:
         """The whole cluster dies at once (its head's machine lost): SIGKILL every process of
@@ -240,7 +241,7 @@ class RayCluster:
         mark = f"{MARK}={self.root}".encode()
         pids = []
         for pid in _pids():
-            if pid == os.getpid() or not _running(pid):
+            if pid == os.getpid() or not is_running(pid):
                 continue
             try:
                 in_session = os.getsid(pid) in sessions
@@ -285,22 +286,6 @@ def _command(pid: int) -> list[str]:
     return [part.decode(errors="replace") for part in raw.split(b"\0") if part]
 
 
-def _kill(pid: int, signum: int) -> None:
-    try:
-        os.kill(pid, signum)
-    except OSError:
-        pass
-
-
-def _running(pid: int) -> bool:
-    """Whether `pid` is a live process (a zombie is not)."""
-    try:
-        stat = pathlib.Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
-
-
 def _kill_session(node: RayNode) -> None:
     """SIGKILL the node's process group, then every other process of its session (Ray's
     workers lead groups of their own), and reap its `ray start`."""
@@ -309,7 +294,7 @@ def _kill_session(node: RayNode) -> None:
     except OSError:
         pass
     for pid in _session_pids(node.session):
-        _kill(pid, signal.SIGKILL)
+        signal_quietly(pid, signal.SIGKILL)
     try:
         node.process.wait(timeout=10)
     except subprocess.TimeoutExpired:
@@ -319,17 +304,6 @@ def _kill_session(node: RayNode) -> None:
 def _temp_root() -> str | None:
     """/tmp where it exists (else the platform's temporary folder)."""
     return "/tmp" if os.path.isdir("/tmp") else None
-
-
-def _free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for s in sockets:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
 
 
 def _ray() -> str:
@@ -343,7 +317,7 @@ def _ray() -> str:
 def _node_options(name: str, temp_dir: pathlib.Path) -> list[str]:
     """What both kinds of node take: the address, CPUs, the resource naming it, its folder
     and its own ports (Ray's defaults would clash with another node on the machine)."""
-    manager, objects, metrics, agent, agent_grpc, runtime_env = _free_ports(6)
+    manager, objects, metrics, agent, agent_grpc, runtime_env = free_ports(6)
     resource = RESOURCES["head" if name == "head" else "worker"]
     return [
         "--block", "--node-ip-address=127.0.0.1", f"--num-cpus={CPUS_PER_NODE}",
@@ -382,7 +356,7 @@ def start_cluster(root: pathlib.Path) -> RayCluster:
     """Start the head and a worker node in `root` and wait until both are alive
     (ClusterUnavailable on failure, after stopping what started)."""
     ray = _ray()
-    port, client_port, dashboard_port = _free_ports(3)
+    port, client_port, dashboard_port = free_ports(3)
     head_command = [
         ray, "start", "--head", f"--port={port}", f"--ray-client-server-port={client_port}",
         "--include-dashboard=true", "--dashboard-host=127.0.0.1",

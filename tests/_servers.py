@@ -40,6 +40,35 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def free_ports(count: int) -> list[int]:
+    """`count` distinct ports free on 127.0.0.1 (held together while they are picked)."""
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [int(s.getsockname()[1]) for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def signal_quietly(pid: int, signum: int) -> None:
+    """Send `signum` to `pid`; a process already gone is no error."""
+    try:
+        os.kill(pid, signum)
+    except OSError:
+        pass
+
+
+def is_running(pid: int) -> bool:
+    """Whether `pid` is a live process (a zombie is not)."""
+    try:
+        stat = pathlib.Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
+
+
 def apt_install(packages: list[str], installed: Callable[[], bool]) -> str | None:
     """Debian's `packages` with apt-get, unless `installed()` once the lock is held: one
     apt-get at a time among the fixtures and the nox sessions (which run in two lanes at

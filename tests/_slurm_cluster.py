@@ -36,7 +36,7 @@ from typing import Any
 
 import pytest
 
-from tests._servers import apt_install
+from tests._servers import apt_install, free_ports, is_running, signal_quietly
 
 NODES = ("n1", "n2", "n3")
 CPUS_PER_NODE = 2
@@ -107,7 +107,7 @@ class SlurmCluster:
         to end, as a machine going down ends them)."""
         pid = self._pid(f"slurmd.{name}")
         if pid is not None:
-            _kill(pid, 9)
+            signal_quietly(pid, 9)
 
     def start_node(self, name: str) -> None:
         """Start the node's slurmd again (it registers with slurmctld by itself)."""
@@ -124,46 +124,19 @@ class SlurmCluster:
         pids += [self._pid("slurmctld"), self._pid("munge/munged")]
         for pid in pids:
             if pid is not None:
-                _kill(pid, 15)
+                signal_quietly(pid, 15)
         deadline = time.monotonic() + 15
-        while any(_running(p) for p in pids if p is not None) and time.monotonic() < deadline:
+        while any(is_running(p) for p in pids if p is not None) and time.monotonic() < deadline:
             time.sleep(0.2)
         for pid in pids:
-            if pid is not None and _running(pid):
-                _kill(pid, 9)
+            if pid is not None and is_running(pid):
+                signal_quietly(pid, 9)
         for process in self.processes:
             try:
                 process.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
-
-
-def _kill(pid: int, signum: int) -> None:
-    try:
-        os.kill(pid, signum)
-    except OSError:
-        pass
-
-
-def _running(pid: int) -> bool:
-    """Whether `pid` is a live process (a zombie is not)."""
-    try:
-        stat = pathlib.Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
-
-
-def _free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for s in sockets:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
 
 
 def _install() -> None:
@@ -287,7 +260,7 @@ def start_cluster(root: pathlib.Path) -> SlurmCluster:
     for sub in ("state", *(f"spool/{name}" for name in NODES)):
         (root / sub).mkdir(parents=True)
     sock = _start_munge(root)
-    ctld_port, *node_ports = _free_ports(1 + len(NODES))
+    ctld_port, *node_ports = free_ports(1 + len(NODES))
     conf = root / "slurm.conf"
     conf.write_text(_config(root, ctld_port, node_ports, sock))
     cluster = SlurmCluster(root, conf, [])
