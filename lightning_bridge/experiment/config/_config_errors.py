@@ -7,12 +7,15 @@ tag); this module turns each into one line of the config's own words.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 import pydantic
 import yaml
 
+from lightning_bridge._errors import InvalidArgumentError
 from lightning_bridge.search import HP_TYPES, SEARCHER_NAMES
+
+Section = TypeVar("Section", bound=pydantic.BaseModel)
 
 
 def as_yaml(value: Any) -> str:
@@ -110,3 +113,25 @@ def config_errors(
     for line in lines:
         seen.setdefault(line.split(":", 1)[0], line)
     return list(seen.values())
+
+
+def launcher_section(
+    model: type[Section], given: Any, name: str, messages: dict[str, str]
+) -> Section:
+    """A launcher's config section (`slurm`, `ray`) validated as `model`: InvalidArgumentError
+    with the one line its first bad key gets in `messages` (`""`: the section as a whole;
+    `{value}`: what was given), or naming an unknown key where the model refuses those."""
+    try:
+        return model.model_validate(given or {})
+    except pydantic.ValidationError as exc:
+        error = exc.errors()[0]
+        key = str(error["loc"][0]) if error["loc"] else ""
+        if error["type"] == "extra_forbidden":
+            raise InvalidArgumentError(
+                f"{name}.{key}: not a key of the {name} section (it has: "
+                f"{', '.join(k for k in messages if k)})"
+            ) from None
+        if key not in messages:
+            key = ""
+        value = given.get(key) if key and isinstance(given, dict) else given
+        raise InvalidArgumentError(messages[key].format(value=value)) from None

@@ -39,9 +39,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import pydantic
-
 from lightning_bridge._errors import InvalidArgumentError
+from lightning_bridge.experiment.config._config_errors import launcher_section
 from lightning_bridge.experiment.config._config_schema import RAY_MESSAGES, RaySection
 from lightning_bridge.experiment.launch._contract import Launcher, RunningTrial, settle_end
 from lightning_bridge.experiment.launch.ray import _cluster
@@ -68,20 +67,7 @@ PLACEMENT_TIMEOUT_S = float(os.environ.get("LIGHTNING_BRIDGE_RAY_PLACEMENT_TIMEO
 def ray_section(given: Any) -> RaySection:
     """The config's `ray` section, validated: InvalidArgumentError with the one line its
     first bad key gets (`RAY_MESSAGES`)."""
-    try:
-        return RaySection.model_validate(given or {})
-    except pydantic.ValidationError as exc:
-        error = exc.errors()[0]
-        key = str(error["loc"][0]) if error["loc"] else ""
-        if error["type"] == "extra_forbidden":
-            raise InvalidArgumentError(
-                f"ray.{key}: not a key of the ray section (it has: "
-                f"{', '.join(k for k in RAY_MESSAGES if k)})"
-            ) from None
-        if key not in RAY_MESSAGES or (not error["loc"] and error["type"] == "model_type"):
-            key = ""
-        value = given.get(key) if key and isinstance(given, dict) else given
-        raise InvalidArgumentError(RAY_MESSAGES[key].format(value=value)) from None
+    return launcher_section(RaySection, given, "ray", RAY_MESSAGES)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -194,7 +180,7 @@ class RayLauncher(Launcher):
         settings = RaySettings.of(plan)
         settings.check()
         if self.address is None:
-            given = _cluster.cluster_address(None, plan.options.address)
+            given = _cluster.cluster_address(plan.options.address)
             self.address = _cluster.connect(given, settings.namespace)
             self._watch_cluster()
         ray = _cluster.import_ray()
@@ -420,14 +406,7 @@ def _end_without_cluster(address: str, reason: str, placements: Sequence[Placeme
     experiments: set[int] = set()
     for placement in placements:
         with contextlib.suppress(Exception), Registry(placement.workspace) as registry:
-            registry.job_state(placement.trial_id, "GONE", f"the Ray cluster went away: {reason}")
-            registry.trial_ended(
-                placement.trial_id,
-                TrialState.STOPPED,
-                f"the Ray cluster at {address} went away ({reason}); it continues from its "
-                "latest checkpoint with `experiment continue`",
-                if_active=True,
-            )
+            placement.record_cluster_gone(registry, reason)
             latest = registry.latest_checkpoint(placement.trial_id)
             at = f"its latest checkpoint (batch {latest.batches})" if latest else "its start"
             stopped.append(f"trial {placement.trial_id} continues from {at}")
@@ -642,13 +621,7 @@ class Placement:
                     return 128 + (self._stopping or signal.SIGTERM)
                 except ClusterGone as exc:
                     self.release(quiet=True)
-                    registry.trial_ended(
-                        self.trial_id,
-                        TrialState.STOPPED,
-                        f"the Ray cluster at {self.address} went away ({exc}); it continues from "
-                        "its latest checkpoint with `experiment continue`",
-                        if_active=True,
-                    )
+                    self.record_cluster_gone(registry, str(exc))
                     return 1
                 except ray.exceptions.RayActorError as exc:
                     code = None
@@ -745,6 +718,18 @@ class Placement:
         for actor, pid in self._runners:
             with contextlib.suppress(Exception):
                 actor.send_signal.remote(self._stopping, pid)
+
+    def record_cluster_gone(self, registry: Registry, reason: str) -> None:
+        """The cluster went away (`reason`): the job is gone, the trial stopped (continued
+        from its latest checkpoint by `experiment continue`) unless it recorded its end."""
+        registry.job_state(self.trial_id, "GONE", f"the Ray cluster went away: {reason}")
+        registry.trial_ended(
+            self.trial_id,
+            TrialState.STOPPED,
+            f"the Ray cluster at {self.address} went away ({reason}); it continues from its "
+            "latest checkpoint with `experiment continue`",
+            if_active=True,
+        )
 
     def cluster_lost(self, reason: str) -> None:
         self._gone.set()

@@ -34,9 +34,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import pydantic
-
 from lightning_bridge._errors import InvalidArgumentError
+from lightning_bridge.experiment.config._config_errors import launcher_section
 from lightning_bridge.experiment.config._config_schema import SLURM_MESSAGES, SlurmSection
 from lightning_bridge.experiment.launch._contract import Launcher, RunningTrial, settle_end
 from lightning_bridge.experiment.trial_process import _plan
@@ -84,15 +83,7 @@ def _slurm(*command: str, check: bool = True) -> subprocess.CompletedProcess[str
 def slurm_section(given: Any) -> SlurmSection:
     """The config's `slurm` section, validated (`SlurmSection`): InvalidArgumentError with
     the one line its first bad key gets (`SLURM_MESSAGES`)."""
-    try:
-        return SlurmSection.model_validate(given or {})
-    except pydantic.ValidationError as exc:
-        error = exc.errors()[0]
-        key = str(error["loc"][0]) if error["loc"] else ""
-        if key not in SLURM_MESSAGES or error["type"] in ("model_type", "dict_type"):
-            key = ""
-        value = given.get(key) if key and isinstance(given, dict) else given
-        raise InvalidArgumentError(SLURM_MESSAGES[key].format(value=value)) from None
+    return launcher_section(SlurmSection, given, "slurm", SLURM_MESSAGES)
 
 
 @dataclasses.dataclass(frozen=True)
