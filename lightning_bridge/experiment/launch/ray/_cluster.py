@@ -41,10 +41,10 @@ def import_ray() -> Any:
     return ray
 
 
-def cluster_address(given: str | None, recorded: str | None = None) -> str:
-    """The address to reach: `given` (`--address`), else `RAY_ADDRESS`, else `recorded`
-    (the experiment's), else `auto`."""
-    for candidate in (given, os.environ.get("RAY_ADDRESS"), recorded):
+def cluster_address(recorded: str | None = None) -> str:
+    """The address to reach: `RAY_ADDRESS` (where the command line's `--address` is put),
+    else `recorded` (the experiment's), else `auto`."""
+    for candidate in (os.environ.get("RAY_ADDRESS"), recorded):
         if candidate and candidate.strip():
             return candidate.strip()
     return "auto"
