@@ -774,6 +774,26 @@ def checkpoint_weights(checkpoint: pathlib.Path) -> dict[str, torch.Tensor]:
     return dict(state["models_state_dict"][0])
 
 
+def weights_by_hparams(
+    workspace: pathlib.Path, leave_out: tuple[str, ...] = ()
+) -> dict[str, dict[str, torch.Tensor]]:
+    """Each trial of experiment 1's final weights (its latest checkpoint), keyed by its
+    hyperparameters less `leave_out` (a test's constants); every trial must have completed."""
+    from lightning_bridge.record._registry import Registry
+
+    out = {}
+    with Registry(workspace) as registry:
+        for trial in registry.trials(1):
+            assert trial.state == "COMPLETED", trial
+            latest = registry.latest_checkpoint(trial.id)
+            assert latest is not None
+            hparams = {k: v for k, v in trial.hparams.items() if k not in leave_out}
+            out[json.dumps(hparams, sort_keys=True)] = checkpoint_weights(
+                pathlib.Path(latest.location)
+            )
+    return out
+
+
 def same_weights(a: pathlib.Path, b: pathlib.Path) -> bool:
     """Whether two checkpoints hold the same model weights, bit for bit."""
     wa, wb = checkpoint_weights(a), checkpoint_weights(b)

@@ -27,7 +27,7 @@ import torch
 from lightning_bridge.record._registry import Registry
 from lightning_bridge.record._workspace import Workspace
 from tests import _folders as sf
-from tests._folders import checkpoint_weights
+from tests._folders import weights_by_hparams
 from tests._ray_cluster import (  # noqa: F401 - fixtures
     RayCluster,
     fresh_ray_cluster_fixture,
@@ -89,22 +89,6 @@ def _search_trials(workspace: pathlib.Path) -> list[Any]:
         return []
 
 
-def _weights_by_hparams(workspace: pathlib.Path) -> dict[str, dict[str, torch.Tensor]]:
-    """Each trial's final weights (its latest checkpoint), keyed by its hyperparameters."""
-    out = {}
-    with Registry(workspace) as registry:
-        for trial in registry.trials(1):
-            assert trial.state == "COMPLETED", trial
-            latest = registry.latest_checkpoint(trial.id)
-            assert latest is not None
-            # the trial's own hyperparameters (not the test's `delay`, a constant)
-            key = json.dumps(
-                {k: v for k, v in trial.hparams.items() if k != "delay"}, sort_keys=True
-            )
-            out[key] = checkpoint_weights(pathlib.Path(latest.location))
-    return out
-
-
 def _live_actors(cluster: RayCluster, prefix: str) -> list[str]:
     """The names of the cluster's live actors starting with `prefix` (as `ray list actors`
     shows them)."""
@@ -163,7 +147,7 @@ def local_search_weights(
     path = sf.write_folder(root, _asha(), "exp", sf.TINY)
     done = lb(*on_ray(path, root / "ws", "--launcher", "local"), cwd=root, timeout=400)
     assert done.returncode == 0, _shown(done)
-    return _weights_by_hparams(root / "ws")
+    return weights_by_hparams(root / "ws", leave_out=("delay",))
 
 
 # ----- refusals, before anything is recorded -----
@@ -354,7 +338,7 @@ def test_an_adaptive_asha_search_forks_its_trials_warm_with_the_local_weights(
     ws = tmp_path / "ws"
     done = lb(*on_ray(path, ws, "--address", ray_cluster.address), cwd=tmp_path, timeout=400)
     assert done.returncode == 0, _shown(done)
-    weights = _weights_by_hparams(ws)
+    weights = weights_by_hparams(ws, leave_out=("delay",))
     assert weights.keys() == local_search_weights.keys()
     for key, expected in local_search_weights.items():
         _same(weights[key], expected)
@@ -450,7 +434,7 @@ def test_a_killed_coordinator_then_experiment_continue_finishes_the_search_on_po
     _wait_for(lambda: not _live_actors(ray_cluster, "lb-1-"), 60, "the trials' actors to end")
     done = lb("experiment", "continue", "1", "--workspace", str(ws), cwd=tmp_path, timeout=400)
     assert done.returncode == 0, _shown(done)
-    weights = _weights_by_hparams(ws)
+    weights = weights_by_hparams(ws, leave_out=("delay",))
     assert weights.keys() == local_search_weights.keys()
     for key, expected in local_search_weights.items():
         _same(weights[key], expected)

@@ -23,7 +23,7 @@ from lightning_bridge.experiment.trial_process._plan import Options, prepare
 from lightning_bridge.record._registry import Registry
 from lightning_bridge.search import SearchDriver
 from tests import _folders as sf
-from tests._folders import checkpoint_weights
+from tests._folders import checkpoint_weights, weights_by_hparams
 from tests._servers import PostgresServer
 from tests._slurm_cluster import SlurmCluster
 from tests.test_slurm import (  # noqa: F401 - fixtures
@@ -62,20 +62,6 @@ RANDOM = {
 def _submitted(out: str) -> list[str]:
     """The worker jobs a coordinator's output says it submitted."""
     return re.findall(r"Search worker: Slurm job (\d+) submitted", out)
-
-
-def _weights_by_hparams(workspace: pathlib.Path) -> dict[str, dict[str, torch.Tensor]]:
-    """Each completed trial's final weights, keyed by its hyperparameters."""
-    out = {}
-    with Registry(workspace) as registry:
-        for trial in registry.trials(1):
-            assert trial.state == "COMPLETED", trial
-            latest = registry.latest_checkpoint(trial.id)
-            assert latest is not None
-            out[repr(sorted(trial.hparams.items()))] = checkpoint_weights(
-                pathlib.Path(latest.location)
-            )
-    return out
 
 
 def _in_worker_jobs(
@@ -186,8 +172,8 @@ def test_a_search_in_worker_jobs_pauses_continues_and_equals_the_local_search(
     some = jobs[trials[0].id].job_id
     assert f"slurm job {some} COMPLETED, a trial of search worker job {some}" in describe
 
-    reference = _weights_by_hparams(tmp_path / "local")
-    ours = _weights_by_hparams(ws)
+    reference = weights_by_hparams(tmp_path / "local")
+    ours = weights_by_hparams(ws)
     assert ours.keys() == reference.keys()
     for key in ours:
         _same(ours[key], reference[key])
