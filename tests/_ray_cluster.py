@@ -16,7 +16,8 @@ defaults: `kill_worker` loses the worker node as a machine going down would, and
 `start_worker` adds a new one. A `--block` node ends its Ray processes when its `ray start`
 is terminated; `stop_head` does that for both nodes and then kills, by pid, any process of
 this cluster left (found by its process session and by a mark in its environment), never
-with `ray stop`, which would end every Ray cluster on the machine.
+with `ray stop`, which would end every Ray cluster on the machine. A node that misses Ray's
+fixed 30 s to register (a loaded machine) is cleaned up and started again (START_TRIES).
 
 `ray_cluster` (session-scoped; a test module imports `ray_cluster_fixture`) is shared by the
 session's tests; `fresh_ray_cluster` (function-scoped; imported as
@@ -46,6 +47,10 @@ CPUS_PER_NODE = 2
 RESOURCES = {"head": "node-a", "worker": "node-b"}  # the custom resource naming each node
 OBJECT_STORE_BYTES = 256 * 1024**2  # per node (Ray's default is 30% of the machine's memory)
 START_TIMEOUT = 60.0
+# `ray start` gives its node a fixed 30 s to register with the GCS; on a loaded machine (CI's
+# other lane beside two clusters) a node sometimes misses it ("The current node timed out
+# during startup") and its `ray start` exits. Such a node is cleaned up and started again.
+START_TRIES = 3
 # The head's GCS checks each raylet every second and gives up on it after 3 failed checks.
 HEALTH_CHECK = {
     "RAY_health_check_initial_delay_ms": "1000",
@@ -176,8 +181,15 @@ class RayCluster:
         )
 
     def logs_tail(self, chars: int = 2000) -> str:
-        """The end of each node's `ray start` output (for failure messages)."""
-        return "\n".join(f"--- {node.log}:\n{_tail(node.log, chars)}" for node in self._nodes())
+        """The end of each node's `ray start` output and of its raylet's log (for failure
+        messages)."""
+        parts = []
+        for node in self._nodes():
+            parts.append(f"--- {node.log}:\n{_tail(node.log, chars)}")
+            raylet = node.temp_dir / "session_latest" / "logs" / "raylet.out"
+            if raylet.exists():
+                parts.append(f"--- {raylet}:\n{_tail(raylet, chars // 2)}")
+        return "\n".join(parts)
 
     def kill_worker(self) -> None:
         """Lose the worker node as a machine going down does: SIGKILL its raylet, then every
@@ -200,9 +212,26 @@ class RayCluster:
         """Start a (new) worker node and wait until both nodes are alive."""
         if self.worker is not None and self.worker.process.poll() is None:
             raise ValueError("the worker node is running")
-        name = f"worker-{len(self.past_nodes) + 1}" if self.past_nodes else "worker"
-        self.worker = _start_node(self.root, name, _worker_command(self, self.root / name))
-        self.wait_nodes({"head", "worker"})
+        self._join_worker(f"worker-{len(self.past_nodes) + 1}" if self.past_nodes else "worker")
+
+    def _join_worker(self, name: str) -> None:
+        """Start the worker node `name` and wait until both nodes are alive; a start that
+        fails (see START_TRIES) is lost as `kill_worker` loses a node, then tried again."""
+        for attempt in range(1, START_TRIES + 1):
+            folder = name if attempt == 1 else f"{name}-try{attempt}"
+            self.worker = _start_node(self.root, folder, _worker_command(self, self.root / folder))
+            try:
+                self.wait_nodes({"head", "worker"})
+                return
+            except ClusterUnavailable as exc:
+                if attempt == START_TRIES:
+                    raise
+                print(
+                    f"the Ray test cluster's worker node did not start (try {attempt} of "
+                    f"{START_TRIES}); starting it again: {str(exc).splitlines()[0]}",
+                    file=sys.stderr,
+                )
+                self.kill_worker()
 
     def stop_head(self) -> None:
         """End the whole cluster: terminate the worker's and the head's `ray start` (each ends
@@ -366,8 +395,7 @@ def start_cluster(root: pathlib.Path) -> RayCluster:
     cluster = RayCluster(root, port, client_port, dashboard_port, head, None)
     try:
         cluster.wait_nodes({"head"})
-        cluster.worker = _start_node(root, "worker", _worker_command(cluster, root / "worker"))
-        cluster.wait_nodes({"head", "worker"})
+        cluster._join_worker("worker")
     except BaseException:
         cluster.stop_head()
         raise
@@ -388,16 +416,24 @@ def fresh_ray_cluster_fixture() -> Iterator[RayCluster]:
 
 
 def _cluster() -> Iterator[RayCluster]:
-    # In /tmp itself: short (Ray's socket paths have a length limit), and outside the
-    # virtual environment, where Ray refuses a temporary folder (nox points TMPDIR into it).
-    root = pathlib.Path(tempfile.mkdtemp(prefix="lb-ray-", dir=_temp_root()))
-    try:
-        cluster = start_cluster(root)
-    except (ClusterUnavailable, OSError) as exc:
-        shutil.rmtree(root, ignore_errors=True)
-        if os.environ.get(REQUIRED_ENV) == "1":  # the ray session: no cluster is a failure
-            pytest.fail(f"the Ray test cluster did not start: {exc}")
-        pytest.skip(f"no Ray test cluster: {exc}")
+    cluster = None
+    for attempt in (1, 2):  # each node start already tried START_TRIES times
+        # In /tmp itself: short (Ray's socket paths have a length limit), and outside the
+        # virtual environment, where Ray refuses a temporary folder (nox points TMPDIR there).
+        root = pathlib.Path(tempfile.mkdtemp(prefix="lb-ray-", dir=_temp_root()))
+        try:
+            cluster = start_cluster(root)
+            break
+        except (ClusterUnavailable, OSError) as exc:
+            shutil.rmtree(root, ignore_errors=True)
+            ray_there = (pathlib.Path(sys.executable).parent / "ray").is_file()
+            if attempt == 1 and ray_there:  # a slow start, not a missing Ray
+                print(f"the Ray test cluster did not start (try {attempt}): {exc}", file=sys.stderr)
+                continue
+            if os.environ.get(REQUIRED_ENV) == "1":  # the ray session: no cluster is a failure
+                pytest.fail(f"the Ray test cluster did not start: {exc}")
+            pytest.skip(f"no Ray test cluster: {exc}")
+    assert cluster is not None
     try:
         yield cluster
     finally:
