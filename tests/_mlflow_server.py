@@ -10,7 +10,6 @@ import os
 import pathlib
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,18 +18,14 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests._servers import free_port
+
 HAVE_MLFLOW_SERVER = (
     importlib.util.find_spec("mlflow") is not None
     and importlib.util.find_spec("mlflow.server") is not None
     and importlib.util.find_spec("flask") is not None
 )
 SKIP_REASON = "needs MLflow with its server: pip install mlflow (the mlflow nox session does)"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class MlflowServer:

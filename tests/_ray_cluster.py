@@ -416,29 +416,35 @@ def fresh_ray_cluster_fixture() -> Iterator[RayCluster]:
 
 
 def _cluster() -> Iterator[RayCluster]:
-    cluster = None
-    for attempt in (1, 2):  # each node start already tried START_TRIES times
-        # In /tmp itself: short (Ray's socket paths have a length limit), and outside the
-        # virtual environment, where Ray refuses a temporary folder (nox points TMPDIR there).
-        root = pathlib.Path(tempfile.mkdtemp(prefix="lb-ray-", dir=_temp_root()))
-        try:
-            cluster = start_cluster(root)
-            break
-        except (ClusterUnavailable, OSError) as exc:
-            shutil.rmtree(root, ignore_errors=True)
-            ray_there = (pathlib.Path(sys.executable).parent / "ray").is_file()
-            if attempt == 1 and ray_there:  # a slow start, not a missing Ray
-                print(f"the Ray test cluster did not start (try {attempt}): {exc}", file=sys.stderr)
-                continue
-            if os.environ.get(REQUIRED_ENV) == "1":  # the ray session: no cluster is a failure
-                pytest.fail(f"the Ray test cluster did not start: {exc}")
-            pytest.skip(f"no Ray test cluster: {exc}")
-    assert cluster is not None
+    try:
+        cluster = _start_in_temp()
+    except (ClusterUnavailable, OSError) as exc:
+        if os.environ.get(REQUIRED_ENV) == "1":  # the ray session: no cluster is a failure
+            pytest.fail(f"the Ray test cluster did not start: {exc}")
+        pytest.skip(f"no Ray test cluster: {exc}")
     try:
         yield cluster
     finally:
         cluster.stop_head()
         left = cluster.leftovers()
-        shutil.rmtree(root, ignore_errors=True)
+        shutil.rmtree(cluster.root, ignore_errors=True)
         if left:
             raise AssertionError(f"processes of the Ray test cluster outlived it: {left}")
+
+
+def _start_in_temp(tries: int = 2) -> RayCluster:
+    """`start_cluster` in a new folder of /tmp: short (Ray's socket paths have a length
+    limit), and outside the virtual environment, where Ray refuses a temporary folder (nox
+    points TMPDIR there). A cluster that fails to start (each node's start already tried
+    START_TRIES times) is started again in a new folder; a missing Ray is not."""
+    _ray()
+    for attempt in range(1, tries + 1):
+        root = pathlib.Path(tempfile.mkdtemp(prefix="lb-ray-", dir=_temp_root()))
+        try:
+            return start_cluster(root)
+        except (ClusterUnavailable, OSError) as exc:
+            shutil.rmtree(root, ignore_errors=True)
+            if attempt == tries:
+                raise
+            print(f"the Ray test cluster did not start (try {attempt}): {exc}", file=sys.stderr)
+    raise AssertionError("unreachable: the last try raises")

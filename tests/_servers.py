@@ -34,10 +34,9 @@ class Unavailable(Exception):
     """The server cannot run on this machine; the message says why."""
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+def free_port() -> int:
+    """A port free on 127.0.0.1."""
+    return free_ports(1)[0]
 
 
 def free_ports(count: int) -> list[int]:
@@ -100,7 +99,7 @@ class PostgresServer:
 
     def __init__(self) -> None:
         self.folder: pathlib.Path | None = None
-        self.port = _free_port()
+        self.port = free_port()
         self.running = False
 
     @property
@@ -228,7 +227,7 @@ def postgres(_postgres_server: PostgresServer) -> PostgresServer:
 @contextlib.contextmanager
 def moto_server() -> Iterator[str]:
     """Run `python -m moto.server` on 127.0.0.1; yields its endpoint URL."""
-    port = _free_port()
+    port = free_port()
     process = subprocess.Popen(
         [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
         stdout=subprocess.DEVNULL,

@@ -15,7 +15,6 @@ import os
 import pathlib
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -33,6 +32,7 @@ from tests._ray_cluster import (  # noqa: F401 - fixtures
     fresh_ray_cluster_fixture,
     ray_cluster_fixture,
 )
+from tests._servers import free_port
 from tests.test_slurm import (
     _config,
     _final_weights,
@@ -64,12 +64,6 @@ def on_ray(config: pathlib.Path, workspace: pathlib.Path, *extra: str) -> list[s
         str(workspace),
         *extra,
     ]
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _experiments(workspace: pathlib.Path) -> list[Any]:
@@ -161,8 +155,8 @@ def test_a_dead_or_malformed_address_is_refused_before_anything_is_recorded(
     workspace records nothing."""
     path = _folder(tmp_path, _config())
     ws = tmp_path / "ws"
-    dead = f"127.0.0.1:{_free_port()}"
-    client = f"ray://127.0.0.1:{_free_port()}"
+    dead = f"127.0.0.1:{free_port()}"
+    client = f"ray://127.0.0.1:{free_port()}"
     for extra, env in (
         (("--address", dead), {}),
         (("--address", client), {}),
@@ -204,7 +198,7 @@ def test_a_bad_ray_section_is_refused_in_one_line(tmp_path: pathlib.Path) -> Non
     for number, (changes, message) in enumerate(cases):
         path = _folder(tmp_path, _config(**changes), name=f"exp{number}")
         ws = tmp_path / f"ws{number}"
-        done = lb(*on_ray(path, ws, "--address", f"127.0.0.1:{_free_port()}"), cwd=tmp_path)
+        done = lb(*on_ray(path, ws, "--address", f"127.0.0.1:{free_port()}"), cwd=tmp_path)
         assert done.returncode == 2, _shown(done)
         assert message in done.stderr, done.stderr
         assert not _experiments(ws)
