@@ -26,7 +26,7 @@ import yaml
 
 from lightning_bridge._errors import InvalidArgumentError
 from lightning_bridge.experiment.cli._main import main
-from lightning_bridge.experiment.launch.slurm._launcher import SlurmSettings
+from lightning_bridge.experiment.launch.slurm._launcher import JobInfo, SlurmSettings
 from lightning_bridge.experiment.trial_process._plan import Options, prepare
 from lightning_bridge.record._registry import Registry
 from lightning_bridge.record._schema import TrialState
@@ -253,6 +253,17 @@ def test_sbatch_options_map_determined_keys(tmp_path: pathlib.Path) -> None:
     assert settings.sbatch_args == ("--time=01:00:00",) and settings.max_restarts == 3
     one_node = SlurmSettings.of(prepare(_folder(tmp_path, _config(), "one"), None, Options()))
     assert one_node.resources(gpus=False) == ["--nodes=1", "--ntasks=1", "--cpus-per-task=1"]
+
+
+def test_a_job_slurm_is_signalling_or_staging_out_still_runs_its_trial() -> None:
+    """Slurm shows a running job SIGNALING while it sends the job's `--signal` before the time
+    limit (and STAGE_OUT, RESIZING on the way); the coordinator follows such a job on instead
+    of giving the trial up as ended ("its Slurm job ended SIGNALING") while the job checkpoints
+    and requeues itself. Ended jobs are still ended."""
+    for state in ("SIGNALING", "STAGE_OUT", "RESIZING", "STOPPED", "REQUEUE_HOLD", "RUNNING"):
+        assert JobInfo(state, "", 0).live, state
+    for state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"):
+        assert not JobInfo(state, "", 0).live, state
 
 
 def test_the_job_restarts_a_failed_trial_as_many_times_as_its_config_says(

@@ -44,8 +44,13 @@ from lightning_bridge.record._sqlite import BUSY_TIMEOUT_S, sqlite_engine
 from lightning_bridge.record._unusable import record_unreachable, unusable_registry
 from lightning_bridge.record._workspace import Workspace
 
-# A scheduler job in one of these states may still run the trial (Slurm's names).
-LIVE_JOB_STATES = ("PENDING", "RUNNING", "REQUEUED", "CONFIGURING", "COMPLETING", "SUSPENDED")
+# A scheduler job in one of these states may still run the trial (Slurm's names). A running
+# job passes through SIGNALING (its `--signal` being sent before the time limit), STAGE_OUT and
+# RESIZING; a held, stopped or federated requeue waits to run again.
+LIVE_JOB_STATES = (
+    "PENDING", "RUNNING", "REQUEUED", "CONFIGURING", "COMPLETING", "SUSPENDED", "SIGNALING",
+    "STAGE_OUT", "RESIZING", "STOPPED", "REQUEUE_HOLD", "REQUEUE_FED",
+)  # fmt: skip
 
 
 def plain_metrics(values: dict[str, Any]) -> dict[str, Any]:
