@@ -162,6 +162,7 @@ class ResolvedConfig:
             ("optimizations", self.model.optimizations),
             ("reproducibility", self.model.reproducibility),
             ("profiling", self.model.profiling),
+            ("environment", self.model.environment),
             ("checkpoint_storage", self.model.checkpoint_storage),
         ]
         for name, section in sections:

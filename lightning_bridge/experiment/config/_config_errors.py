@@ -105,7 +105,9 @@ def config_errors(
         message = f"{path}: {_expected(err)}"
         if err["type"] == "missing" and path in _REQUIRED_HINTS:
             message += f" ({_REQUIRED_HINTS[path]})"
-        if err["type"] not in ("missing", "extra_forbidden"):
+        # An environment variable's value may be a secret: its line names the entry instead.
+        shown = not path.startswith("environment.environment_variables")
+        if shown and err["type"] not in ("missing", "extra_forbidden"):
             message += f", got {as_yaml(value)}"
         lines.append(message)
     # Union alternatives may repeat a path; keep the first message per path.

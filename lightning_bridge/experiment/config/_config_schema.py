@@ -26,6 +26,7 @@ USED_KEYS = frozenset(
         "checkpoint_storage",
         "data",
         "entrypoint",
+        "environment",
         "hyperparameters",
         "max_restarts",
         "min_checkpoint_period",
@@ -48,7 +49,6 @@ IGNORED_KEYS = frozenset(
         "bind_mounts",
         "data_layer",
         "debug",
-        "environment",
         "integrations",
         "internal",
         "log_policies",
@@ -180,6 +180,107 @@ class CheckpointStorage(_Model):
         return sorted(k for k in every - set(reads) if getattr(self, k) is not None)
 
 
+# Device types an `environment_variables` mapping names (Determined's; `gpu` is its older
+# spelling of `cuda`).
+DEVICE_TYPES = ("cpu", "cuda", "rocm")
+# Variables each trial process gets from its launcher (its place among the trial's processes,
+# the rendezvous) or from the bridge itself: a config cannot set them.
+LAUNCHER_VARIABLES = frozenset(
+    {
+        "RANK",
+        "LOCAL_RANK",
+        "WORLD_SIZE",
+        "LOCAL_WORLD_SIZE",
+        "GROUP_RANK",
+        "NODE_RANK",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+    }
+)
+_BRIDGE_PREFIX = "LIGHTNING_BRIDGE_"
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*")
+
+
+_KINDS = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string"}
+
+
+def _kind(value: Any) -> str:
+    """What a wrong value is, in the config's words (never the value itself)."""
+    name = type(value).__name__
+    return _KINDS.get(name, {"dict": "a mapping", "list": "a list"}.get(name, name))
+
+
+def _no_variables() -> dict[str, list[str]]:
+    return {kind: [] for kind in DEVICE_TYPES}
+
+
+def _variable(entry: Any, where: str) -> str:
+    """One `NAME=VALUE` entry, checked: a string, a name before the first `=`, a name the
+    launcher does not own. Messages name the entry's place, never its text (a value may be a
+    secret, and an entry without `=` may be one mistyped)."""
+    if not isinstance(entry, str):
+        raise ValueError(f"{where}: expected a string NAME=VALUE, got {_kind(entry)}")
+    name, sep, _ = entry.partition("=")
+    if not sep or not _NAME.fullmatch(name):
+        raise ValueError(
+            f"{where}: expected NAME=VALUE (a variable name, then '=' and its value); the "
+            "entry has " + ("no '='" if not sep else "no valid name before its '='")
+        )
+    if name in LAUNCHER_VARIABLES or name.startswith(_BRIDGE_PREFIX):
+        raise ValueError(
+            f"{where}: {name} is set by the launcher for each of the trial's processes; "
+            "remove it from environment_variables"
+        )
+    return entry
+
+
+class Environment(_Model):
+    """Determined's `environment` section. The runner applies `environment_variables` to
+    every process of the trial (`variables_for`); images, pod specs and the other keys are
+    reported unused (the run uses this machine's Python environment).
+
+    `environment_variables` is a list of `NAME=VALUE` for every device type, or a mapping of
+    `cpu` / `cuda` / `rocm` (`gpu`: `cuda`) to such lists, held here as the mapping."""
+
+    environment_variables: dict[str, list[str]] = Field(default_factory=lambda: _no_variables())
+
+    @pydantic.field_validator("environment_variables", mode="before")
+    @classmethod
+    def _by_device(cls, value: Any) -> dict[str, list[str]]:
+        if value is None:
+            return _no_variables()
+        if isinstance(value, list):
+            entries = [_variable(e, f"[{i}]") for i, e in enumerate(value)]
+            return {kind: list(entries) for kind in DEVICE_TYPES}
+        if not isinstance(value, dict):
+            raise ValueError(
+                "expected a list of NAME=VALUE strings, or a mapping of cpu, cuda or rocm to "
+                f"such lists, got {_kind(value)}"
+            )
+        unknown = sorted(str(k) for k in value if k not in (*DEVICE_TYPES, "gpu"))
+        if unknown:
+            raise ValueError(f"unknown device type {unknown[0]!r}: expected cpu, cuda or rocm")
+        out: dict[str, list[str]] = {}
+        for kind in DEVICE_TYPES:
+            key = "gpu" if kind == "cuda" and value.get("cuda") is None else kind
+            entries = value.get(key) or []
+            if not isinstance(entries, list):
+                raise ValueError(
+                    f"{key}: expected a list of NAME=VALUE strings, got {_kind(entries)}"
+                )
+            out[kind] = [_variable(e, f"{key}[{i}]") for i, e in enumerate(entries)]
+        return out
+
+    def variables_for(self, device_type: str) -> dict[str, str]:
+        """The variables a trial on `device_type` (cpu, cuda, rocm) gets, in order: a name
+        given twice takes its later value, as in Determined."""
+        out: dict[str, str] = {}
+        for entry in self.environment_variables[device_type]:
+            name, _, value = entry.partition("=")
+            out[name] = value
+        return out
+
+
 class SlurmSection(_Model):
     """Determined's `slurm` section (its keys and types): read by the Slurm launcher, which
     validates it (`slurm_section`); other launchers report it unused. `max_restarts` is the
@@ -224,6 +325,7 @@ class ExperimentConfig(BaseModel):
     max_restarts: Annotated[StrictInt, Field(ge=0)] = 5
     reproducibility: Reproducibility = Field(default_factory=Reproducibility)
     profiling: Profiling = Field(default_factory=Profiling)
+    environment: Environment = Field(default_factory=Environment)
 
 
 class RaySection(BaseModel):

@@ -32,6 +32,10 @@ from lightning_bridge.contract._units import Batch
 from lightning_bridge.experiment.config._config import ResolvedConfig, load_config
 from lightning_bridge.experiment.config._entrypoint import Entrypoint, parse_entrypoint
 from lightning_bridge.experiment.trial_process._child import EntrypointFailed, run_child
+from lightning_bridge.experiment.trial_process._environment import (
+    configured_environment,
+    trial_variables,
+)
 from lightning_bridge.experiment.trial_process._startup_hook import startup_hook_environment
 from lightning_bridge.experiment.trial_process._workdir import WORKDIR
 from lightning_bridge.search._space import trial_draw
@@ -434,9 +438,14 @@ def execute(plan: Plan, trial: TrialRun) -> int:
     class's exceptions propagate)."""
     previous = pathlib.Path.cwd()
     work_dir = trial.working_dir(plan)
+    variables = trial_variables(plan.config.model.environment, plan.options.accelerator)
     os.chdir(work_dir)
     try:
-        with described(plan, trial) as run, startup_hook_environment(work_dir):
+        with (
+            described(plan, trial) as run,
+            configured_environment(variables),
+            startup_hook_environment(work_dir),
+        ):
             if plan.entrypoint.trial is not None:
                 _run_trial(plan, run, work_dir)
                 return 0

@@ -187,12 +187,19 @@ def run_hook_for_tasks(run: RunDescription, run_file: pathlib.Path) -> int:
     exit code when it failed (the job ends: no task starts; the trial is recorded ERROR with
     the hook's message, as a trial whose hook fails on one node is)."""
     from lightning_bridge._logging import configure
+    from lightning_bridge.experiment.config._config import parse_config
     from lightning_bridge.experiment.trial_process._child import EntrypointFailed
+    from lightning_bridge.experiment.trial_process._environment import trial_variables
     from lightning_bridge.experiment.trial_process._startup_hook import RAN_ENV, hook_exports
 
     configure(run.log_file)  # the hook's output: the trial's log
+    # The hook sees the config's environment variables, as it does where it runs in the task.
+    environment = parse_config(run.raw_config).model.environment
+    accelerator = (run.options or {}).get("accelerator")
     try:
-        exports = hook_exports(pathlib.Path.cwd(), os.environ)
+        exports = hook_exports(
+            pathlib.Path.cwd(), {**os.environ, **trial_variables(environment, accelerator)}
+        )
     except EntrypointFailed as exc:
         print(f"lightning-bridge: error: {exc}", file=sys.stderr, flush=True)
         if run.record is not None:
