@@ -16,39 +16,8 @@ import pytest
 
 from lightning_bridge._errors import InvalidArgumentError
 from lightning_bridge.experiment.config._config import parse_config
+from tests._env_probes import HOOK, PROBE_PY, TRIAL_PROBE
 from tests._folders import BASE_CONFIG, cli_env, command, write_folder
-
-# A script that writes what its process sees of the environment to env.RANK.json.
-PROBE_PY = """
-import json
-import os
-
-names = ["FROM_SHELL", "OVERRIDDEN", "HOOKED", "DUP", "WITH_EQ", "DEVICE", "RANK"]
-rank = os.environ.get("RANK", "0")
-with open(f"env.{rank}.json", "w") as f:
-    json.dump({n: os.environ.get(n) for n in names}, f)
-"""
-
-# The linear trial, recording the same variables from its __init__ (a trial class entrypoint,
-# trained in the trial's own process), in OUT/env.<lr>.json (a search's trial runs in a copy
-# of the folder).
-TRIAL_PROBE = """
-import json
-import os
-
-from model_def import LinearTrial
-
-
-class ProbeTrial(LinearTrial):
-    def __init__(self, context):
-        super().__init__(context)
-        names = ["FROM_SHELL", "OVERRIDDEN", "DEVICE"]
-        out = os.path.join(context.get_hparam("out"), f"env.{context.get_hparam('lr')}.json")
-        with open(out, "w") as f:
-            json.dump({n: os.environ.get(n) for n in names}, f)
-"""
-
-HOOK = 'export HOOKED="$OVERRIDDEN-hook"\nexport DUP=from-hook\n'
 
 
 def _config(entrypoint: str, variables: Any, **changes: Any) -> dict[str, Any]:
@@ -129,7 +98,13 @@ def test_a_search_of_trial_classes_gets_the_variables_of_its_device_type(
     assert result.returncode == 0, result.stdout + result.stderr
     # Both trials (forks of the search's warm process) on this machine's CPU: cpu's list.
     for lr in ("0.1", "0.2"):
-        assert _seen(tmp_path, lr) == {"FROM_SHELL": "shell", "OVERRIDDEN": "cpu", "DEVICE": "cpu"}
+        assert _seen(tmp_path, f"{lr}.0") == {
+            "FROM_SHELL": "shell",
+            "OVERRIDDEN": "cpu",
+            "HOOKED": None,
+            "DEVICE": "cpu",
+            "RANK": None,
+        }
 
 
 @pytest.mark.parametrize(
