@@ -6,7 +6,7 @@ PROBE_PY = """
 import json
 import os
 
-names = ["FROM_SHELL", "OVERRIDDEN", "HOOKED", "DUP", "WITH_EQ", "DEVICE", "RANK"]
+names = ["FROM_SHELL", "OVERRIDDEN", "HOOKED", "DUP", "WITH_EQ", "DEVICE", "RANK", "HF_TOKEN"]
 rank = os.environ.get("RANK", "0")
 with open(f"env.{rank}.json", "w") as f:
     json.dump({n: os.environ.get(n) for n in names}, f)

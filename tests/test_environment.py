@@ -15,9 +15,12 @@ from typing import Any
 import pytest
 
 from lightning_bridge._errors import InvalidArgumentError
+from lightning_bridge._secrets import redact_config, redact_url
 from lightning_bridge.experiment.config._config import parse_config
 from tests._env_probes import HOOK, PROBE_PY, TRIAL_PROBE
 from tests._folders import BASE_CONFIG, cli_env, command, write_folder
+
+TOKEN = "hf_token-value-91c2"
 
 
 def _config(entrypoint: str, variables: Any, **changes: Any) -> dict[str, Any]:
@@ -49,6 +52,7 @@ def test_every_process_of_a_script_sees_the_configs_variables_in_determineds_ord
     tmp_path: pathlib.Path,
 ) -> None:
     variables = ["OVERRIDDEN=config", "DUP=1", "DUP=2", "WITH_EQ=a=b", "HOOKED=config"]
+    variables.append(f"HF_TOKEN={TOKEN}")
     entrypoint = "python3 -m determined.launch.torch_distributed -- python3 probe.py"
     config = write_folder(
         tmp_path, _config(entrypoint, variables, resources={"slots_per_trial": 2})
@@ -67,10 +71,25 @@ def test_every_process_of_a_script_sees_the_configs_variables_in_determineds_ord
             "WITH_EQ": "a=b",  # the value is everything after the first '='
             "DEVICE": None,
             "RANK": rank,  # the launcher's own, per process
+            "HF_TOKEN": TOKEN,  # a secret reaches the trial's processes
         }
     # environment is applied, not warned about; its other keys still are.
     assert "environment.image" in result.stderr
     assert "environment.environment_variables" not in result.stderr
+    # ... and nobody who reads the record: describe shows it masked, the others as given.
+    ws = ["--workspace", str(tmp_path / "ws")]
+    for extra in ([], ["--json"]):
+        shown = subprocess.run(
+            command("experiment", "describe", "1", *ws, *extra),
+            env=cli_env(),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert shown.returncode == 0, shown.stderr
+        assert TOKEN not in shown.stdout + shown.stderr
+    config_shown = json.loads(shown.stdout)["config"]["environment"]["environment_variables"]
+    assert "HF_TOKEN=***" in config_shown and "WITH_EQ=a=b" in config_shown
 
 
 @pytest.mark.processes
@@ -157,3 +176,27 @@ def test_both_forms_mean_what_they_mean_on_determined() -> None:
         parse_config(_config("model_def:LinearTrial", None)).model.environment.variables_for("cpu")
         == {}
     )
+
+
+def test_one_definition_of_a_secret_masks_what_a_config_shows(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("LIGHTNING_BRIDGE_SECRET_NAMES", "wandb_*, MY_DSN")
+    config = _config(
+        "model_def:LinearTrial",
+        {
+            "cpu": ["HF_TOKEN=t1", "AWS_SECRET_ACCESS_KEY=t2", "db_password=t3", "HF_HOME=/hf"],
+            "cuda": ["WANDB_ENTITY=t4", "MY_DSN=t5", "EMPTY_TOKEN=", "NCCL_DEBUG=INFO"],
+        },
+        checkpoint_storage={"type": "s3", "bucket": "b", "access_key": "t6", "secret_key": "t7"},
+    )
+    shown = redact_config(config)
+    assert shown["environment"]["environment_variables"] == {
+        "cpu": ["HF_TOKEN=***", "AWS_SECRET_ACCESS_KEY=***", "db_password=***", "HF_HOME=/hf"],
+        "cuda": ["WANDB_ENTITY=***", "MY_DSN=***", "EMPTY_TOKEN=", "NCCL_DEBUG=INFO"],
+    }
+    storage = shown["checkpoint_storage"]
+    assert (storage["access_key"], storage["secret_key"], storage["bucket"]) == ("***", "***", "b")
+    assert config["checkpoint_storage"]["secret_key"] == "t7"  # the config itself is kept
+    assert redact_url("postgresql://lb:pw@db:5432/x") == "postgresql://lb:***@db:5432/x"
+    assert redact_url("postgresql://db/x") == "postgresql://db/x"

@@ -16,6 +16,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from lightning_bridge._errors import InvalidArgumentError
+from lightning_bridge._secrets import redact_config
 from lightning_bridge.experiment.config._config import parse_config
 from lightning_bridge.experiment.trials._summary import (
     checkpoint_line,
@@ -31,22 +32,9 @@ from lightning_bridge.tracking._mirror import read_link
 if TYPE_CHECKING:
     from lightning_bridge.experiment.trial_process._plan import Plan
 
-_SECRET_KEYS = ("secret_key", "access_key", "credential", "connection_string")
-
 
 def open_registry(args: argparse.Namespace) -> Registry:
     return Registry(args.workspace)
-
-
-def _redacted(config: dict[str, Any]) -> dict[str, Any]:
-    """The config as shown: storage credentials hidden."""
-    shown = dict(config)
-    storage = shown.get("checkpoint_storage")
-    if isinstance(storage, dict):
-        shown["checkpoint_storage"] = {
-            k: ("***" if k in _SECRET_KEYS and v else v) for k, v in storage.items()
-        }
-    return shown
 
 
 def _state(experiment: Experiment, trials: list[Trial]) -> str:
@@ -141,7 +129,7 @@ def experiment_describe(args: argparse.Namespace) -> int:
         running = {i: h.describe() for i, h in handles.items() if h is not None}
         data = {
             **as_dict(exp),
-            "config": _redacted(exp.config),
+            "config": redact_config(exp.config),
             "state": _state(exp, trials),
             "trials": [
                 {
