@@ -199,14 +199,57 @@ with open(f"script.{ctx.distributed.rank}.json", "w") as f:
     )
 """
 
-# The fault trial: `sleep` slows every batch so a signal lands mid-run, `mark_at` writes
-# `training.<rank>` once that many batches are trained (the test's cue to send the signal),
-# `signal_at` makes rank 0 send SIGTERM to itself during that batch, `width` makes the model
-# (and so every save) bigger, `hold_save_at` holds the save after that many batches
-# half-written (`saving` appears) until the test creates `release`, `workers` gives the
-# training data loader worker processes. Every process writes `pid.<rank>`; every validation
-# appends {"batches": trained, "val": loss} to events.jsonl. Run as a plain script without
-# Determined installed, it takes the bridge.
+# The gate a test holds a trial at (hyperparameters `gate`, a folder, and `hold_at`, a batch
+# index or a list of them; `Gate` below is the test's side): at batch `hold_at`, before
+# training it, the process writes `reached.<pid>` into the folder and waits until the test
+# creates `release` there, or until the process is signalled (SIGTERM / SIGINT / SIGUSR1,
+# passed on to the handler it had: a pause, a requeue, a time limit's signal stop the trial
+# as they would mid-batch). Waiting touches no random state: the weights are those of a run
+# never held.
+GATE_CODE = """
+def hold_at_gate(hparams, batch_idx):
+    import os, pathlib, signal, threading, time
+    gate, hold = hparams.get("gate"), hparams.get("hold_at")
+    if not gate or batch_idx not in (hold if isinstance(hold, list) else [hold]):
+        return
+    gate = pathlib.Path(gate)
+    signalled = []
+    previous = {}
+
+    def on_signal(signum, frame):
+        signalled.append(signum)
+        handler = previous[signum]
+        if callable(handler):
+            handler(signum, frame)
+        elif handler == signal.SIG_DFL:
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+
+    if threading.current_thread() is threading.main_thread():
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
+            previous[signum] = signal.getsignal(signum)
+            signal.signal(signum, on_signal)
+    try:
+        (gate / f"reached.{os.getpid()}").touch()
+        deadline = time.monotonic() + 900
+        while not signalled and not (gate / "release").exists():
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the gate {gate} was not released within 900 s")
+            time.sleep(0.02)
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+"""
+
+
+# The fault trial: `gate` / `hold_at` hold it at a batch (`GATE_CODE`: the test's gate),
+# `sleep` slows every batch, `mark_at` writes `training.<rank>` once that many batches are
+# trained (the test's cue to send the signal), `signal_at` makes rank 0 send SIGTERM to itself
+# during that batch, `width` makes the model (and so every save) bigger, `hold_save_at` holds
+# the save after that many batches half-written (`saving` appears) until the test creates
+# `release`, `workers` gives the training data loader worker processes. Every process writes
+# `pid.<rank>`; every validation appends {"batches": trained, "val": loss} to events.jsonl.
+# Run as a plain script without Determined installed, it takes the bridge.
 FAULT_MODEL_DEF = (
     """
 import collections
@@ -226,6 +269,7 @@ except ImportError:  # a plain script without Determined installed
 
 """
     + DATA
+    + GATE_CODE
     + """
 
 class Gate:
@@ -293,6 +337,7 @@ class FaultTrial(pytorch.PyTorchTrial):
         return pytorch.DataLoader(Data(16, 1), batch_size=8)
 
     def train_batch(self, batch, epoch_idx, batch_idx):
+        hold_at_gate(self.hp, batch_idx)
         x, y = batch
         loss = torch.nn.functional.mse_loss(self.model(x), y)
         self.context.backward(loss)
@@ -329,48 +374,6 @@ with pytorch.init() as ctx:
     )
 """
 
-
-# The gate a test holds a trial at (hyperparameters `gate`, a folder, and `hold_at`, a batch
-# index or a list of them; `Gate` below is the test's side): at batch `hold_at`, before
-# training it, the process writes `reached.<pid>` into the folder and waits until the test
-# creates `release` there, or until the process is signalled (SIGTERM / SIGINT / SIGUSR1,
-# passed on to the handler it had: a pause, a requeue, a time limit's signal stop the trial
-# as they would mid-batch). Waiting touches no random state: the weights are those of a run
-# never held.
-GATE_CODE = """
-def hold_at_gate(hparams, batch_idx):
-    import os, pathlib, signal, threading, time
-    gate, hold = hparams.get("gate"), hparams.get("hold_at")
-    if not gate or batch_idx not in (hold if isinstance(hold, list) else [hold]):
-        return
-    gate = pathlib.Path(gate)
-    signalled = []
-    previous = {}
-
-    def on_signal(signum, frame):
-        signalled.append(signum)
-        handler = previous[signum]
-        if callable(handler):
-            handler(signum, frame)
-        elif handler == signal.SIG_DFL:
-            signal.signal(signum, signal.SIG_DFL)
-            os.kill(os.getpid(), signum)
-
-    if threading.current_thread() is threading.main_thread():
-        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
-            previous[signum] = signal.getsignal(signum)
-            signal.signal(signum, on_signal)
-    try:
-        (gate / f"reached.{os.getpid()}").touch()
-        deadline = time.monotonic() + 900
-        while not signalled and not (gate / "release").exists():
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the gate {gate} was not released within 900 s")
-            time.sleep(0.02)
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
-"""
 
 # A trial for the search tests. `gate`, `hold_at`: the test's gate (`GATE_CODE`: a test holds
 # a search's trials there to stop the search while they train); `mode`: "invalid" raises
