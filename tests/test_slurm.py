@@ -354,7 +354,7 @@ def test_continue_of_a_single_trial_runs_the_launchers_checks_first(
             yaml.safe_load(folder.read_text()), context_dir=str(folder.parent)
         )
         trial_id = registry.create_trial(
-            experiment, hparams={"global_batch_size": 8, "lr": 0.05, "delay": 0.0}, seed=1
+            experiment, hparams={"global_batch_size": 8, "lr": 0.05}, seed=1
         )
         registry.trial_ended(trial_id, TrialState.STOPPED, "paused")  # to continue
     env_path = os.environ["PATH"]
