@@ -46,10 +46,11 @@ from tests._slurm_cluster import (
 )
 
 # The linear trial, held at the test's gate (`sf.GATE_CODE`: `gate`, `hold_at`), sleeping
-# `delay` seconds a batch (the one test still paced so: see the two-node test), and raising
-# once at batch `fail_once_at` (the first run of its folder: it leaves `failed-once` there);
-# its __init__ also records its node's rank, the trial's node addresses (`get_cluster_info()`)
-# and the variable FROM_HOOK (a startup hook's export) in init.RANK.json.
+# `delay` seconds a batch (the two-node test: the pace of a multi-process fit's agreement on
+# a signal), and raising once at batch `fail_once_at` (the first run of its folder: it leaves
+# `failed-once` there); its __init__ also records its node's rank, the trial's node addresses
+# (`get_cluster_info()`) and the variable FROM_HOOK (a startup hook's export) in
+# init.RANK.json.
 SLOW_MODEL_DEF = (
     (MODEL_DEF + sf.GATE_CODE)
     .replace("import signal\n", "import signal\nimport time\n\nimport determined\n")
@@ -530,13 +531,16 @@ def test_two_node_trial_equals_its_two_process_single_node_run(
             done = lb(*on_slurm(path, ws, "--launcher", launcher, "--force"), cwd=tmp_path)
             assert done.returncode == 0, _shown(done)
         else:
-            # Still paced, not gated: held at a gate, both ranks took the time limit's
-            # SIGUSR1 (the job noted it) but the trial trained on to its end unstopped.
-            slow = ("--set", "hyperparameters.delay=0.4")
-            coordinator = lb_start(*on_slurm(path, ws, *slow), cwd=tmp_path)
+            # Both ranks are held after 6 batches until the signal. A fit of several
+            # processes agrees on a signal every ~0.1 s of training (`_stop_request`): a
+            # batch of 0.2 s (`delay`) makes that every batch, whatever the machine's load,
+            # so the trial stops within its 24 batches (with batches of a millisecond the
+            # next agreement falls after its end, and it completes unstopped).
+            gate = sf.Gate.at(tmp_path / "gate")
+            paced = ("--set", "hyperparameters.delay=0.2", *gate.options(6))
+            coordinator = lb_start(*on_slurm(path, ws, *paced), cwd=tmp_path)
             try:
-                trained = lambda: _trial_batches(tmp_path / "ws-slurm") >= 6  # noqa: E731
-                _wait_for(trained, 180, "the trial to train 6 batches")
+                gate.wait(2, seen=lambda: _seen(tmp_path / "ws-slurm"))  # both ranks, 6 batches
                 job_id = _job(ws).job_id
                 slurm_cluster.run("scancel", "--batch", "--signal=USR1", job_id)
             finally:
