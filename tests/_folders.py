@@ -199,14 +199,57 @@ with open(f"script.{ctx.distributed.rank}.json", "w") as f:
     )
 """
 
-# The fault trial: `sleep` slows every batch so a signal lands mid-run, `mark_at` writes
-# `training.<rank>` once that many batches are trained (the test's cue to send the signal),
-# `signal_at` makes rank 0 send SIGTERM to itself during that batch, `width` makes the model
-# (and so every save) bigger, `hold_save_at` holds the save after that many batches
-# half-written (`saving` appears) until the test creates `release`, `workers` gives the
-# training data loader worker processes. Every process writes `pid.<rank>`; every validation
-# appends {"batches": trained, "val": loss} to events.jsonl. Run as a plain script without
-# Determined installed, it takes the bridge.
+# The gate a test holds a trial at (hyperparameters `gate`, a folder, and `hold_at`, a batch
+# index or a list of them; `Gate` below is the test's side): at batch `hold_at`, before
+# training it, the process writes `reached.<pid>` into the folder and waits until the test
+# creates `release` there, or until the process is signalled (SIGTERM / SIGINT / SIGUSR1,
+# passed on to the handler it had: a pause, a requeue, a time limit's signal stop the trial
+# as they would mid-batch). Waiting touches no random state: the weights are those of a run
+# never held.
+GATE_CODE = """
+def hold_at_gate(hparams, batch_idx):
+    import os, pathlib, signal, threading, time
+    gate, hold = hparams.get("gate"), hparams.get("hold_at")
+    if not gate or batch_idx not in (hold if isinstance(hold, list) else [hold]):
+        return
+    gate = pathlib.Path(gate)
+    signalled = []
+    previous = {}
+
+    def on_signal(signum, frame):
+        signalled.append(signum)
+        handler = previous[signum]
+        if callable(handler):
+            handler(signum, frame)
+        elif handler == signal.SIG_DFL:
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+
+    if threading.current_thread() is threading.main_thread():
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
+            previous[signum] = signal.getsignal(signum)
+            signal.signal(signum, on_signal)
+    try:
+        (gate / f"reached.{os.getpid()}").touch()
+        deadline = time.monotonic() + 900
+        while not signalled and not (gate / "release").exists():
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the gate {gate} was not released within 900 s")
+            time.sleep(0.02)
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+"""
+
+
+# The fault trial: `gate` / `hold_at` hold it at a batch (`GATE_CODE`: the test's gate),
+# `sleep` slows every batch, `mark_at` writes `training.<rank>` once that many batches are
+# trained (the test's cue to send the signal), `signal_at` makes rank 0 send SIGTERM to itself
+# during that batch, `width` makes the model (and so every save) bigger, `hold_save_at` holds
+# the save after that many batches half-written (`saving` appears) until the test creates
+# `release`, `workers` gives the training data loader worker processes. Every process writes
+# `pid.<rank>`; every validation appends {"batches": trained, "val": loss} to events.jsonl.
+# Run as a plain script without Determined installed, it takes the bridge.
 FAULT_MODEL_DEF = (
     """
 import collections
@@ -226,6 +269,7 @@ except ImportError:  # a plain script without Determined installed
 
 """
     + DATA
+    + GATE_CODE
     + """
 
 class Gate:
@@ -293,6 +337,7 @@ class FaultTrial(pytorch.PyTorchTrial):
         return pytorch.DataLoader(Data(16, 1), batch_size=8)
 
     def train_batch(self, batch, epoch_idx, batch_idx):
+        hold_at_gate(self.hp, batch_idx)
         x, y = batch
         loss = torch.nn.functional.mse_loss(self.model(x), y)
         self.context.backward(loss)
@@ -329,8 +374,10 @@ with pytorch.init() as ctx:
     )
 """
 
-# A trial for the search tests. `delay`: seconds slept per batch (so a test can stop a search
-# while it trains); `mode`: "invalid" raises InvalidHP in __init__, "crash" RuntimeError. Each
+
+# A trial for the search tests. `gate`, `hold_at`: the test's gate (`GATE_CODE`: a test holds
+# a search's trials there to stop the search while they train); `mode`: "invalid" raises
+# InvalidHP in __init__, "crash" RuntimeError. Each
 # trial writes the seed it was given into its own folder (the folder of its run description).
 TINY_MODEL_DEF = (
     """
@@ -345,6 +392,7 @@ from determined import InvalidHP, pytorch
 
 """
     + DATA
+    + GATE_CODE
     + """
 
 class TinyTrial(pytorch.PyTorchTrial):
@@ -369,7 +417,7 @@ class TinyTrial(pytorch.PyTorchTrial):
         return pytorch.DataLoader(Data(16), batch_size=8)
 
     def train_batch(self, batch, epoch_idx, batch_idx):
-        time.sleep(float(self.context.get_hparam("delay")))
+        hold_at_gate(self.context.get_hparams(), batch_idx)
         x, y = batch
         loss = torch.nn.functional.mse_loss(self.model(x), y)
         self.context.backward(loss)
@@ -414,7 +462,6 @@ SEARCH_CONFIG: dict[str, Any] = {
     "hyperparameters": {
         "global_batch_size": 8,
         "lr": {"type": "log", "base": 10, "minval": -3, "maxval": -1},
-        "delay": 0.0,
     },
     "reproducibility": {"experiment_seed": 7},
     "scheduling_unit": 4,
@@ -772,6 +819,52 @@ def steps_completed(checkpoint: pathlib.Path) -> int:
 def checkpoint_weights(checkpoint: pathlib.Path) -> dict[str, torch.Tensor]:
     state = torch.load(checkpoint / "state_dict.pth", weights_only=False)
     return dict(state["models_state_dict"][0])
+
+
+@dataclass(frozen=True)
+class Gate:
+    """The test's side of a trial's gate (`GATE_CODE`): a folder under the test's tmp dir,
+    which every process of the test's trials sees, the search's trials on other nodes too."""
+
+    path: pathlib.Path
+
+    @classmethod
+    def at(cls, path: pathlib.Path) -> Gate:
+        path.mkdir(parents=True, exist_ok=True)
+        return cls(path)
+
+    def hparams(self, batch: int | list[int]) -> dict[str, Any]:
+        """The hyperparameters that hold each trial at `batch` (0-based: once `batch` batches
+        are trained; a list: at each)."""
+        return {"gate": str(self.path), "hold_at": batch}
+
+    def options(self, batch: int | list[int]) -> tuple[str, ...]:
+        """The same as `--set` options of `lightning-bridge run`."""
+        return tuple(
+            arg
+            for k, v in self.hparams(batch).items()
+            for arg in ("--set", f"hyperparameters.{k}={v}")
+        )
+
+    def reached(self) -> int:
+        """How many processes have reached the gate so far."""
+        return len(list(self.path.glob("reached.*")))
+
+    def wait(self, count: int = 1, timeout: float = 240, seen: Callable[[], Any] = str) -> None:
+        """Wait until `count` processes are held at the gate; on failure says what `seen()`
+        returned (the record's trials, a log) at the end."""
+        deadline = time.monotonic() + timeout
+        while self.reached() < count:
+            if time.monotonic() > deadline:
+                raise AssertionError(
+                    f"{self.reached()} of {count} processes reached the gate {self.path} "
+                    f"within {timeout:g} s; seen: {seen()}"
+                )
+            time.sleep(0.05)
+
+    def release(self) -> None:
+        """Let every process held (and every one that reaches the gate later) go on."""
+        (self.path / "release").touch()
 
 
 def weights_by_hparams(

@@ -19,6 +19,7 @@ import lightning_bridge as pytorch
 from lightning_bridge.checkpoint._layout import latest_checkpoint_in
 from lightning_bridge.checkpoint._safe_load import read_checkpoint
 from lightning_bridge.translation.fit._payload import save_checkpoint
+from tests._folders import Gate, wait_for
 from tests._trials import LinearTrial, quiet_init
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -78,35 +79,35 @@ def test_killed_saves_never_leave_a_partial_checkpoint(tmp_path: pathlib.Path) -
 
 SCRIPT = textwrap.dedent(
     """
-    import pathlib, sys, time
+    import sys
     import torch
     import lightning_bridge as pytorch
     from tests.test_resume import NoisyTrial
+    from tests._folders import GATE_CODE
     from tests._trials import quiet_init
 
-    marker, out, ckpt = sys.argv[1], sys.argv[2], sys.argv[3] or None
+    exec(GATE_CODE)  # hold_at_gate
+    gate, out, ckpt = sys.argv[1], sys.argv[2], sys.argv[3] or None
 
-    class Slow(NoisyTrial):
+    class Held(NoisyTrial):
         def train_batch(self, batch, epoch_idx, batch_idx):
-            if batch_idx == 3:
-                pathlib.Path(marker).touch()
-            time.sleep(0.05)
+            hold_at_gate({"gate": gate, "hold_at": 3}, batch_idx)  # until the signal
             return super().train_batch(batch, epoch_idx, batch_idx)
 
     with quiet_init(hparams={"global_batch_size": 8}) as ctx:
-        trial = Slow(ctx)
+        trial = Held(ctx)
         pytorch.Trainer(trial, ctx).fit(max_length=pytorch.Batch(40), latest_checkpoint=ckpt)
     torch.save([p.detach() for p in trial.model.parameters()], out)
     """
 )
 
 
-def _child(tmp_path: pathlib.Path, ckpt: str = "") -> subprocess.Popen:
+def _child(tmp_path: pathlib.Path, gate: Gate, ckpt: str = "") -> subprocess.Popen:
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     return subprocess.Popen(
-        [sys.executable, str(script), str(tmp_path / "started"), str(tmp_path / "w.pt"), ckpt],
+        [sys.executable, str(script), str(gate.path), str(tmp_path / "w.pt"), ckpt],
         cwd=tmp_path,
         env=env,
         stdout=subprocess.PIPE,
@@ -120,12 +121,9 @@ def _child(tmp_path: pathlib.Path, ckpt: str = "") -> subprocess.Popen:
 def test_signal_checkpoints_exits_zero_and_continues_exactly(
     tmp_path: pathlib.Path, sig: signal.Signals
 ) -> None:
-    proc = _child(tmp_path)
-    deadline = time.time() + 120
-    while not (tmp_path / "started").exists():
-        assert proc.poll() is None, proc.communicate()[0]
-        assert time.time() < deadline
-        time.sleep(0.02)
+    gate = Gate.at(tmp_path / "gate")
+    proc = _child(tmp_path, gate)
+    wait_for(gate.reached, proc, 120, "the trial held after 3 batches")
     proc.send_signal(sig)
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 0, out
@@ -133,7 +131,8 @@ def test_signal_checkpoints_exits_zero_and_continues_exactly(
     assert len(lines) == 1 and f"Stopped by {sig.name}" in lines[0]
     assert not (tmp_path / "w.pt").exists(), "the run stopped before finishing"
 
-    resumed = _child(tmp_path, "latest")
+    gate.release()
+    resumed = _child(tmp_path, gate, "latest")
     out, _ = resumed.communicate(timeout=180)
     assert resumed.returncode == 0, out
 

@@ -345,16 +345,18 @@ def test_a_run_whose_record_is_locked_for_a_while_trains_on_and_records_everythi
     """Another process holds the registry's write lock mid-run (far longer than a writer
     waits) while the trial validates three times. Before, the trial waited 120 s and failed
     with `database is locked`."""
+    gate = ff.Gate.at(tmp_path / "gate")  # the trial held after 6 batches until the lock
     folder = ff.fault_folder(
         tmp_path,
-        hyperparameters={"sleep": 0.1, "mark_at": 6},
+        hyperparameters=gate.hparams(6),
         searcher={**SHORT, "max_length": {"batches": 80}},
     )
     proc = ff.start_run(folder)
-    ff.wait_for(folder / "training.0", proc, timeout=300)
+    ff.wait_for(gate.reached, proc, timeout=300)
     registry = ff.workspace(folder) / "registry.sqlite"
     lock = sqlite3.connect(registry, isolation_level=None, timeout=30)
     lock.execute("BEGIN IMMEDIATE")
+    gate.release()
     try:
         query = "SELECT batches FROM metrics WHERE kind = 'validation' ORDER BY id"
         before = {1: [row[0] for row in lock.execute(query)]}
@@ -383,20 +385,22 @@ def test_a_search_whose_postgresql_server_restarts_mid_trial_finishes_with_every
     started again. Before, the worker and the trial ended in tracebacks (connection refused)."""
     import optuna
 
+    gate = ff.Gate.at(tmp_path / "gate")  # the trial held after 6 batches until the stop
     folder = ff.fault_folder(
         tmp_path,
-        hyperparameters={"sleep": 0.1, "mark_at": 6, "lr": {"type": "categorical", "vals": [0.05]}},
+        hyperparameters={**gate.hparams(6), "lr": {"type": "categorical", "vals": [0.05]}},
         searcher={**SEARCH, "max_trials": 1, "max_length": {"batches": 80}},
     )
     # The server is the test run's: other tests' searches may have left studies in it.
     storage = postgres.url.replace("postgresql", "postgresql+psycopg")
     earlier = set(optuna.get_all_study_names(storage))
     proc = ff.start_run(folder, "--storage", postgres.url)
-    # A search trial writes its cues in its own copy of the folder.
+    # A search trial writes its events in its own copy of the folder.
     workdir = ff.workspace(folder) / "experiments" / "1" / "trials" / "1" / "workdir"
-    ff.wait_for(workdir / "training.0", proc, timeout=300)
+    ff.wait_for(gate.reached, proc, timeout=300)
     postgres.stop()
     before = _validations(ff.workspace(folder))
+    gate.release()
     try:
         trained_meanwhile = _validations_while_away(workdir, proc)
     finally:

@@ -19,6 +19,7 @@ from lightning_bridge.experiment.cli._main import main
 from lightning_bridge.record._registry import Registry
 from tests._folders import (  # isolated_imports: an autouse fixture
     SEED_7,
+    Gate,
     checkpoint_weights,
     cli_env,
     command,
@@ -205,7 +206,8 @@ def test_pause_then_kill_reach_a_trial_training_on_this_machine(tmp_path: pathli
     """`experiment pause` of a run training on this machine stops its trial's process after a
     checkpoint (the run exits 0, the trial STOPPED part way); `experiment kill` of its
     continuation ends that process at once, the trial recorded STOPPED, killed there."""
-    folder = fault_folder(tmp_path, hyperparameters={"sleep": 0.3, "mark_at": 3})
+    gate = Gate.at(tmp_path / "gate")  # held after 3 batches, and again after 12
+    folder = fault_folder(tmp_path, hyperparameters=gate.hparams([3, 12]))
     ws = workspace(folder)
 
     def lb(*args: str) -> subprocess.CompletedProcess[str]:
@@ -223,7 +225,7 @@ def test_pause_then_kill_reach_a_trial_training_on_this_machine(tmp_path: pathli
             return registry.trial(1)
 
     run = start_run(folder)
-    wait_for(folder / "training.0", run)
+    wait_for(gate.reached, run)
     # `experiment describe` says where the trial runs, as its launcher's handle reaches it.
     described = lb("experiment", "describe", "1")
     assert described.returncode == 0, described.stdout + described.stderr
@@ -240,7 +242,7 @@ def test_pause_then_kill_reach_a_trial_training_on_this_machine(tmp_path: pathli
 
     continuing = ["experiment", "continue", "1", "--workspace", str(ws)]
     continued = start(continuing, folder, tmp_path / "log")
-    wait_for(lambda: trial().batches_trained > stopped.batches_trained, continued, 180)
+    wait_for(lambda: gate.reached() == 2, continued, 180)  # on, to its second hold
     killed = lb("experiment", "kill", "1")
     assert killed.returncode == 0, killed.stdout + killed.stderr
     continued.wait(60)

@@ -2,9 +2,9 @@
 (marker `ray`, the cluster of `_ray_cluster`), each run compared with the same trial or search
 run locally (the local launcher, as a user runs it): same final weights, bit for bit.
 
-The trial is the Slurm tests' linear trial (`SLOW_MODEL_DEF`: `delay` seconds a batch, its
-ranks' view of the cluster written by its __init__), the search the tiny trial's
-adaptive_asha search.
+The trial is the Slurm tests' linear trial (`SLOW_MODEL_DEF`: held at a batch by the test's
+gate, `sf.Gate`, while the test pauses, kills or takes the cluster apart; its ranks' view of
+the cluster written by its __init__), the search the tiny trial's adaptive_asha search.
 """
 
 from __future__ import annotations
@@ -41,7 +41,6 @@ from tests.test_slurm import (
     _same,
     _shown,
     _trial,
-    _trial_batches,
     _wait_for,
     finish,
     lb,
@@ -122,14 +121,18 @@ def local_weights(tmp_path_factory: pytest.TempPathFactory) -> dict[str, torch.T
     return _final_weights(root / "ws")
 
 
-def _asha(delay: float = 0.0) -> dict[str, Any]:
+def _asha(gate: sf.Gate | None = None, batch: int = 0) -> dict[str, Any]:
     """The tiny trial's adaptive_asha search, one trial at a time: ASHA's promotions then do
     not depend on which of two trials reports first, so the search makes the same trials,
-    each trained as long, on every run."""
+    each trained as long, on every run. `gate`: each trial held there at `batch`."""
     config = copy.deepcopy(sf.ASHA_CONFIG)
     config["searcher"]["max_concurrent_trials"] = 1
-    config["hyperparameters"]["delay"] = delay
+    if gate is not None:
+        config["hyperparameters"].update(gate.hparams(batch))
     return config
+
+
+GATED = ("gate", "hold_at")  # the hyperparameters of the gate, left out of the comparisons
 
 
 @pytest.fixture(scope="module")
@@ -141,7 +144,7 @@ def local_search_weights(
     path = sf.write_folder(root, _asha(), "exp", sf.TINY)
     done = lb(*on_ray(path, root / "ws", "--launcher", "local"), cwd=root, timeout=400)
     assert done.returncode == 0, _shown(done)
-    return weights_by_hparams(root / "ws", leave_out=("delay",))
+    return weights_by_hparams(root / "ws", leave_out=GATED)
 
 
 # ----- refusals, before anything is recorded -----
@@ -332,7 +335,7 @@ def test_an_adaptive_asha_search_forks_its_trials_warm_with_the_local_weights(
     ws = tmp_path / "ws"
     done = lb(*on_ray(path, ws, "--address", ray_cluster.address), cwd=tmp_path, timeout=400)
     assert done.returncode == 0, _shown(done)
-    weights = weights_by_hparams(ws, leave_out=("delay",))
+    weights = weights_by_hparams(ws, leave_out=GATED)
     assert weights.keys() == local_search_weights.keys()
     for key, expected in local_search_weights.items():
         _same(weights[key], expected)
@@ -354,10 +357,11 @@ def test_pause_then_continue_on_ray_to_the_same_weights(
     ends; `experiment continue` places it again and it ends with the uninterrupted weights."""
     path = _folder(tmp_path, _config())
     ws = tmp_path / "ws"
-    slow = ("--set", "hyperparameters.delay=0.3", "--address", ray_cluster.address)
-    coordinator = lb_start(*on_ray(path, ws, *slow), cwd=tmp_path)
+    gate = sf.Gate.at(tmp_path / "gate")
+    held = (*gate.options(6), "--address", ray_cluster.address)
+    coordinator = lb_start(*on_ray(path, ws, *held), cwd=tmp_path)
     try:
-        _wait_for(lambda: _trial_batches(ws) >= 6, 180, "the trial to train 6 batches")
+        gate.wait(seen=lambda: _search_trials(ws))
         paused = lb("experiment", "pause", "1", "--workspace", str(ws), cwd=tmp_path)
         assert paused.returncode == 0, _shown(paused)
     finally:
@@ -366,6 +370,7 @@ def test_pause_then_continue_on_ray_to_the_same_weights(
     trial = _trial(ws)
     assert trial.state == "STOPPED" and 6 <= trial.batches_trained < 24, trial
     assert not _live_actors(ray_cluster, "lb-1-")
+    gate.release()
     done = lb("experiment", "continue", "1", "--workspace", str(ws), cwd=tmp_path)
     assert done.returncode == 0, _shown(done)
     assert _trial(ws).state == "COMPLETED" and _trial(ws).runs == 2
@@ -376,18 +381,16 @@ def test_experiment_kill_ends_a_search_on_ray(
     tmp_path: pathlib.Path, ray_cluster: RayCluster
 ) -> None:
     """`experiment kill` ends the running trials at once (their actors and processes gone),
-    records them stopped, and the coordinator ends."""
+    records them stopped, and the coordinator ends. Every trial is held after 2 batches (of
+    its first rung's 4) and never released: none can complete before the kill."""
+    gate = sf.Gate.at(tmp_path / "gate")
     config = copy.deepcopy(sf.ASHA_CONFIG)
-    config["hyperparameters"]["delay"] = 0.3
+    config["hyperparameters"].update(gate.hparams(2))
     path = sf.write_folder(tmp_path, config, "exp", sf.TINY)
     ws = tmp_path / "ws"
     coordinator = lb_start(*on_ray(path, ws, "--address", ray_cluster.address), cwd=tmp_path)
     try:
-        _wait_for(
-            lambda: any(t.batches_trained >= 2 for t in _search_trials(ws)),
-            180,
-            "a trial to train 2 batches",
-        )
+        gate.wait(seen=lambda: _search_trials(ws))
         killed = lb("experiment", "kill", "1", "--workspace", str(ws), cwd=tmp_path)
         assert killed.returncode == 0, _shown(killed)
     finally:
@@ -409,26 +412,23 @@ def test_a_killed_coordinator_then_experiment_continue_finishes_the_search_on_po
     """The search's record and its Optuna storage on PostgreSQL, as a cluster shares them; its
     coordinator SIGKILLed mid-search: its trials' actors end with it; `experiment continue`
     goes on from the trials' checkpoints to the local search's weights."""
-    path = sf.write_folder(tmp_path, _asha(), "exp", sf.TINY)
+    gate = sf.Gate.at(tmp_path / "gate")
+    path = sf.write_folder(tmp_path, _asha(gate, 3), "exp", sf.TINY)
     ws = tmp_path / "ws"
     ws.mkdir()
     (ws / "workspace.json").write_text(json.dumps({"record": postgres.new_database()}))
-    slow = ("--set", "hyperparameters.delay=0.3", "--address", ray_cluster.address)
-    storage = ("--storage", postgres.new_database())
-    coordinator = lb_start(*on_ray(path, ws, *slow, *storage), cwd=tmp_path)
+    held = ("--address", ray_cluster.address, "--storage", postgres.new_database())
+    coordinator = lb_start(*on_ray(path, ws, *held), cwd=tmp_path)
     try:
-        _wait_for(
-            lambda: any(t.batches_trained >= 4 for t in _search_trials(ws)),
-            180,
-            "a trial to train 4 batches",
-        )
+        gate.wait(seen=lambda: _search_trials(ws))  # the first trial, after 3 batches
         coordinator.send_signal(signal.SIGKILL)
     finally:
         finish(coordinator)
     _wait_for(lambda: not _live_actors(ray_cluster, "lb-1-"), 60, "the trials' actors to end")
+    gate.release()
     done = lb("experiment", "continue", "1", "--workspace", str(ws), cwd=tmp_path, timeout=400)
     assert done.returncode == 0, _shown(done)
-    weights = weights_by_hparams(ws, leave_out=("delay",))
+    weights = weights_by_hparams(ws, leave_out=GATED)
     assert weights.keys() == local_search_weights.keys()
     for key, expected in local_search_weights.items():
         _same(weights[key], expected)
@@ -460,13 +460,17 @@ def test_a_lost_node_trial_continues_on_the_other_node_to_the_same_weights(
         ray.get(blocker.ready.remote())
         path = _folder(tmp_path, _config())
         ws = tmp_path / "ws"
-        slow = ("--set", "hyperparameters.delay=0.3", "--address", cluster.address)
-        coordinator = lb_start(*on_ray(path, ws, *slow), cwd=tmp_path)
+        gate = sf.Gate.at(tmp_path / "gate")
+        held = (*gate.options(8), "--address", cluster.address)
+        coordinator = lb_start(*on_ray(path, ws, *held), cwd=tmp_path)
         try:
-            _wait_for(lambda: _trial_batches(ws) >= 8, 180, "the trial to train 8 batches")
+            gate.wait(seen=lambda: _search_trials(ws))  # after 8 batches
             assert cluster.node_ids()["worker"][:12] in _job(ws).reason
             ray.kill(blocker)
             cluster.kill_worker()
+            # Placed again on the head, from a checkpoint before the gate: held there again.
+            gate.wait(2, seen=lambda: _search_trials(ws))
+            gate.release()
         finally:
             out = finish(coordinator, timeout=300)
     finally:
@@ -492,10 +496,11 @@ def test_the_cluster_going_away_stops_the_trial_with_one_message_and_loses_nothi
     checkpoints; continued on another cluster, it ends with the uninterrupted weights."""
     path = _folder(tmp_path, _config())
     ws = tmp_path / "ws"
-    slow = ("--set", "hyperparameters.delay=1.0", "--address", fresh_ray_cluster.address)
-    coordinator = lb_start(*on_ray(path, ws, *slow), cwd=tmp_path)
+    gate = sf.Gate.at(tmp_path / "gate")
+    held = (*gate.options(4), "--address", fresh_ray_cluster.address)
+    coordinator = lb_start(*on_ray(path, ws, *held), cwd=tmp_path)
     try:
-        _wait_for(lambda: _trial_batches(ws) >= 4, 180, "the trial to train 4 batches")
+        gate.wait(seen=lambda: _search_trials(ws))  # after 4 batches
         fresh_ray_cluster.crash()
         started = time.monotonic()
         out = finish(coordinator, timeout=120)
@@ -512,6 +517,7 @@ def test_the_cluster_going_away_stops_the_trial_with_one_message_and_loses_nothi
     with Registry(ws) as registry:
         assert registry.latest_checkpoint(1) is not None
     again = ray_cluster.address  # another cluster: the session's
+    gate.release()
     done = lb(
         "experiment", "continue", "1", "--workspace", str(ws), "--address", again, cwd=tmp_path
     )

@@ -65,8 +65,11 @@ def _run(args: list[str], cwd: pathlib.Path, log: pathlib.Path) -> str:
 @pytest.fixture(scope="module")
 def asha(tmp_path_factory: pytest.TempPathFactory) -> Search:
     root = tmp_path_factory.mktemp("asha")
+    # Every trial ASHA lets go on past its first rung is held there until the search is
+    # continued: the search cannot end before the Ctrl-C.
+    gate = sf.Gate.at(root / "gate")
     config = copy.deepcopy(ASHA)
-    config["hyperparameters"]["delay"] = 0.25
+    config["hyperparameters"].update(gate.hparams(RUNGS[0]))
     path = sf.write_folder(root, config, "folder", sf.TINY)
     workspace = root / "workspace"
     log = root / "run.log"
@@ -83,10 +86,12 @@ def asha(tmp_path_factory: pytest.TempPathFactory) -> Search:
             )
 
     sf.wait_for(trained_first_rung, run, 240, "a trial to reach its first rung", log)
+    sf.wait_for(gate.reached, run, 240, "a trial held past its first rung", log)
     run.send_signal(signal.SIGINT)  # Ctrl-C on the command (its trials are signalled by it)
     first = sf.finish_logged(run, log)
     assert run.returncode == 0, first
     assert "The search stopped" in first and "experiment continue 1" in first, first
+    gate.release()
     resumed = _run(["experiment", "continue", "1", "--workspace", str(workspace)], root,
                    root / "continue.log")  # fmt: skip
     return Search(workspace, 1, [first, resumed])
@@ -269,7 +274,7 @@ def test_a_grid_over_constants_alone_runs_their_one_trial(tmp_path: pathlib.Path
     # Determined's grid is the product of one axis per hyperparameter; a constant is an axis
     # of one value, so a grid over no range is one trial with the constants (and a grid over
     # no hyperparameter at all, above, none).
-    hparams = {"global_batch_size": 8, "lr": 0.01, "delay": 0.0, "opt": {"beta": 0.9}}
+    hparams = {"global_batch_size": 8, "lr": 0.01, "opt": {"beta": 0.9}}
     config = {**sf.SEARCH_CONFIG, "hyperparameters": hparams}
     config["searcher"] = {"name": "grid", "metric": "validation_loss", "max_length": {"batches": 4}}
     path = sf.write_folder(tmp_path, config, "folder", sf.TINY)

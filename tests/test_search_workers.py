@@ -48,8 +48,11 @@ def _trials(workspace: pathlib.Path) -> list[object]:
 
 
 def _two_workers(tmp_path: pathlib.Path, storage: str, kill: bool) -> None:
+    # Every trial is held after 4 batches until all three are held: the first machine holds
+    # two, so the second has taken the third before any can end.
+    gate = sf.Gate.at(tmp_path / "gate")
     config = copy.deepcopy(SEARCH)
-    config["hyperparameters"]["delay"] = 0.3
+    config["hyperparameters"].update(gate.hparams(4))
     path = sf.write_folder(tmp_path, config, "folder", sf.TINY)
     first, second = tmp_path / "machine-a", tmp_path / "machine-b"
     # Killed: the other worker takes the dead one's trials after 5 s. Otherwise both stay
@@ -67,16 +70,10 @@ def _two_workers(tmp_path: pathlib.Path, storage: str, kill: bool) -> None:
     worker = sf.start(["search-worker", name, "--workspace", str(second), *common], tmp_path,
                       tmp_path / "b.log")  # fmt: skip
     try:
+        sf.wait_for(lambda: gate.reached() == 3, worker, 240, "3 trials held", tmp_path / "b.log")
         if kill:
             # Lose the second machine while its trial trains: the worker and its trial die
             # at once, without giving anything back.
-            sf.wait_for(
-                lambda: any(t.batches_trained >= 4 for t in _trials(second)),  # type: ignore[attr-defined]
-                worker,
-                240,
-                "the second worker's trial to train",
-                tmp_path / "b.log",
-            )
             # Each trial runs in a process group of its own: the worker's group is frozen
             # first (nothing of it sees its trials end), then the trials and the worker die.
             running = [t.pid for t in _trials(second) if t.state == "ACTIVE" and t.pid]  # type: ignore[attr-defined]
@@ -86,6 +83,7 @@ def _two_workers(tmp_path: pathlib.Path, storage: str, kill: bool) -> None:
                     os.killpg(pid, signal.SIGKILL)
             os.killpg(worker.pid, signal.SIGKILL)
             worker.wait(30)
+        gate.release()
         out_a = sf.finish_logged(run, tmp_path / "a.log")
         assert run.returncode == 0, out_a
         if not kill:

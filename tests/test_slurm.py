@@ -1,9 +1,9 @@
 """`--launcher slurm`: trials as sbatch jobs on a real two-node Slurm cluster (marker `slurm`,
 the cluster of `_slurm_cluster`), and the refusals and sbatch options that need no cluster.
 
-The trial is the CLI tests' linear trial, slowed by `delay` seconds per batch so that a test
-can requeue or pause its job mid-run; every run on Slurm is compared with the same trial run
-locally (the local launcher, in this process): same final weights, bit for bit.
+The trial is the CLI tests' linear trial, held at a batch by the test's gate (`sf.Gate`) so
+that a test can requeue or pause its job mid-run; every run on Slurm is compared with the same
+trial run locally (the local launcher, in this process): same final weights, bit for bit.
 """
 
 from __future__ import annotations
@@ -45,14 +45,18 @@ from tests._slurm_cluster import (
     slurm_cluster_fixture,  # noqa: F401 - fixture
 )
 
-# The linear trial, sleeping `delay` seconds a batch, and raising once at batch `fail_once_at`
-# (the first run of its folder: it leaves `failed-once` there); its __init__ also records its
-# node's rank, the trial's node addresses (`get_cluster_info()`) and the variable FROM_HOOK (a
-# startup hook's export) in init.RANK.json.
+# The linear trial, held at the test's gate (`sf.GATE_CODE`: `gate`, `hold_at`), sleeping
+# `delay` seconds a batch (the two-node test: the pace of a multi-process fit's agreement on
+# a signal), and raising once at batch `fail_once_at` (the first run of its folder: it leaves
+# `failed-once` there); its __init__ also records its node's rank, the trial's node addresses
+# (`get_cluster_info()`) and the variable FROM_HOOK (a startup hook's export) in
+# init.RANK.json.
 SLOW_MODEL_DEF = (
-    MODEL_DEF.replace("import signal\n", "import signal\nimport time\n\nimport determined\n")
+    (MODEL_DEF + sf.GATE_CODE)
+    .replace("import signal\n", "import signal\nimport time\n\nimport determined\n")
     .replace(
         "        x, y = batch\n        loss = torch",
+        "        hold_at_gate(self.context.get_hparams(), batch_idx)\n"
         "        time.sleep(self.context.get_hparams().get('delay', 0))\n"
         "        if self.context.get_hparams().get('fail_once_at') == batch_idx:\n"
         "            if not os.path.exists('failed-once'):\n"
@@ -69,12 +73,13 @@ SLOW_MODEL_DEF = (
     )
 )
 assert SLOW_MODEL_DEF.count("determined.get_cluster_info") == 1 and "failed-once" in SLOW_MODEL_DEF
+assert SLOW_MODEL_DEF.count("hold_at_gate(") == 2
 
 
 def _config(**changes: Any) -> dict[str, Any]:
     config: dict[str, Any] = {
         **BASE_CONFIG,
-        "hyperparameters": {**BASE_CONFIG["hyperparameters"], "delay": 0.0},
+        "hyperparameters": dict(BASE_CONFIG["hyperparameters"]),
         "searcher": {**BASE_CONFIG["searcher"], "max_length": {"batches": 24}},
         "min_validation_period": {"batches": 8},
         "min_checkpoint_period": {"batches": 2},
@@ -217,6 +222,17 @@ def _trial(workspace: pathlib.Path, trial_id: int = 1) -> Any:
         return registry.trial(trial_id)
 
 
+def _seen(workspace: pathlib.Path) -> str:
+    """What the record shows of experiment 1's trials and jobs (for a failure's message)."""
+    if not Workspace(workspace).registry_path.exists():
+        return "no record yet"
+    try:
+        with Registry(workspace) as registry:
+            return f"trials {registry.trials()}; jobs {registry.jobs(1)}"
+    except Exception as error:  # noqa: BLE001 - the registry being created
+        return f"the record unreadable: {error!r}"
+
+
 def _ends_as_uninterrupted(
     workspace: pathlib.Path,
     local_weights: dict[str, torch.Tensor],
@@ -341,7 +357,7 @@ def test_continue_of_a_single_trial_runs_the_launchers_checks_first(
             yaml.safe_load(folder.read_text()), context_dir=str(folder.parent)
         )
         trial_id = registry.create_trial(
-            experiment, hparams={"global_batch_size": 8, "lr": 0.05, "delay": 0.0}, seed=1
+            experiment, hparams={"global_batch_size": 8, "lr": 0.05}, seed=1
         )
         registry.trial_ended(trial_id, TrialState.STOPPED, "paused")  # to continue
     env_path = os.environ["PATH"]
@@ -515,11 +531,16 @@ def test_two_node_trial_equals_its_two_process_single_node_run(
             done = lb(*on_slurm(path, ws, "--launcher", launcher, "--force"), cwd=tmp_path)
             assert done.returncode == 0, _shown(done)
         else:
-            slow = ("--set", "hyperparameters.delay=0.4")
-            coordinator = lb_start(*on_slurm(path, ws, *slow), cwd=tmp_path)
+            # Both ranks are held after 6 batches until the signal. A fit of several
+            # processes agrees on a signal every ~0.1 s of training (`_stop_request`): a
+            # batch of 0.2 s (`delay`) makes that every batch, whatever the machine's load,
+            # so the trial stops within its 24 batches (with batches of a millisecond the
+            # next agreement falls after its end, and it completes unstopped).
+            gate = sf.Gate.at(tmp_path / "gate")
+            paced = ("--set", "hyperparameters.delay=0.2", *gate.options(6))
+            coordinator = lb_start(*on_slurm(path, ws, *paced), cwd=tmp_path)
             try:
-                trained = lambda: _trial_batches(tmp_path / "ws-slurm") >= 6  # noqa: E731
-                _wait_for(trained, 180, "the trial to train 6 batches")
+                gate.wait(2, seen=lambda: _seen(tmp_path / "ws-slurm"))  # both ranks, 6 batches
                 job_id = _job(ws).job_id
                 slurm_cluster.run("scancel", "--batch", "--signal=USR1", job_id)
             finally:
@@ -589,20 +610,20 @@ def test_single_trial_is_a_job_with_the_local_weights(
     assert f"slurm job {job.job_id} (COMPLETED)" in logs and "Training" in logs
 
 
-# The delay (seconds per batch) does not change the weights: the local run (delay 0) is the
-# reference of every interrupted run.
+# The gate does not change the weights: the local run (never held) is the reference of every
+# interrupted run.
 
 
 def _requeued_mid_trial(
     cluster: SlurmCluster, config: pathlib.Path, ws: pathlib.Path
 ) -> tuple[str, str]:
-    """Run `config` on Slurm into `ws` and `scontrol requeue` its job once the trial trained 6
-    batches; the coordinator ended with 0. Its output and the requeued job's id."""
-    coordinator = lb_start(
-        *on_slurm(config, ws, "--set", "hyperparameters.delay=0.4"), cwd=config.parent.parent
-    )
+    """Run `config` on Slurm into `ws` and `scontrol requeue` its job while the trial is held
+    after 6 batches (it checkpoints there and stops); the coordinator ended with 0. Its output
+    and the requeued job's id."""
+    gate = sf.Gate.at(ws.parent / "gate")
+    coordinator = lb_start(*on_slurm(config, ws, *gate.options(6)), cwd=config.parent.parent)
     try:
-        _wait_for(lambda: _trial_batches(ws) >= 6, 180, "the trial to train 6 batches")
+        gate.wait(seen=lambda: _seen(ws))
         job_id = _job(ws).job_id
         cluster.run("scontrol", "requeue", job_id)
     finally:
@@ -738,12 +759,11 @@ def test_job_signalled_before_its_time_limit_requeues_to_the_same_weights(
     again (a job keeps its limit across requeues), and continues from that checkpoint."""
     ws = tmp_path / "ws"
     config = _folder(tmp_path, _config(slurm={"sbatch_args": ["--time=10"]}))
-    # 24 batches of 1.5 s: after the 2nd batch, the trial trains longer than Slurm's 30 s.
-    coordinator = lb_start(
-        *on_slurm(config, ws, "--set", "hyperparameters.delay=1.5"), cwd=tmp_path
-    )
+    # Held after its 2nd batch until the signal comes (Slurm checks limits every 30 s).
+    gate = sf.Gate.at(tmp_path / "gate")
+    coordinator = lb_start(*on_slurm(config, ws, *gate.options(2)), cwd=tmp_path)
     try:
-        _wait_for(lambda: _trial_batches(ws) >= 2, 180, "the trial to train 2 batches")
+        gate.wait(seen=lambda: _seen(ws))
         job_id = _job(ws).job_id
         slurm_cluster.run("scontrol", "update", f"JobId={job_id}", "TimeLimit=2")
         requeued = lambda: slurm_cluster.job(job_id).get("Restarts") == "1"  # noqa: E731
@@ -775,17 +795,17 @@ def test_job_of_a_lost_node_is_requeued_to_the_same_weights(
     trial runs on the spare partition, the node no other test uses."""
     ws = tmp_path / "ws"
     config = _folder(tmp_path, _config(resources={"resource_pool": "spare"}))
-    coordinator = lb_start(
-        *on_slurm(config, ws, "--set", "hyperparameters.delay=0.4"), cwd=tmp_path
-    )
+    gate = sf.Gate.at(tmp_path / "gate")
+    coordinator = lb_start(*on_slurm(config, ws, *gate.options(7)), cwd=tmp_path)
     try:
-        _wait_for(lambda: _trial_batches(ws) >= 7, 180, "the trial to train 7 batches")
+        gate.wait(seen=lambda: _seen(ws))
         trial = _trial(ws)
         assert trial.pid is not None
         step = _parent(trial.pid)  # the job's slurmstepd
         slurm_cluster.kill_node("n3")
         for pid in (step, trial.pid):
             os.kill(pid, signal.SIGKILL)
+        gate.release()  # the requeued job trains its batches after the checkpoint again
         slurm_cluster.run("scontrol", "update", "NodeName=n3", "State=DOWN", "Reason=lost")
         job_id = _job(ws).job_id
         pending = lambda: slurm_cluster.job(job_id).get("JobState") == "PENDING"  # noqa: E731
@@ -850,11 +870,10 @@ def test_paused_twice_then_continued_to_the_same_weights(
     `experiment pause`, continued to the end: the uninterrupted run's weights."""
     ws = tmp_path / "ws"
     config = _folder(tmp_path, _config())
-    coordinator = lb_start(
-        *on_slurm(config, ws, "--set", "hyperparameters.delay=0.4"), cwd=tmp_path
-    )
+    gate = sf.Gate.at(tmp_path / "gate")
+    coordinator = lb_start(*on_slurm(config, ws, *gate.options([4, 12])), cwd=tmp_path)
     try:
-        _wait_for(lambda: _trial_batches(ws) >= 4, 180, "the trial to train 4 batches")
+        gate.wait(seen=lambda: _seen(ws))  # held after 4 batches
         coordinator.send_signal(signal.SIGTERM)
     finally:
         out = finish(coordinator)
@@ -865,8 +884,8 @@ def test_paused_twice_then_continued_to_the_same_weights(
 
     resume = ["experiment", "continue", "1", "--workspace", str(ws)]
     out = _paused_once(
-        lambda: _trial_batches(ws) >= first.batches_trained + 2,
-        "the trial to go on",
+        lambda: gate.reached() == 2,  # held again after 12 batches
+        "the trial to go on to its second hold",
         resume,
         tmp_path,
         capsys,
@@ -886,11 +905,10 @@ def test_experiment_kill_cancels_the_job(
 ) -> None:
     ws = tmp_path / "ws"
     config = _folder(tmp_path, _config())
-    coordinator = lb_start(
-        *on_slurm(config, ws, "--set", "hyperparameters.delay=0.4"), cwd=tmp_path
-    )
+    gate = sf.Gate.at(tmp_path / "gate")
+    coordinator = lb_start(*on_slurm(config, ws, *gate.options(1)), cwd=tmp_path)
     try:
-        _wait_for(lambda: _trial_batches(ws) >= 1, 180, "the trial to train")
+        gate.wait(seen=lambda: _seen(ws))
         assert main(["experiment", "kill", "1", "--workspace", str(ws)]) == 0
         assert "killed" in capsys.readouterr().out
     finally:
@@ -947,13 +965,14 @@ def test_adaptive_asha_search_of_jobs_paused_and_continued(
     its first trials train (they checkpoint and stop; the coordinator starts no other and
     ends), continued with `experiment continue`: the paused trials go on from their
     checkpoints, ASHA stops some at a rung, the best checkpoint is listed."""
+    gate = sf.Gate.at(tmp_path / "gate")
     config = copy.deepcopy(sf.ASHA_CONFIG)
-    config["hyperparameters"]["delay"] = 0.3
+    config["hyperparameters"].update(gate.hparams(1))
     path = sf.write_folder(tmp_path, config, "exp", sf.TINY)
     ws = tmp_path / "ws"
     out = _paused_once(
-        lambda: any(t.batches_trained >= 1 for t in _search_trials(ws)),
-        "a trial to train",
+        lambda: gate.reached() >= 1,
+        "a trial held after its first batch",
         on_slurm(path, ws),
         tmp_path,
         capsys,
@@ -964,6 +983,7 @@ def test_adaptive_asha_search_of_jobs_paused_and_continued(
     assert any(0 < t.batches_trained < 16 for t in paused), paused
     assert not slurm_cluster.jobs(under=tmp_path)
 
+    gate.release()  # the trials the search starts next train through
     done = lb("experiment", "continue", "1", "--workspace", str(ws), cwd=tmp_path, timeout=600)
     assert done.returncode == 0, _shown(done)
     with Registry(ws) as registry:

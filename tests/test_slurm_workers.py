@@ -34,7 +34,6 @@ from tests.test_slurm import (  # noqa: F401 - fixtures
     _search_trials,
     _shown,
     _trial,
-    _trial_batches,
     _wait_for,
     finish,
     isolated_imports,
@@ -65,19 +64,15 @@ def _submitted(out: str) -> list[str]:
 
 
 def _in_worker_jobs(
-    path: pathlib.Path, ws: pathlib.Path, jobs: int, batches: int, verb: str
+    path: pathlib.Path, ws: pathlib.Path, jobs: int, gate: sf.Gate, held: int, verb: str
 ) -> str:
-    """Run the search at `path` in `jobs` worker jobs into `ws`; once a trial trained
-    `batches` batches, `experiment VERB 1` (pause, kill). The coordinator's output, once it
-    ended with 0."""
+    """Run the search at `path` (its trials held at `gate`) in `jobs` worker jobs into `ws`;
+    once `held` trials are held there, `experiment VERB 1` (pause, kill). The coordinator's
+    output, once it ended with 0."""
     args = on_slurm(path, ws, "--worker-jobs", str(jobs))
     coordinator = lb_start(*args, cwd=path.parent.parent)
     try:
-        _wait_for(
-            lambda: any(t.batches_trained >= batches for t in _search_trials(ws)),
-            240,
-            f"a trial to train {batches} batches",
-        )
+        gate.wait(held, seen=lambda: _search_trials(ws))
         assert main(["experiment", verb, "1", "--workspace", str(ws)]) == 0
     finally:
         out = finish(coordinator)
@@ -121,12 +116,13 @@ def test_a_search_in_worker_jobs_pauses_continues_and_equals_the_local_search(
     1`: the paused trials go on from their checkpoints in one new worker job, one after the
     other (forked, not started cold), each trial's record names its job, and every trial
     ends with the local search's weights."""
+    gate = sf.Gate.at(tmp_path / "gate")
     config = copy.deepcopy(RANDOM)
-    config["hyperparameters"]["delay"] = 0.3
+    config["hyperparameters"].update(gate.hparams(4))
     path = sf.write_folder(tmp_path, config, "exp", sf.TINY)
     local = lb(
         "run",
-        str(path),
+        str(sf.write_folder(tmp_path, RANDOM, "exp-local", sf.TINY)),
         "--workspace",
         str(tmp_path / "local"),
         "--accelerator",
@@ -137,7 +133,7 @@ def test_a_search_in_worker_jobs_pauses_continues_and_equals_the_local_search(
     assert local.returncode == 0, _shown(local)
 
     ws = tmp_path / "ws"
-    out = _in_worker_jobs(path, ws, 2, 4, "pause")
+    out = _in_worker_jobs(path, ws, 2, gate, 2, "pause")  # both trials held after 4 batches
     assert "checkpoints and stops" in capsys.readouterr().out
     assert len(_submitted(out)) == 2, out[-4000:]
     assert "The search stopped" in out, out[-4000:]
@@ -146,6 +142,7 @@ def test_a_search_in_worker_jobs_pauses_continues_and_equals_the_local_search(
     assert any(0 < t.batches_trained < 16 for t in paused), paused
     _wait_for(lambda: not slurm_cluster.jobs(under=tmp_path), 30, "squeue to list no job")
 
+    gate.release()
     resume = ["experiment", "continue", "1", "--workspace", str(ws), "--worker-jobs", "1"]
     done = lb(*resume, cwd=tmp_path, timeout=400)
     assert done.returncode == 0, _shown(done)
@@ -173,7 +170,7 @@ def test_a_search_in_worker_jobs_pauses_continues_and_equals_the_local_search(
     assert f"slurm job {some} COMPLETED, a trial of search worker job {some}" in describe
 
     reference = weights_by_hparams(tmp_path / "local")
-    ours = weights_by_hparams(ws)
+    ours = weights_by_hparams(ws, leave_out=("gate", "hold_at"))
     assert ours.keys() == reference.keys()
     for key in ours:
         _same(ours[key], reference[key])
@@ -193,15 +190,15 @@ def test_a_requeued_worker_job_continues_its_trial_to_the_same_weights(
     ws = tmp_path / "ws"
     searcher = {**_config()["searcher"], "name": "random", "max_trials": 1}
     config = _folder(tmp_path, _config(searcher=searcher))
-    args = on_slurm(config, ws, "--worker-jobs", "1", "--set", "hyperparameters.delay=0.4")
+    gate = sf.Gate.at(tmp_path / "gate")
+    args = on_slurm(config, ws, "--worker-jobs", "1", *gate.options([6, 12]))
     coordinator = lb_start(*args, cwd=tmp_path)
     try:
-        _wait_for(lambda: _trial_batches(ws) >= 6, 240, "the trial to train 6 batches")
+        gate.wait(seen=lambda: _search_trials(ws))  # after 6 batches
         job_id = _job(ws).job_id
         slurm_cluster.run("scontrol", "requeue", job_id)
         _wait_for(lambda: _trial(ws).runs == 2, 120, "the requeued job to continue the trial")
-        trained = _trial_batches(ws)
-        _wait_for(lambda: _trial_batches(ws) >= trained + 4, 120, "the trial to train on")
+        gate.wait(2, seen=lambda: _search_trials(ws))  # continued, held after 12 batches
         slurm_cluster.run("scancel", "--batch", "--signal=USR1", job_id)
     finally:
         out = finish(coordinator, timeout=300)
@@ -227,11 +224,12 @@ def test_experiment_kill_cancels_the_worker_jobs_and_gives_their_trials_back(
     """`experiment kill` while the first trial trains in the search's worker job: the job is
     cancelled (the trial with it, recorded STOPPED "killed"), the coordinator gives the
     trial back in the search and ends; no job is left, and the search can go on."""
+    gate = sf.Gate.at(tmp_path / "gate")
     config = copy.deepcopy(RANDOM)
-    config["hyperparameters"]["delay"] = 0.3
+    config["hyperparameters"].update(gate.hparams(1))
     path = sf.write_folder(tmp_path, config, "exp", sf.TINY)
     ws = tmp_path / "ws"
-    out = _in_worker_jobs(path, ws, 1, 1, "kill")
+    out = _in_worker_jobs(path, ws, 1, gate, 1, "kill")  # held after its first batch
     assert "killed" in capsys.readouterr().out
     assert "The search stopped" in out, out[-4000:]
     _wait_for(lambda: not slurm_cluster.jobs(under=tmp_path), 30, "squeue to list no job")
