@@ -96,7 +96,7 @@ def test_the_trial_mirrors_with_the_credentials_of_its_environment_and_shows_the
         text=True,
     )
     try:
-        _wait_for(lambda: _trial_batches(ws) >= 2, 240, "the trial to train 2 batches")
+        _wait_for(lambda: _trial_batches(ws) >= 2, 600, "the trial to train 2 batches")
         arguments = []
         for entry in pathlib.Path("/proc").iterdir():
             if entry.name.isdigit():

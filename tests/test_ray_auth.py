@@ -118,7 +118,7 @@ def test_the_token_in_ray_auth_token_reaches_the_cluster_through_ray_client_and_
         text=True,
     )
     try:
-        _wait_for(lambda: _trial_batches(ws) >= 2, 240, "the trial to train 2 batches")
+        _wait_for(lambda: _trial_batches(ws) >= 2, 600, "the trial to train 2 batches")
         sampled = _argument_lists()
         assert any("lightning_bridge _trial" in a for a in sampled), sampled
         assert not [a for a in sampled if token in a]

@@ -39,7 +39,10 @@ _CURRENT_CLUSTER = pathlib.Path("/tmp/ray/ray_current_cluster")
 
 
 def import_ray() -> Any:
-    """The `ray` module; missing: the extra that installs it, in one message."""
+    """The `ray` module; missing: the extra that installs it, in one message. A token found
+    is sent from the first import on (`TokenAuth.send`: Ray reads its mode as it loads)."""
+    if "ray" not in sys.modules:
+        TokenAuth().send()
     try:
         import ray
     except ImportError:
@@ -86,17 +89,21 @@ class TokenAuth:
         default = _DEFAULT_TOKEN.expanduser()
         return str(default) if _readable(default) else None
 
-    def enable(self) -> None:
-        """Send the token found to the cluster (`RAY_AUTH_MODE=token` in this process, as Ray
-        2.61 does by default); refuse `RAY_AUTH_MODE=token` with no token to send."""
+    def send(self) -> None:
+        """Send the token found to the cluster: `RAY_AUTH_MODE=token` in this process where
+        it is not set (as Ray 2.61 does by default), before Ray is imported (it reads the
+        mode as it loads)."""
+        if not self.mode and self.source is not None:
+            self._environ[_AUTH_MODE] = "token"
+            self.mode = "token"
+
+    def check(self) -> None:
+        """Refuse `RAY_AUTH_MODE=token` with no token to send."""
         if self.mode == "token" and self.source is None:
             raise InvalidArgumentError(
                 f"--launcher ray: {_AUTH_MODE}=token but no Ray token was found; "
                 + self.how_to_fix()
             )
-        if not self.mode and self.source is not None:
-            self._environ[_AUTH_MODE] = "token"
-            self.mode = "token"
 
     def how_to_fix(self) -> str:
         return (
@@ -211,7 +218,7 @@ def connect(address: str, namespace: str = NAMESPACE) -> str:
         return resolved
     probe(resolved)
     auth = TokenAuth()
-    auth.enable()
+    auth.check()
     said: list[str] = []
     try:
         with _stderr_kept(said):
