@@ -296,9 +296,10 @@ def mlflow(session: nox.Session) -> None:
     """Tests marked ``mlflow``: the record mirrored into a real ``mlflow server`` the tests
     start (tests/_mlflow_server.py), the model registry, a server stopped mid-run, and MLflow's
     UI in headless Chromium (screenshots kept in ``.nox/mlflow-artifacts``). The client is the
-    ``[mlflow]`` extra (mlflow-skinny); the full ``mlflow`` is installed for its server and UI."""
+    ``[mlflow]`` extra (mlflow-skinny); the full ``mlflow[auth]`` is installed for its server,
+    its basic-auth app and its UI."""
     _apt_install(session, "chromium", "chromium")
-    _install(session, *_extra("test"), *_extra("mlflow"), "mlflow")
+    _install(session, *_extra("test"), *_extra("mlflow"), "mlflow[auth]")
     artifacts = ROOT / ".nox" / "mlflow-artifacts"
     artifacts.mkdir(parents=True, exist_ok=True)
     env = {**_env(session), "LIGHTNING_BRIDGE_TEST_ARTIFACTS": str(artifacts)}

@@ -1,13 +1,20 @@
 """A real `mlflow server` for the mlflow tests: SQLite backend, artifacts in a temporary
 folder, on 127.0.0.1 at a free port; it can be stopped and started again on the same port and
 store (the outage test). Tests using it are skipped, with the reason, where MLflow (the full
-package, with its server) is not installed."""
+package, with its server) is not installed.
+
+The server needs basic authentication (`--app-name basic-auth`, its users in a SQLite file of
+its own): its admin user's name and a password made for the session are what a client sends
+(`credentials`: `MLFLOW_TRACKING_USERNAME` / `MLFLOW_TRACKING_PASSWORD`). While the session's
+server runs, this process's environment holds them, so that MLflow's client here and the
+commands a test starts reach it as a user's shell with the credentials would."""
 
 from __future__ import annotations
 
 import importlib.util
 import os
 import pathlib
+import secrets
 import shutil
 import signal
 import subprocess
@@ -37,6 +44,28 @@ class MlflowServer:
         self.uri = f"http://127.0.0.1:{self.port}"
         self.log = root / "server.log"
         self._process: subprocess.Popen[bytes] | None = None
+        self.username = "admin"
+        self.password = secrets.token_urlsafe(24)
+
+    @property
+    def credentials(self) -> dict[str, str]:
+        """The environment a client reaches the server with."""
+        return {
+            "MLFLOW_TRACKING_USERNAME": self.username,
+            "MLFLOW_TRACKING_PASSWORD": self.password,
+        }
+
+    def _auth_config(self) -> pathlib.Path:
+        """The basic-auth app's settings: its users' store in the server's folder."""
+        path = self.root / "basic_auth.ini"
+        path.write_text(
+            "[mlflow]\n"
+            "default_permission = READ\n"
+            f"database_uri = sqlite:///{self.root / 'basic_auth.db'}\n"
+            f"admin_username = {self.username}\n"
+            "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n"
+        )
+        return path
 
     def start(self, timeout: float = 120.0) -> None:
         (self.root / "artifacts").mkdir(parents=True, exist_ok=True)
@@ -45,6 +74,9 @@ class MlflowServer:
         env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
         # No background job runner (its worker processes): the tests track and register only.
         env["MLFLOW_SERVER_ENABLE_JOB_EXECUTION"] = "false"
+        env["MLFLOW_AUTH_CONFIG_PATH"] = str(self._auth_config())
+        env["MLFLOW_AUTH_ADMIN_PASSWORD"] = self.password  # the admin's, on the first start
+        env["MLFLOW_FLASK_SERVER_SECRET_KEY"] = self.password  # the app's CSRF key
         with open(self.log, "ab") as out:
             self._process = subprocess.Popen(
                 [
@@ -52,6 +84,7 @@ class MlflowServer:
                     "--backend-store-uri", f"sqlite:///{self.root / 'mlflow.db'}",
                     "--artifacts-destination", str(self.root / "artifacts"),
                     "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1",
+                    "--app-name", "basic-auth",
                 ],
                 stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True,
             )  # fmt: skip
@@ -86,7 +119,14 @@ def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowSe
         pytest.skip(SKIP_REASON)
     server = MlflowServer(tmp_path_factory.mktemp("mlflow-server"))
     server.start()
+    saved = {name: os.environ.get(name) for name in server.credentials}
+    os.environ.update(server.credentials)
     try:
         yield server
     finally:
         server.stop()
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value

@@ -19,6 +19,12 @@ this cluster left (found by its process session and by a mark in its environment
 with `ray stop`, which would end every Ray cluster on the machine. A node that misses Ray's
 fixed 30 s to register (a loaded machine) is cleaned up and started again (START_TRIES).
 
+The cluster runs with Ray's token authentication (`RAY_AUTH_MODE=token`): one token for the
+test session (`auth_token`), in a file of the user's only (`RAY_AUTH_TOKEN_PATH`). The nodes
+read it from there, and while a cluster runs this process's environment names it too
+(`AUTH_ENV`), so that what a test starts (the bridge's commands, `ray list`, `ray.init` here)
+reaches the cluster as a user's shell with the token would.
+
 `ray_cluster` (session-scoped; a test module imports `ray_cluster_fixture`) is shared by the
 session's tests; `fresh_ray_cluster` (function-scoped; imported as
 `fresh_ray_cluster_fixture`) is a test's own, for tests that break it. Both skip with the
@@ -27,10 +33,12 @@ reason when Ray is missing or the cluster cannot start. The ray session runs wit
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import json
 import os
 import pathlib
+import secrets
 import shutil
 import signal
 import subprocess
@@ -67,6 +75,33 @@ HEAD_ENV = {**HEALTH_CHECK, "GRPC_ENABLE_FORK_SUPPORT": "false"}
 REQUIRED_ENV = "LIGHTNING_BRIDGE_RAY_REQUIRED"
 MARK = "LIGHTNING_BRIDGE_TEST_RAY_CLUSTER"  # in each node's environment: the cluster's folder
 REPOSITORY = pathlib.Path(__file__).resolve().parent.parent
+
+
+_TOKEN: list[pathlib.Path] = []  # the session's token file, once written
+
+
+def token_path() -> pathlib.Path:
+    """The file of the session's Ray token: written on first use, in a folder of its own
+    (mode 0700, the file 0600), removed when the test process ends."""
+    if not _TOKEN:
+        folder = tempfile.mkdtemp(prefix="lb-ray-token-", dir=_temp_root())
+        atexit.register(shutil.rmtree, folder, True)
+        path = pathlib.Path(folder) / "auth_token"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(secrets.token_hex(32))
+        _TOKEN.append(path)
+    return _TOKEN[0]
+
+
+def auth_token() -> str:
+    """The session's Ray token."""
+    return token_path().read_text().strip()
+
+
+def auth_env() -> dict[str, str]:
+    """What reaches a cluster with token authentication: the mode and the token's file."""
+    return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token_path())}
 
 
 class ClusterUnavailable(Exception):
@@ -370,7 +405,8 @@ def _start_node(
     temp_dir = root / name
     temp_dir.mkdir()
     log = root / f"{name}.log"
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_AUTH_TOKEN")}
+    env.update(auth_env())
     python_path = [p for p in (env.get("PYTHONPATH"), str(REPOSITORY)) if p]
     env.update(extra_env or {}, PYTHONPATH=os.pathsep.join(python_path), **{MARK: str(root)})
     with open(log, "ab") as out:
@@ -416,6 +452,20 @@ def fresh_ray_cluster_fixture() -> Iterator[RayCluster]:
 
 
 def _cluster() -> Iterator[RayCluster]:
+    saved = {name: os.environ.get(name) for name in (*auth_env(), "RAY_AUTH_TOKEN")}
+    os.environ.pop("RAY_AUTH_TOKEN", None)
+    os.environ.update(auth_env())
+    try:
+        yield from _running()
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def _running() -> Iterator[RayCluster]:
     try:
         cluster = _start_in_temp()
     except (ClusterUnavailable, OSError) as exc:

@@ -213,7 +213,7 @@ def test_refusals_that_need_the_cluster(tmp_path: pathlib.Path, ray_cluster: Ray
     cases = (
         ({"resources": {"resource_pool": "absent"}}, "custom resource 'absent'"),
         (
-            {"resources": {"slots_per_trial": 4}},
+            {"resources": {"slots_per_trial": 4}, "ray": {"slots_per_node": 4}},
             "the trial needs 1 node(s) with 4 CPUs each",
         ),
         (

@@ -36,6 +36,7 @@ import pathlib
 from collections.abc import Iterator
 from typing import Any
 
+from lightning_bridge._errors import InvalidArgumentError
 from lightning_bridge.record._records import Experiment, Trial
 from lightning_bridge.record._registry import Registry
 from lightning_bridge.record._schema import CheckpointState, TrialState
@@ -68,6 +69,43 @@ def bounded_requests(retries: int = 2, timeout_s: int = 5) -> None:
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1")
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", str(timeout_s))
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+
+
+_REFUSED_STATUS = (401, 403)
+_CREDENTIALS = ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD")
+
+
+def check_credentials(uri: str) -> None:
+    """Refuse a tracking server that answers this process's credentials with 401 or 403
+    (basic authentication, `mlflow server --app-name basic-auth`: `MLFLOW_TRACKING_USERNAME`
+    and `MLFLOW_TRACKING_PASSWORD`, or MLflow's other ways): one line naming the server and
+    the fix. A server that does not answer is no refusal (the record waits for it, `experiment
+    sync`). MLflow's client sends the credentials from this process's environment, which the
+    trial's processes inherit: they are in no argument list or file of the bridge's."""
+    if not uri.startswith(("http://", "https://")):
+        return
+    bounded_requests()
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+
+    try:
+        MlflowClient(tracking_uri=uri).search_experiments(max_results=1)
+    except MlflowException as exc:
+        status = next((c for c in _REFUSED_STATUS if f"error code {c}" in str(exc)), None)
+        if status is None and exc.get_http_status_code() in _REFUSED_STATUS:
+            status = exc.get_http_status_code()
+        if status is None:
+            return
+        given = [name for name in _CREDENTIALS if os.environ.get(name)]
+        sent = "the user in MLFLOW_TRACKING_USERNAME" if given else "no credentials"
+        raise InvalidArgumentError(
+            f"MLflow at {uri} refused this command's credentials (HTTP {status}; it sent "
+            f"{sent}); set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD to a user of "
+            "the server with access to its experiments, or --tracking-uri off to run without "
+            "the mirror"
+        ) from None
+    except Exception:  # noqa: BLE001 - no answer: the mirror catches up later
+        return
 
 
 def _quoted(value: str) -> str:

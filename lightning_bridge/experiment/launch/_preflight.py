@@ -5,7 +5,8 @@ the workspace as it was, with one message.
 In order: the checkpoint storage and the size of the code to snapshot (a new experiment),
 the search's storage (a search with `--storage`), the engine settings against Lightning (a
 trial trained from here), the launcher's own checks (its binaries, what it can place),
-`--worker-jobs`, and the record's file system as the launcher needs it.
+`--worker-jobs`, the record's file system as the launcher needs it, and the MLflow tracking
+server's answer to the command's credentials (a server that answers 401/403).
 """
 
 from __future__ import annotations
@@ -55,4 +56,16 @@ def preflight(
     if search:
         launcher.check_worker_jobs(plan, plan.options.worker_jobs)
     launcher.check_record(workspace)
+    _check_tracking(plan, workspace)
     return launcher
+
+
+def _check_tracking(plan: _plan.Plan, workspace: Workspace) -> None:
+    """The mirror's server refusing the command's credentials (`tracking._mirror`)."""
+    from lightning_bridge.tracking._settings import mlflow_installed, tracking_uri
+
+    uri = tracking_uri(workspace.root, plan.options.tracking_uri)
+    if uri is not None and mlflow_installed():
+        from lightning_bridge.tracking._mirror import check_credentials
+
+        check_credentials(uri)

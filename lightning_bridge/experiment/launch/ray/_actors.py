@@ -33,6 +33,9 @@ from typing import Any
 # here: the actors import as little as a Ray worker needs).
 _PARENT_ENV = "LIGHTNING_BRIDGE_SEARCH_WORKER"
 TRIAL_COMMAND = ("-m", "lightning_bridge", "_trial")
+# The node's Ray token (its raylet's environment) is Ray's: the trial's processes never talk
+# to Ray, so they do not get it.
+_RAY_ONLY = ("RAY_AUTH_TOKEN",)
 
 
 def _node() -> dict[str, str]:
@@ -73,6 +76,8 @@ class TrialSlot:
         out = dict(os.environ)
         for name in ("SLURM_NTASKS", "SLURM_NPROCS", "SLURM_JOB_ID", "RANK", "WORLD_SIZE"):
             out.pop(name, None)  # a cluster started inside a Slurm job: ranks are the trial's
+        for name in _RAY_ONLY:
+            out.pop(name, None)
         out.update(env)
         out[_PARENT_ENV] = str(os.getpid())
         return out
@@ -162,6 +167,8 @@ class WarmNode:
     def start(self, command: Sequence[str], cwd: str, env: Mapping[str, str], output: str) -> int:
         """Fork a trial (`env`: what it adds to this actor's environment); its pid."""
         environment = {**os.environ, **env, _PARENT_ENV: str(os.getpid())}
+        for name in _RAY_ONLY:
+            environment.pop(name, None)
         trial = self._starter.start(list(command), cwd=cwd, env=environment, output=output)
         with self._lock:
             self._trials[trial.pid] = trial

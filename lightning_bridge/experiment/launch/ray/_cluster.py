@@ -5,6 +5,13 @@ experiment recorded, else `auto` (the cluster this machine belongs to).
 is probed first (a TCP connection to the cluster's GCS, or to its Ray Client server for
 `ray://HOST:PORT`): a wrong or dead address is refused at once, before anything is recorded.
 
+A cluster with Ray's token authentication (`RAY_AUTH_MODE=token`, on by default from Ray
+2.61) is reached with the token Ray finds: `RAY_AUTH_TOKEN`, the file `RAY_AUTH_TOKEN_PATH`
+names, or `~/.ray/auth_token`. Where a token is there and `RAY_AUTH_MODE` is not set, the
+connection sends it (Ray 2.60 sends it only to a cluster it finds by `auto`); a token the
+cluster refuses, or none, is one line naming where the token goes (`TokenAuth`). The token
+never leaves Ray's hands: no argument list, output or file of the bridge's holds it.
+
 Ray ends a driver whose cluster went away (60 s after its GCS stopped answering, with a
 fatal log line). `ClusterWatch` notices first, by probing the GCS every second, so the
 coordinator can record its trials' end and say so in one message before that.
@@ -16,9 +23,11 @@ import contextlib
 import os
 import pathlib
 import socket
+import sys
+import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from lightning_bridge._errors import InvalidArgumentError
@@ -30,7 +39,10 @@ _CURRENT_CLUSTER = pathlib.Path("/tmp/ray/ray_current_cluster")
 
 
 def import_ray() -> Any:
-    """The `ray` module; missing: the extra that installs it, in one message."""
+    """The `ray` module; missing: the extra that installs it, in one message. A token found
+    is sent from the first import on (`TokenAuth.send`: Ray reads its mode as it loads)."""
+    if "ray" not in sys.modules:
+        TokenAuth().send()
     try:
         import ray
     except ImportError:
@@ -48,6 +60,94 @@ def cluster_address(recorded: str | None = None) -> str:
         if candidate and candidate.strip():
             return candidate.strip()
     return "auto"
+
+
+_AUTH_MODE = "RAY_AUTH_MODE"
+_TOKEN_ENV = "RAY_AUTH_TOKEN"
+_TOKEN_PATH_ENV = "RAY_AUTH_TOKEN_PATH"
+_DEFAULT_TOKEN = pathlib.Path("~/.ray/auth_token")
+# What Ray says when the cluster refuses a connection's token (its GCS's gRPC status, its
+# Ray Client's error), in its log or its exception.
+_REFUSED = ("Unauthenticated", "InvalidAuthToken", "AuthenticationError", "authentication token")
+
+
+class TokenAuth:
+    """The token this process reaches the cluster with, as Ray looks for it (see the module
+    docstring): where it was found, never its value."""
+
+    def __init__(self, environ: dict[str, str] | os._Environ[str] = os.environ) -> None:
+        self._environ = environ
+        self.mode = (environ.get(_AUTH_MODE) or "").strip().lower()
+        self.source = self._find()
+
+    def _find(self) -> str | None:
+        if (self._environ.get(_TOKEN_ENV) or "").strip():
+            return _TOKEN_ENV
+        named = (self._environ.get(_TOKEN_PATH_ENV) or "").strip()
+        if named:
+            return f"{_TOKEN_PATH_ENV} ({named})" if _readable(pathlib.Path(named)) else None
+        default = _DEFAULT_TOKEN.expanduser()
+        return str(default) if _readable(default) else None
+
+    def send(self) -> None:
+        """Send the token found to the cluster: `RAY_AUTH_MODE=token` in this process where
+        it is not set (as Ray 2.61 does by default), before Ray is imported (it reads the
+        mode as it loads)."""
+        if not self.mode and self.source is not None:
+            self._environ[_AUTH_MODE] = "token"
+            self.mode = "token"
+
+    def check(self) -> None:
+        """Refuse `RAY_AUTH_MODE=token` with no token to send."""
+        if self.mode == "token" and self.source is None:
+            raise InvalidArgumentError(
+                f"--launcher ray: {_AUTH_MODE}=token but no Ray token was found; "
+                + self.how_to_fix()
+            )
+
+    def how_to_fix(self) -> str:
+        return (
+            f"give the cluster's token in {_TOKEN_ENV}, in a file named by {_TOKEN_PATH_ENV} or "
+            f"in {_DEFAULT_TOKEN} (`ray get-auth-token` on the head node prints it), or set "
+            f"{_AUTH_MODE}=disabled for a cluster without token authentication"
+        )
+
+    def refused(self, address: str) -> InvalidArgumentError:
+        sent = f"the token from {self.source}" if self.source else "no token"
+        return InvalidArgumentError(
+            f"--launcher ray: the Ray cluster at {address} refused the connection: it needs "
+            f"its authentication token and this command sent {sent}; " + self.how_to_fix()
+        )
+
+    def redact(self, text: str) -> str:
+        """`text` without the token's value (a message built from Ray's)."""
+        token = (self._environ.get(_TOKEN_ENV) or "").strip()
+        return text.replace(token, "***") if token else text
+
+
+def _readable(path: pathlib.Path) -> bool:
+    try:
+        return bool(path.read_text().strip())
+    except OSError:
+        return False
+
+
+@contextlib.contextmanager
+def _stderr_kept(kept: list[str]) -> Iterator[None]:
+    """Ray's native log lines on this process's stderr (file descriptor 2) while connecting
+    go to `kept` (shown again unless the connection is refused in one line)."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            held.seek(0)
+            kept.append(held.read().decode(errors="replace"))
 
 
 def _how_to_fix(address: str) -> str:
@@ -117,20 +217,36 @@ def connect(address: str, namespace: str = NAMESPACE) -> str:
     if ray.is_initialized():
         return resolved
     probe(resolved)
+    auth = TokenAuth()
+    auth.check()
+    said: list[str] = []
     try:
-        ray.init(
-            address=resolved,
-            namespace=namespace,
-            logging_level="ERROR",
-            log_to_driver=False,
-            configure_logging=False,
-        )
+        with _stderr_kept(said):
+            ray.init(
+                address=resolved,
+                namespace=namespace,
+                logging_level="ERROR",
+                log_to_driver=False,
+                configure_logging=False,
+            )
     except Exception as exc:  # noqa: BLE001 - Ray's own connection errors
+        seen = f"{type(exc).__name__}: {exc} {''.join(said)}"
+        if any(word in seen for word in _REFUSED):
+            raise auth.refused(resolved) from None
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        hint = (
+            f" (a cluster with token authentication answers a token it refuses so too: "
+            f"{auth.how_to_fix()})"
+            if resolved.startswith("ray://")
+            else ""
+        )
         raise InvalidArgumentError(
-            f"--launcher ray: cannot connect to the Ray cluster at {resolved} "
-            f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); "
-            + _how_to_fix(resolved)
+            auth.redact(
+                f"--launcher ray: cannot connect to the Ray cluster at {resolved} "
+                f"({type(exc).__name__}: {first}); " + _how_to_fix(resolved) + hint
+            )
         ) from None
+    sys.stderr.write(auth.redact("".join(said)))
     return resolved
 
 

@@ -4,7 +4,8 @@
 Determined's config keys keep their meaning: `resources.slots_per_trial` processes, each with
 a GPU where the cluster has GPUs (CPUs otherwise: `ray.cpus_per_slot` each),
 `ray.slots_per_node` of them per node (a trial with more slots spans nodes through a
-placement group, one bundle per node, STRICT_SPREAD), `resources.resource_pool` a Ray custom
+placement group, one bundle per node, STRICT_SPREAD; without it, the nodes are found as
+Determined's scheduler finds them, `fit_nodes`), `resources.resource_pool` a Ray custom
 resource of that name (one unit per slot: a pool's nodes declare it, `ray start
 --resources='{"POOL": SLOTS}'`), `resources.max_slots` the slots a search's trials take at
 once, and `max_restarts` the failures run again. A trial whose node is lost runs again on
@@ -75,7 +76,7 @@ class RaySettings:
     """The trial's request to Ray, from Determined's config keys and the `ray` section."""
 
     slots: int
-    slots_per_node: int
+    slots_per_node: int  # 0: not given, found from the cluster's nodes (`fitted`)
     cpus_per_slot: float
     pool: str | None
     max_slots: int | None
@@ -92,7 +93,7 @@ class RaySettings:
         max_slots = resources.get("max_slots")
         return cls(
             slots=plan.processes,
-            slots_per_node=section.slots_per_node or plan.processes,
+            slots_per_node=section.slots_per_node or 0,
             cpus_per_slot=float(section.cpus_per_slot),
             pool=str(pool) if pool else None,
             max_slots=int(max_slots) if isinstance(max_slots, int) and max_slots > 0 else None,
@@ -103,7 +104,25 @@ class RaySettings:
 
     @property
     def per_node(self) -> int:
-        return min(self.slots_per_node, self.slots)
+        return min(self.slots_per_node or self.slots, self.slots)
+
+    def fitted(self, sizes: Sequence[int], address: str, unit: str) -> RaySettings:
+        """The settings with `slots_per_node` found from the alive nodes' sizes in slots
+        (`fit_nodes`) where the config left it out; a trial no set of nodes holds that way is
+        refused, naming the nodes' sizes."""
+        if self.slots_per_node:
+            return self
+        per_node = fit_nodes(self.slots, sizes)
+        if per_node is None:
+            shown = ", ".join(f"{count} x {size}" for size, count in _size_counts(sizes))
+            raise InvalidArgumentError(
+                f"resources.slots_per_trial: {self.slots} slots fit on no single node of the "
+                f"Ray cluster at {address} and do not split into whole nodes of one size (its "
+                f"alive nodes' slots, {unit}: {shown or 'no alive nodes'}); make "
+                "slots_per_trial at most one node's slots or a multiple of a node size that "
+                "enough nodes have, set ray.slots_per_node, or add nodes"
+            )
+        return dataclasses.replace(self, slots_per_node=per_node)
 
     def check(self) -> None:
         """Refuse a trial whose processes cannot split evenly over its nodes (Lightning runs
@@ -137,6 +156,24 @@ class RaySettings:
         if self.runtime_env:
             options["runtime_env"] = self.runtime_env
         return options
+
+
+def fit_nodes(slots: int, sizes: Sequence[int]) -> int | None:
+    """The slots per node of a trial of `slots` slots on nodes of `sizes` slots, as
+    Determined's agent resource manager fits a trial (`findFits`): one node where one holds
+    it; else the fewest nodes of one size, each fully used, trying the largest size first,
+    `slots` a multiple of that size and enough nodes of it. None: no such nodes."""
+    if any(size >= slots for size in sizes):
+        return slots
+    for size, count in _size_counts(sizes):
+        if size > 0 and slots % size == 0 and size * count >= slots:
+            return size
+    return None
+
+
+def _size_counts(sizes: Sequence[int]) -> list[tuple[int, int]]:
+    """Each node size with how many nodes have it, the largest first."""
+    return sorted(((s, list(sizes).count(s)) for s in set(sizes)), reverse=True)
 
 
 def _node_capacity(ray: Any, gpus: bool, pool: str | None) -> list[tuple[str, float, float]]:
@@ -176,7 +213,8 @@ class RayLauncher(Launcher):
 
     def connect(self, plan: _plan.Plan) -> RaySettings:
         """Validate the `ray` section, reach the cluster (refused in one line when it does
-        not answer) and decide GPUs; the trial's settings."""
+        not answer), decide GPUs and, without `ray.slots_per_node`, find the trial's nodes
+        (`fit_nodes`); the trial's settings."""
         settings = RaySettings.of(plan)
         settings.check()
         if self.address is None:
@@ -189,7 +227,15 @@ class RayLauncher(Launcher):
         self.gpus = accelerator in ("gpu", "cuda") or (
             accelerator == "auto" and cluster.get("GPU", 0) > 0
         )
-        return settings
+        nodes = _node_capacity(ray, self.gpus, settings.pool)
+        if settings.pool is not None and not any(units for _, _, units in nodes):
+            return settings  # refused by `check`, naming the pool
+        per_slot = 1.0 if self.gpus else settings.cpus_per_slot
+        sizes = [
+            min(int(slots // per_slot), int(units) if settings.pool else int(slots // per_slot))
+            for _, slots, units in nodes
+        ]
+        return settings.fitted(sizes, self.address, "GPUs" if self.gpus else "CPUs")
 
     def check(self, plan: _plan.Plan) -> None:
         settings = self.connect(plan)
