@@ -123,9 +123,9 @@ def test_signal_checkpoints_exits_zero_and_continues_exactly(
 ) -> None:
     gate = Gate.at(tmp_path / "gate")
     proc = _child(tmp_path, gate)
-    wait_for(gate.reached, proc, 120, "the trial held after 3 batches")
+    wait_for(gate.reached, proc, 400, "the trial held after 3 batches")
     proc.send_signal(sig)
-    out, _ = proc.communicate(timeout=120)
+    out, _ = proc.communicate(timeout=400)
     assert proc.returncode == 0, out
     lines = [line for line in out.splitlines() if "Continue with fit(latest_checkpoint=" in line]
     assert len(lines) == 1 and f"Stopped by {sig.name}" in lines[0]
@@ -133,7 +133,7 @@ def test_signal_checkpoints_exits_zero_and_continues_exactly(
 
     gate.release()
     resumed = _child(tmp_path, gate, "latest")
-    out, _ = resumed.communicate(timeout=180)
+    out, _ = resumed.communicate(timeout=400)
     assert resumed.returncode == 0, out
 
     from tests.test_resume import NoisyTrial
