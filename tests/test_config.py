@@ -177,7 +177,7 @@ def test_unused_keys_and_checkpoint_storage(tmp_path: pathlib.Path) -> None:
         }
     )
     assert conf.unused_keys == [
-        "environment",
+        "environment.image",  # environment_variables is applied; images are not
         "max_restarts (a failed trial is not restarted: continue it with `lightning-bridge "
         "experiment continue ID`)",
         "resources.resource_pool",
