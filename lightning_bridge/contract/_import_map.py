@@ -1,13 +1,13 @@
 """Map `import determined` / `determined.pytorch` onto the bridge for unchanged trial code.
 
-`install()` puts a finder on `sys.meta_path` that answers `determined`, `determined.pytorch`,
-`determined.pytorch.samplers` and `determined.core` with modules holding the bridge's answers
-to Determined's names: `determined.pytorch` has exactly Determined's public `pytorch` names
-(`PYTORCH_NAMES`), the top-level package what scripts read from it (`LOG_FORMAT`,
-`get_cluster_info`, `InvalidHP`, `import_from_path`), and `determined.core` only the
-`DistributedContext` a script passes to `pytorch.init(distributed=...)`. Parts of Determined
-that need its cluster (the Core API, `determined.experimental`, DeepSpeed trials, batch
-inference, ...) are refused by name, each with what to do instead.
+`install()` puts a finder on `sys.meta_path` that answers the `determined` modules in
+`PROVIDED` with modules holding the bridge's answers to Determined's names:
+`determined.pytorch` has exactly Determined's public `pytorch` names (`PYTORCH_NAMES`),
+the top-level package what scripts read from it (`LOG_FORMAT`,
+`get_cluster_info`, `InvalidHP`, `import_from_path`), and `determined.core` (with the private
+`_context` and `_tensorboard_mode` modules public code imports) the bridge's Core API in
+`lightning_bridge.core`. Parts of Determined that need its cluster (`determined.experimental`,
+DeepSpeed trials, batch inference, ...) are refused by name, each with what to do instead.
 
 `shim_dir()` writes a folder holding a `determined` package that installs the same mapping; on
 `PYTHONPATH` it reaches subprocesses (scripts, torchrun workers, Lightning's launcher) and
@@ -28,7 +28,22 @@ import types
 from collections.abc import Callable, Sequence
 from typing import Any
 
-PROVIDED = ("determined", "determined.pytorch", "determined.pytorch.samplers", "determined.core")
+PROVIDED = (
+    "determined",
+    "determined.pytorch",
+    "determined.pytorch.samplers",
+    "determined.core",
+    "determined.core._context",
+    "determined.core._tensorboard_mode",
+)
+
+# Where Determined's Core API lives on the bridge (a layer above this one: named, not imported).
+_CORE = "lightning_bridge.core"
+# Determined's private Core API modules that public code imports, and the bridge's answers.
+_CORE_PRIVATE = {
+    "determined.core._context": "lightning_bridge.core._context",
+    "determined.core._tensorboard_mode": "lightning_bridge.core._tensorboard_mode",
+}
 
 # Determined's `logging` format (`logging.basicConfig(format=det.LOG_FORMAT)`), the same string.
 LOG_FORMAT = "%(levelname)s: [%(process)s] %(name)s: %(message)s"
@@ -59,11 +74,6 @@ PYTORCH_NAMES = (
 )
 
 _CLUSTER = "only on a Determined cluster (`det e create`)"
-_CORE_API = (
-    "Determined's Core API (core.init, core.Context, reporting to a master) is not mapped onto "
-    "lightning_bridge: a Trainer-API script reports its metrics and checkpoints through "
-    "pytorch.init() and Trainer.fit(); a Core API script runs " + _CLUSTER
-)
 
 # Determined's modules (and attributes naming them) the mapping refuses, with the fix.
 REFUSED = {
@@ -88,7 +98,10 @@ REFUSED = {
     ),
     "determined.keras": "TensorFlow trials run " + _CLUSTER,
     "determined.estimator": "TensorFlow trials run " + _CLUSTER,
-    "determined.transformers": ("DetCallback reports through the Core API, which runs " + _CLUSTER),
+    "determined.transformers": (
+        "Hugging Face's DetCallback is not mapped yet; a script can report from its own "
+        "callback through the Core API (det.core.init())"
+    ),
 }
 
 
@@ -153,17 +166,25 @@ def _build(name: str) -> types.ModuleType:
         module.__all__ = list(PYTORCH_NAMES)  # type: ignore[attr-defined]
         setattr(module, "__dir__", lambda: sorted(PYTORCH_NAMES))  # noqa: B010
         return _with_getattr(module, pytorch_attr)
+    if name in _CORE_PRIVATE:
+        source = importlib.import_module(_CORE_PRIVATE[name])
+        for attr in dir(source):
+            if not attr.startswith("__"):
+                setattr(module, attr, getattr(source, attr))
+        return module
     if name == "determined.core":
+        core = importlib.import_module(_CORE)
+        for attr in core.__all__:
+            setattr(module, attr, getattr(core, attr))
+        module.__all__ = list(core.__all__)  # type: ignore[attr-defined]
 
         def core_attr(attr: str) -> Any:
-            if attr == "DistributedContext":
-                return getattr(lightning_bridge, "DistributedContext")  # noqa: B009
+            if f"{name}.{attr}" in PROVIDED:
+                return importlib.import_module(f"{name}.{attr}")
             if attr.startswith("__"):
                 raise AttributeError(attr)
-            # An ImportError, so that `from determined.core import init` says it too.
-            raise ImportError(f"determined.core.{attr}: {_CORE_API}.", name="determined.core")
+            raise _refused_attribute(name, attr)
 
-        module.__all__ = ["DistributedContext"]  # type: ignore[attr-defined]
         return _with_getattr(module, core_attr)
     cluster_info = importlib.import_module(_CLUSTER_INFO)
     module.LOG_FORMAT = LOG_FORMAT  # type: ignore[attr-defined]
@@ -184,6 +205,9 @@ def _build(name: str) -> types.ModuleType:
     return _with_getattr(module, determined_attr)
 
 
+_LEAVES = ("determined.pytorch.samplers", *_CORE_PRIVATE)
+
+
 class DeterminedFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     """Answers the `determined` modules with the bridge's (see the module docstring)."""
 
@@ -197,9 +221,7 @@ class DeterminedFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
             return None
         if fullname not in PROVIDED:
             raise ModuleNotFoundError(_refusal(fullname), name=fullname)
-        return importlib.util.spec_from_loader(
-            fullname, self, is_package=fullname != "determined.pytorch.samplers"
-        )
+        return importlib.util.spec_from_loader(fullname, self, is_package=fullname not in _LEAVES)
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
         return _build(spec.name)

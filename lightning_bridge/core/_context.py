@@ -1,0 +1,132 @@
+"""`det.core.init()` and its `Context`: the Core API's face over the bridge's services.
+
+Off `lightning-bridge run` (a plain `python3 train.py`) it answers as Determined 0.38.1's
+off-cluster mode does: metrics are logged, the searcher yields one operation of length 1,
+nothing preempts, and checkpoints go to `checkpoint_storage` (the bridge's storage).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from lightning_bridge._errors import InvalidArgumentError
+from lightning_bridge.contract._distributed import DistributedContext
+from lightning_bridge.core._checkpoint import CheckpointContext, storage_from_argument
+from lightning_bridge.core._preempt import PreemptContext, PreemptMode
+from lightning_bridge.core._searcher import SearcherContext
+from lightning_bridge.core._tensorboard_mode import TensorboardMode
+from lightning_bridge.core._train import TrainContext
+from lightning_bridge.translation.services._cluster_info import get_cluster_info
+
+logger = logging.getLogger("lightning_bridge.core")
+
+
+class DummyDistributedContext(DistributedContext):
+    """The context of a single process (Determined's name for it)."""
+
+    def __init__(self) -> None:
+        super().__init__(rank=0, size=1, local_rank=0, local_size=1, cross_rank=0, cross_size=1)
+
+
+class ProfilerContext:
+    """`core_context.profiler`: accepted; system metrics are not sampled (one warning)."""
+
+    _warned = False
+
+    def _warn(self) -> None:
+        if not ProfilerContext._warned:
+            ProfilerContext._warned = True
+            logger.warning(
+                "core_context.profiler: lightning_bridge does not sample system metrics; "
+                "profile with Lightning's profilers or torch.profiler instead."
+            )
+
+    def on(self, sampling_interval: float = 1, samples_per_report: int = 10) -> None:
+        self._warn()
+
+    def off(self) -> None:
+        """Nothing was sampled, so nothing stops."""
+
+    def close(self) -> None:
+        """Nothing to close."""
+
+
+class ExperimentalCoreContext:
+    """`core_context.experimental`: the Determined-master-only calls, answered with a word."""
+
+    def report_task_using_model_version(self, model_version: Any) -> None:
+        logger.warning("report_task_using_model_version(): model lineage is not recorded.")
+
+    def report_task_using_checkpoint(self, checkpoint: Any) -> None:
+        logger.warning("report_task_using_checkpoint(): checkpoint lineage is not recorded.")
+
+
+class Context:
+    """What `with det.core.init() as core_context:` holds."""
+
+    def __init__(
+        self,
+        checkpoint: CheckpointContext,
+        distributed: DistributedContext,
+        preempt: PreemptContext,
+        train: TrainContext,
+        searcher: SearcherContext,
+        profiler: ProfilerContext | None = None,
+        experimental: ExperimentalCoreContext | None = None,
+    ) -> None:
+        self.checkpoint = checkpoint
+        self.distributed = distributed
+        self.preempt = preempt
+        self.train = train
+        self.searcher = searcher
+        self.profiler = profiler or ProfilerContext()
+        self.experimental = experimental or ExperimentalCoreContext()
+
+    def start(self) -> None:
+        self.preempt.start()
+
+    def __enter__(self) -> Context:
+        self.start()
+        return self
+
+    def alert(
+        self, title: str | None = None, description: str | None = None, level: str = "INFO"
+    ) -> None:
+        """Determined sends alerts through its master's webhooks; here they are logged."""
+        logger.warning("alert (%s): %s: %s", level, title or "", description or "")
+
+    def close(self, exc: BaseException | None = None) -> None:
+        self.preempt.close()
+        self.profiler.close()
+
+    def __exit__(self, typ: Any, value: BaseException | None, tb: Any) -> None:
+        self.close(value)
+
+
+def init(
+    *,
+    distributed: DistributedContext | None = None,
+    checkpoint_storage: str | dict[str, Any] | None = None,
+    preempt_mode: PreemptMode = PreemptMode.WorkersAskChief,
+    tensorboard_mode: TensorboardMode = TensorboardMode.AUTO,
+) -> Context:
+    """Determined's `core.init()`: the contexts of a Core API script (see the module docstring)."""
+    if get_cluster_info() is not None:
+        raise InvalidArgumentError(
+            "det.core.init() under `lightning-bridge run` is not supported yet: run the script "
+            "directly (`python3 train.py`, off-cluster mode), or write it with the Trainer API "
+            "(pytorch.init() and Trainer.fit()) to have it recorded."
+        )
+    distributed = distributed or DummyDistributedContext()
+    TensorboardMode(tensorboard_mode)
+    storage = storage_from_argument(checkpoint_storage)
+    if checkpoint_storage is None:
+        logger.info("no checkpoint_storage given; storing checkpoints in %s", storage.root)
+    return Context(
+        checkpoint=CheckpointContext(distributed, storage),
+        distributed=distributed,
+        preempt=PreemptContext(distributed, preempt_mode),
+        train=TrainContext(None),
+        searcher=SearcherContext(distributed),
+    )
