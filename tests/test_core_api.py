@@ -11,7 +11,7 @@ import pytest
 
 from lightning_bridge._errors import InvalidArgumentError
 from lightning_bridge.contract import _import_map
-from tests.core_api_runs import reports, run_script, seen, stored
+from tests._core_api_runs import reports, run_script, seen, stored
 
 
 def test_an_off_cluster_script_reports_and_stores_its_checkpoints(tmp_path: pathlib.Path) -> None:

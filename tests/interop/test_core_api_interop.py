@@ -7,7 +7,7 @@ import pathlib
 
 import pytest
 
-from tests.core_api_runs import reports, run_script, seen, stored
+from tests._core_api_runs import reports, run_script, seen, stored
 
 pytestmark = pytest.mark.interop
 
