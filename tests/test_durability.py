@@ -69,7 +69,7 @@ def test_killed_saves_never_leave_a_partial_checkpoint(tmp_path: pathlib.Path) -
         started = mp.Event()
         proc = mp.Process(target=_save_forever, args=(str(store), started))
         proc.start()
-        assert started.wait(60), "the saving process did not start"
+        assert started.wait(300), "the saving process did not start"
         time.sleep(0.013 * i)
         os.kill(proc.pid, signal.SIGKILL)
         proc.join(30)
