@@ -359,8 +359,10 @@ def test_the_web_ui_shows_the_runs_and_the_registered_model(registered: Register
         "experiment": (f"#/experiments/{experiment.experiment_id}/runs", ["trial 1", "linear [1]"]),
         "models": ("#/models", ['href="#/models/linear"', "Version 1", "champion"]),
     }
+    # The server asks for basic authentication: the browser logs in with the URL's user.
+    user = f"{os.environ['MLFLOW_TRACKING_USERNAME']}:{os.environ['MLFLOW_TRACKING_PASSWORD']}@"
     for name, (route, expected) in pages.items():
-        url = f"{registered.uri}/{route}"
+        url = f"{registered.uri.replace('http://', 'http://' + user)}/{route}"
         flags = [
             browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
             "--window-size=1600,1000", "--virtual-time-budget=30000",

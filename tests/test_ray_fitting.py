@@ -14,7 +14,22 @@ import pytest
 from lightning_bridge.experiment.launch.ray._launcher import fit_nodes
 from tests._ray_cluster import CPUS_PER_NODE, RayCluster, ray_cluster_fixture  # noqa: F401
 from tests.test_ray import _experiments, on_ray
-from tests.test_slurm import _config, _final_weights, _folder, _job, _same, _shown, lb
+from tests.test_slurm import (
+    SLOW_MODEL_DEF,
+    _config,
+    _final_weights,
+    _folder,
+    _job,
+    _same,
+    _shown,
+    lb,
+)
+
+# The Slurm tests' linear trial with a validation set that leaves every one of 4 processes a
+# batch (32 samples in batches of 16 leave two of them none).
+_VALIDATION = "Data(32, 1), batch_size=16"
+WIDE_MODEL_DEF = SLOW_MODEL_DEF.replace(_VALIDATION, "Data(64, 1), batch_size=16")
+assert _VALIDATION in SLOW_MODEL_DEF
 
 
 @pytest.mark.parametrize(
@@ -48,6 +63,7 @@ def test_a_trial_larger_than_a_node_spans_whole_nodes_with_the_local_weights(
     nodes' sizes, before anything is recorded."""
     slots = 2 * CPUS_PER_NODE
     path = _folder(tmp_path, _config(resources={"slots_per_trial": slots}))
+    (path.parent / "model_def.py").write_text(WIDE_MODEL_DEF)
     results = {}
     for launcher in ("local", "ray"):
         ws = tmp_path / f"ws-{launcher}"
