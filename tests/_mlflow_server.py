@@ -11,6 +11,10 @@ commands a test starts reach it as a user's shell with the credentials would."""
 
 from __future__ import annotations
 
+import base64
+import contextlib
+import http.client
+import http.server
 import importlib.util
 import os
 import pathlib
@@ -19,7 +23,9 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 
@@ -130,3 +136,52 @@ def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowSe
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+
+
+@contextlib.contextmanager
+def logged_in_proxy(uri: str, username: str, password: str) -> Iterator[str]:
+    """A reverse proxy on 127.0.0.1 in front of the server at `uri` that adds the user's basic
+    authentication to every request, as a site's proxy with its own login does; its address.
+
+    For the browser: credentials in a page's URL log the page itself in, but not the
+    requests the page's scripts make (MLflow's UI fetches its runs and models from the API), so
+    the browser reaches the basic-auth server through this proxy."""
+    target = urllib.parse.urlsplit(uri)
+    token = base64.b64encode(f"{username}:{password}".encode()).decode()
+    hop_by_hop = {"connection", "keep-alive", "transfer-encoding", "upgrade", "host"}
+
+    class Forward(http.server.BaseHTTPRequestHandler):
+        def _forward(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            body = self.rfile.read(length) if length else None
+            headers = {k: v for k, v in self.headers.items() if k.lower() not in hop_by_hop}
+            headers["Authorization"] = f"Basic {token}"
+            upstream = http.client.HTTPConnection(target.hostname, target.port, timeout=60)
+            try:
+                upstream.request(self.command, self.path, body=body, headers=headers)
+                answer = upstream.getresponse()
+                data = answer.read()
+            finally:
+                upstream.close()
+            self.send_response(answer.status)
+            for key, value in answer.getheaders():
+                if key.lower() not in hop_by_hop | {"content-length"}:
+                    self.send_header(key, value)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        do_GET = do_POST = do_PATCH = do_DELETE = _forward
+
+        def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Forward)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(10)

@@ -28,7 +28,7 @@ from lightning_bridge.record._registry import Registry
 from lightning_bridge.record._schema import TrialState
 from tests import _folders
 from tests._folders import BASE_CONFIG, checkpoint_weights, write_folder
-from tests._mlflow_server import MlflowServer, mlflow_server
+from tests._mlflow_server import MlflowServer, logged_in_proxy, mlflow_server
 
 __all__ = ["mlflow_server"]  # the fixture, used by name
 
@@ -359,24 +359,29 @@ def test_the_web_ui_shows_the_runs_and_the_registered_model(registered: Register
         "experiment": (f"#/experiments/{experiment.experiment_id}/runs", ["trial 1", "linear [1]"]),
         "models": ("#/models", ['href="#/models/linear"', "Version 1", "champion"]),
     }
-    # The server asks for basic authentication: the browser logs in with the URL's user.
-    user = f"{os.environ['MLFLOW_TRACKING_USERNAME']}:{os.environ['MLFLOW_TRACKING_PASSWORD']}@"
-    for name, (route, expected) in pages.items():
-        url = f"{registered.uri.replace('http://', 'http://' + user)}/{route}"
-        flags = [
-            browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-            "--window-size=1600,1000", "--virtual-time-budget=30000",
-        ]  # fmt: skip
-        dom = subprocess.run(
-            [*flags, "--dump-dom", url], capture_output=True, text=True, timeout=180
-        ).stdout
-        missing = [text for text in expected if text not in dom]
-        assert not missing, f"{url} rendered without {missing}:\n{dom[-2000:]}"
-        shot = ARTIFACTS / f"mlflow-ui-{name}.png"
-        subprocess.run(
-            [*flags, f"--screenshot={shot}", url], capture_output=True, timeout=180, check=True
-        )
-        assert shot.stat().st_size > 10_000, shot
+    # The server asks for basic authentication: the browser reaches it through a proxy that
+    # logs the user in (credentials in the page's URL would not reach the UI's API requests).
+    username, password = (
+        os.environ["MLFLOW_TRACKING_USERNAME"],
+        os.environ["MLFLOW_TRACKING_PASSWORD"],
+    )
+    with logged_in_proxy(registered.uri, username, password) as proxy:
+        for name, (route, expected) in pages.items():
+            url = f"{proxy}/{route}"
+            flags = [
+                browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                "--window-size=1600,1000", "--virtual-time-budget=30000",
+            ]  # fmt: skip
+            dom = subprocess.run(
+                [*flags, "--dump-dom", url], capture_output=True, text=True, timeout=180
+            ).stdout
+            missing = [text for text in expected if text not in dom]
+            assert not missing, f"{url} rendered without {missing}:\n{dom[-2000:]}"
+            shot = ARTIFACTS / f"mlflow-ui-{name}.png"
+            subprocess.run(
+                [*flags, f"--screenshot={shot}", url], capture_output=True, timeout=180, check=True
+            )
+            assert shot.stat().st_size > 10_000, shot
 
 
 def test_every_model_command_exits_as_the_console_script(
