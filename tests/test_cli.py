@@ -83,7 +83,7 @@ def test_runs_an_unchanged_trial_folder(
     ]  # fmt: skip
     # One warning lists the Determined keys the run does not use.
     assert err.count("not used by lightning-bridge") == 1
-    assert "environment, max_restarts (a failed trial is not restarted" in err
+    assert "environment.image, max_restarts (a failed trial is not restarted" in err
     assert "Tip:" not in out + err
     # The run description the trial was trained from: complete, typed, versioned.
     trial_dir = workspace / "experiments" / "1" / "trials" / "1"

@@ -88,10 +88,11 @@ def asha(tmp_path_factory: pytest.TempPathFactory) -> Search:
     sf.wait_for(trained_first_rung, run, 240, "a trial to reach its first rung", log)
     sf.wait_for(gate.reached, run, 240, "a trial held past its first rung", log)
     run.send_signal(signal.SIGINT)  # Ctrl-C on the command (its trials are signalled by it)
+    # The stop is under way: the held trial goes on to where it acts on it.
+    gate.release()
     first = sf.finish_logged(run, log)
     assert run.returncode == 0, first
     assert "The search stopped" in first and "experiment continue 1" in first, first
-    gate.release()
     resumed = _run(["experiment", "continue", "1", "--workspace", str(workspace)], root,
                    root / "continue.log")  # fmt: skip
     return Search(workspace, 1, [first, resumed])
