@@ -468,8 +468,8 @@ def test_a_lost_node_trial_continues_on_the_other_node_to_the_same_weights(
             assert cluster.node_ids()["worker"][:12] in _job(ws).reason
             ray.kill(blocker)
             cluster.kill_worker()
-            # Placed again on the head, from a checkpoint before the gate: held there again.
-            gate.wait(2, seen=lambda: _search_trials(ws))
+            # Released: placed again on the head, the trial goes on from its latest checkpoint
+            # (before the gate, or after it where the lost node's stop let it finish the batch).
             gate.release()
         finally:
             out = finish(coordinator, timeout=300)

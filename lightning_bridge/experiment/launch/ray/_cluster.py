@@ -97,12 +97,12 @@ class TokenAuth:
             self._environ[_AUTH_MODE] = "token"
             self.mode = "token"
 
-    def check(self) -> None:
-        """Refuse `RAY_AUTH_MODE=token` with no token to send."""
+    def check(self, address: str) -> None:
+        """Refuse `RAY_AUTH_MODE=token` with no token to send to the cluster at `address`."""
         if self.mode == "token" and self.source is None:
             raise InvalidArgumentError(
-                f"--launcher ray: {_AUTH_MODE}=token but no Ray token was found; "
-                + self.how_to_fix()
+                f"--launcher ray: {_AUTH_MODE}=token but no Ray token was found to send to "
+                f"the cluster at {address}; " + self.how_to_fix()
             )
 
     def how_to_fix(self) -> str:
@@ -218,7 +218,7 @@ def connect(address: str, namespace: str = NAMESPACE) -> str:
         return resolved
     probe(resolved)
     auth = TokenAuth()
-    auth.check()
+    auth.check(resolved)
     said: list[str] = []
     try:
         with _stderr_kept(said):
