@@ -7,10 +7,7 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import pathlib
-import subprocess
-import sys
 
 import pytest
 
@@ -18,24 +15,11 @@ from lightning_bridge.record._registry import Registry
 from tests._env_probes import TRIAL_PROBE
 from tests._folders import BASE_CONFIG, write_folder
 from tests._ray_cluster import RayCluster, ray_cluster_fixture  # noqa: F401 - fixture
+from tests.test_slurm import lb
 
 pytestmark = pytest.mark.ray
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
 VALUE = "value-only-in-the-config-3be9"
-
-
-def _lb(*args: str, cwd: pathlib.Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    path = os.environ.get("PYTHONPATH")
-    full = {**os.environ, "PYTHONPATH": str(REPO) + (os.pathsep + path if path else ""), **env}
-    return subprocess.run(
-        [sys.executable, "-m", "lightning_bridge", *args],
-        cwd=cwd,
-        env=full,
-        capture_output=True,
-        text=True,
-        timeout=400,
-    )
 
 
 def test_both_nodes_processes_see_the_configs_variables(
@@ -56,7 +40,7 @@ def test_both_nodes_processes_see_the_configs_variables(
     (folder / "probe_def.py").write_text(TRIAL_PROBE)
     ws = tmp_path / "ws"
     run = ["run", "const.yaml", "--launcher", "ray", "--accelerator", "cpu"]
-    done = _lb(*run, "--workspace", str(ws), cwd=folder, env={"RAY_ADDRESS": ray_cluster.address})
+    done = lb(*run, "--workspace", str(ws), cwd=folder, env={"RAY_ADDRESS": ray_cluster.address})
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     for rank in ("0", "1"):
         seen = json.loads((tmp_path / f"env.r.{rank}.json").read_text())
@@ -69,6 +53,6 @@ def test_both_nodes_processes_see_the_configs_variables(
         }, seen
     with Registry(ws) as registry:
         assert registry.trial(1).state == "COMPLETED"
-    describe = _lb("experiment", "describe", "1", "--workspace", str(ws), cwd=folder, env={})
+    describe = lb("experiment", "describe", "1", "--workspace", str(ws), cwd=folder)
     assert describe.returncode == 0 and "COMPLETED" in describe.stdout
     assert VALUE not in done.stdout + done.stderr

@@ -7,10 +7,7 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import pathlib
-import subprocess
-import sys
 
 import pytest
 
@@ -18,8 +15,8 @@ from lightning_bridge.record._registry import Registry
 from tests._env_probes import HOOK, TRIAL_PROBE
 from tests._folders import BASE_CONFIG, write_folder
 from tests._slurm_cluster import SlurmCluster, slurm_cluster_fixture  # noqa: F401 - fixture
+from tests.test_slurm import lb
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
 VALUE = "value-only-in-the-config-7d1f"
 
 
@@ -41,22 +38,9 @@ def test_every_task_of_a_two_node_job_sees_the_configs_variables(
     (folder / "probe_def.py").write_text(TRIAL_PROBE)
     (folder / "startup-hook.sh").write_text(HOOK)
     ws = tmp_path / "ws"
-    path = os.environ.get("PYTHONPATH")
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(REPO) + (os.pathsep + path if path else ""),
-        "FROM_SHELL": "shell",
-        "OVERRIDDEN": "shell",
-    }
     args = ["run", "const.yaml", "--launcher", "slurm", "--accelerator", "cpu"]
-    done = subprocess.run(
-        [sys.executable, "-m", "lightning_bridge", *args, "--workspace", str(ws)],
-        cwd=folder,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=400,
-    )
+    shell = {"FROM_SHELL": "shell", "OVERRIDDEN": "shell"}
+    done = lb(*args, "--workspace", str(ws), cwd=folder, env=shell)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     for rank in ("0", "1"):
         seen = json.loads((tmp_path / f"env.s.{rank}.json").read_text())
