@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import numbers
 import os
+import re
 import socket
 import time
 from collections.abc import Iterable, Iterator
@@ -43,6 +44,9 @@ from lightning_bridge.record._settings import WorkspaceSettings
 from lightning_bridge.record._sqlite import BUSY_TIMEOUT_S, sqlite_engine
 from lightning_bridge.record._unusable import record_unreachable, unusable_registry
 from lightning_bridge.record._workspace import Workspace
+
+# A metric group's name (Determined forbids "." in one; the record keeps 16 characters).
+_GROUP = re.compile(r"[A-Za-z0-9_-]{1,16}")
 
 # A scheduler job in one of these states may still run the trial (Slurm's names). A running
 # job passes through SIGNALING (its `--signal` being sent before the time limit), STAGE_OUT and
@@ -264,10 +268,14 @@ class Registry:
     def add_metrics(
         self, trial_id: int, kind: str, batches: int, epochs: int, values: dict[str, Any]
     ) -> None:
-        """Record one report: `kind` "training" (a reporting window's averages) or
-        "validation", at the batch count it belongs to."""
-        if kind not in ("training", "validation"):
-            raise ValueError(f"kind must be 'training' or 'validation', not {kind!r}")
+        """Record one report: `kind` "training" (a reporting window's averages),
+        "validation", or another group a Core API script names (`report_metrics`), at the
+        batch count it belongs to."""
+        if not _GROUP.fullmatch(kind):
+            raise ValueError(
+                f"metric group {kind!r}: a group is 1 to 16 letters, digits, '_' or '-' "
+                "(training, validation, or a name of your own without '.')"
+            )
         with self._session() as session:
             session.add(
                 MetricRow(

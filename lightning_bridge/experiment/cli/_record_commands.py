@@ -136,6 +136,8 @@ def experiment_describe(args: argparse.Namespace) -> int:
                     **as_dict(t),
                     "validation": [as_dict(m) for m in registry.metrics(t.id, "validation")],
                     "training": [as_dict(m) for m in registry.metrics(t.id, "training")],
+                    # Other groups a Core API script reported (`report_metrics(group, ...)`).
+                    "groups": _other_groups(registry, t.id),
                     "job": jobs.get(t.id),
                     "running": running.get(t.id),
                 }
@@ -431,3 +433,12 @@ def checkpoint_download(args: argparse.Namespace) -> int:
     else:
         print(f"Downloaded checkpoint {checkpoint.uuid} from {checkpoint.location} to {out}")
     return 0
+
+
+def _other_groups(registry: Registry, trial_id: int) -> dict[str, list[dict[str, Any]]]:
+    """A trial's reports in groups other than training and validation, by group."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for m in registry.metrics(trial_id):
+        if m.kind not in ("training", "validation"):
+            groups.setdefault(m.kind, []).append(as_dict(m))
+    return groups

@@ -1,0 +1,142 @@
+"""Determined's Core API under `lightning-bridge run`: a `det.core.init()` script is recorded
+(metrics, checkpoints in storage with retention, TensorBoard), paused and continued from its
+latest checkpoint, searched (ASHA stops trials through `should_preempt()`), ended by InvalidHP,
+and run on two processes with sharded checkpoints, as on a Determined cluster."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import subprocess
+from typing import Any
+
+import pytest
+import torch
+
+from lightning_bridge.record._registry import Registry
+from tests._core_api_runs import core_folder, seen_runs
+from tests._folders import (
+    Gate,
+    cli_env,
+    command,
+    finish,
+    start_run,
+    wait_for,
+    workspace,
+)
+
+pytestmark = pytest.mark.processes
+
+
+def lb(folder: pathlib.Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """`lightning-bridge ARGS --workspace` the folder's workspace, to its end."""
+    return subprocess.run(
+        command(*args, "--workspace", str(workspace(folder))),
+        cwd=folder,
+        env=cli_env(folder),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+
+
+def described(folder: pathlib.Path, experiment: int = 1) -> dict[str, Any]:
+    done = lb(folder, "experiment", "describe", str(experiment), "--json")
+    assert done.returncode == 0, done.stdout + done.stderr
+    data: dict[str, Any] = json.loads(done.stdout)
+    return data
+
+
+def run_dir(folder: pathlib.Path, trial: int = 1, experiment: int = 1) -> pathlib.Path:
+    return workspace(folder) / "experiments" / str(experiment) / "trials" / str(trial)
+
+
+def checkpoint_state(folder: pathlib.Path, trial: int = 1) -> dict[str, Any]:
+    with Registry(workspace(folder)) as registry:
+        latest = registry.latest_checkpoint(trial)
+        assert latest is not None
+        state: dict[str, Any] = torch.load(pathlib.Path(latest.location) / "state.pt")
+        return state
+
+
+def test_a_script_is_recorded_with_its_checkpoints_and_tensorboard(tmp_path: pathlib.Path) -> None:
+    folder = core_folder(tmp_path)
+    done = lb(folder, "run", "const.yaml")
+    assert done.returncode == 0, done.stdout + done.stderr
+    data = described(folder)
+    (trial,) = data["trials"]
+    assert trial["state"] == "COMPLETED"
+    assert [m["batches"] for m in trial["training"]] == [4, 8, 12]
+    assert [sorted(m["values"]) for m in trial["training"]] == [["loss"]] * 3
+    assert [m["batches"] for m in trial["validation"]] == [4, 8, 12]
+    # Recorded as reported: no batch / epoch counters added to a script's own metrics.
+    assert [sorted(m["values"]) for m in trial["validation"]] == [["val_loss"]] * 3
+    assert [m["values"] for m in trial["groups"]["extra"]] == [{"seen": n} for n in (4, 8, 12)]
+    (seen,) = seen_runs(run_dir(folder))
+    assert seen["latest"] is None and seen["trained"] == list(range(1, 13))
+    assert seen["best"] is None  # nothing validated yet in the experiment
+    # Retention (Determined's defaults: the latest and the best) kept the last checkpoint,
+    # in the config's storage, with the script's files and metadata.
+    kept = data["checkpoints"]
+    assert [c["batches"] for c in kept] == [12]
+    where = pathlib.Path(kept[0]["location"])
+    assert sorted(p.name for p in where.iterdir()) == ["metadata.json", "shard.0", "state.pt"]
+    assert json.loads((where / "metadata.json").read_text()) == {
+        "steps_completed": 12,
+        "rank_0": 0,
+    }
+    assert checkpoint_state(folder)["steps"] == 12
+    listed = lb(folder, "checkpoint", "list", "--experiment", "1")
+    assert listed.returncode == 0 and kept[0]["uuid"] in listed.stdout, listed.stdout
+    # TensorboardMode.AUTO: the reported metrics are in the trial's TensorBoard folder.
+    events = list((run_dir(folder) / "tensorboard").rglob("events.out.tfevents*"))
+    assert events, sorted(p.name for p in run_dir(folder).iterdir())
+
+
+def test_paused_and_continued_it_ends_as_the_uninterrupted_run(tmp_path: pathlib.Path) -> None:
+    plain = core_folder(tmp_path, "plain")
+    done = lb(plain, "run", "const.yaml")
+    assert done.returncode == 0, done.stdout + done.stderr
+    (uninterrupted,) = seen_runs(run_dir(plain))
+
+    gate = Gate.at(tmp_path / "gate")  # held before its 6th batch
+    folder = core_folder(tmp_path, "paused", hyperparameters=gate.hparams(5))
+    run = start_run(folder)
+    wait_for(gate.reached, run)
+    paused = lb(folder, "experiment", "pause", "1")
+    assert paused.returncode == 0, paused.stdout + paused.stderr
+    code, out, err, _ = finish(run, 180)
+    assert code == 0, out + err
+    first = described(folder)["trials"][0]
+    assert first["state"] == "STOPPED", first
+    (stopped,) = seen_runs(run_dir(folder))
+    # The signal came at batch 5; the script checkpointed at its next boundary and stopped.
+    assert stopped["preempted_at"] == 8 and stopped["trained"] == list(range(1, 9))
+
+    gate.release()
+    continued = lb(folder, "experiment", "continue", "1")
+    assert continued.returncode == 0, continued.stdout + continued.stderr
+    trial = described(folder)["trials"][0]
+    assert trial["state"] == "COMPLETED", trial
+    _, resumed = seen_runs(run_dir(folder))
+    # It continued from its checkpoint at batch 8 (never trained from scratch twice)...
+    assert resumed["latest"] is not None and resumed["trained"] == [9, 10, 11, 12]
+    assert resumed["restored_files"] == ["metadata.json", "shard.0", "state.pt"]
+    # ...and ends with the uninterrupted run's weights and reports.
+    assert resumed["weights"] == uninterrupted["weights"]
+    assert [m["batches"] for m in trial["validation"]] == [4, 8, 12]
+    plain_trial = described(plain)["trials"][0]
+    assert [m["values"] for m in trial["validation"]] == [
+        m["values"] for m in plain_trial["validation"]
+    ]
+
+
+def test_invalid_hp_ends_the_trial_completed_with_its_message(tmp_path: pathlib.Path) -> None:
+    folder = core_folder(tmp_path, hyperparameters={"invalid": True})
+    done = lb(folder, "run", "const.yaml")
+    assert done.returncode == 0, done.stdout + done.stderr
+    (trial,) = described(folder)["trials"]
+    assert trial["state"] == "COMPLETED"
+    assert trial["message"] == "InvalidHP: invalid=true cannot train"
+    assert trial["validation"] == []
