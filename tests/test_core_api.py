@@ -105,31 +105,3 @@ def test_the_core_names_and_private_paths_are_the_bridges(mapped: None) -> None:
     ]
     with pytest.raises(AttributeError, match="it holds CheckpointContext"):
         det.core.NoSuchName  # noqa: B018
-
-
-def test_under_lightning_bridge_run_it_is_refused_with_one_message(tmp_path: pathlib.Path) -> None:
-    import os
-    import subprocess
-    import sys
-
-    (tmp_path / "train.py").write_text(
-        "import determined as det\n"
-        "with det.core.init() as core_context:\n"
-        "    core_context.train.report_training_metrics(steps_completed=1, metrics={'x': 1})\n"
-    )
-    (tmp_path / "const.yaml").write_text(
-        "name: core\nsearcher: {name: single, metric: x, max_length: 1}\n"
-        "max_restarts: 0\nentrypoint: python3 train.py\n"
-    )
-    env = dict(os.environ, XDG_DATA_HOME=str(tmp_path / "xdg"))
-    result = subprocess.run(
-        [sys.executable, "-m", "lightning_bridge", "run", "const.yaml", "."],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    output = result.stdout + result.stderr
-    assert result.returncode != 0, output
-    assert "det.core.init() under `lightning-bridge run` is not supported yet" in output

@@ -140,3 +140,80 @@ def test_invalid_hp_ends_the_trial_completed_with_its_message(tmp_path: pathlib.
     assert trial["state"] == "COMPLETED"
     assert trial["message"] == "InvalidHP: invalid=true cannot train"
     assert trial["validation"] == []
+
+
+def test_an_adaptive_asha_search_stops_trials_through_should_preempt(
+    tmp_path: pathlib.Path,
+) -> None:
+    """ASHA ranks each trial at its rungs on the validation metrics the script reports; a trial
+    it stops sees should_preempt() after its checkpoint there and exits, COMPLETED."""
+    folder = core_folder(
+        tmp_path,
+        hyperparameters={
+            "lr": {"type": "categorical", "vals": [0.001, 0.01, 0.05, 0.08]},
+            "steps": 16,
+        },
+        searcher={
+            "name": "adaptive_asha",
+            "metric": "val_loss",
+            "time_metric": "batches",
+            "max_time": 16,
+            "max_trials": 4,
+            "max_concurrent_trials": 1,
+            "mode": "aggressive",
+            "max_rungs": 2,
+            "divisor": 4,
+        },
+    )
+    done = lb(folder, "run", "const.yaml")
+    assert done.returncode == 0, done.stdout + done.stderr
+    data = described(folder)
+    trials = data["trials"]
+    assert len(trials) == 4 and {t["state"] for t in trials} == {"COMPLETED"}, trials
+    stopped = {}
+    for t in trials:
+        (seen,) = seen_runs(run_dir(folder, t["id"]))
+        stopped[t["id"]] = seen["preempted_at"]
+        # Each report reached the search's record; a stopped trial stopped at a rung (4).
+        assert [m["batches"] for m in t["validation"]] == list(
+            range(4, (seen["trained"][-1] + 1), 4)
+        )
+    # Stopped at the first rung (4 batches), or promoted and trained to max_time (where the
+    # searcher's stop meets the end of training); asynchronous ASHA promotes the first trial.
+    assert set(stopped.values()) == {4, 16}, stopped
+    assert stopped[1] == 16, stopped
+
+
+def test_two_processes_store_sharded_checkpoints_and_train_as_one(tmp_path: pathlib.Path) -> None:
+    plain = core_folder(tmp_path, "plain")
+    assert lb(plain, "run", "const.yaml").returncode == 0
+    (one,) = seen_runs(run_dir(plain))
+    folder = core_folder(
+        tmp_path,
+        "two",
+        entrypoint="python3 -m determined.launch.torch_distributed python3 train.py",
+        resources={"slots_per_trial": 2},
+    )
+    done = lb(folder, "run", "const.yaml")
+    assert done.returncode == 0, done.stdout + done.stderr
+    (trial,) = described(folder)["trials"]
+    assert trial["state"] == "COMPLETED"
+    assert [m["batches"] for m in trial["validation"]] == [4, 8, 12]
+    (rank0,) = seen_runs(run_dir(folder), 0)
+    (rank1,) = seen_runs(run_dir(folder), 1)
+    assert rank0["weights"] == rank1["weights"]
+    assert rank0["weights"] == pytest.approx(one["weights"], abs=1e-6)
+    (kept,) = described(folder)["checkpoints"]
+    where = pathlib.Path(kept["location"])
+    # Every process's shard, and the metadata of both merged.
+    assert sorted(p.name for p in where.iterdir()) == [
+        "metadata.json",
+        "shard.0",
+        "shard.1",
+        "state.pt",
+    ]
+    assert json.loads((where / "metadata.json").read_text()) == {
+        "steps_completed": 12,
+        "rank_0": 0,
+        "rank_1": 1,
+    }
