@@ -25,8 +25,8 @@ from lightning_bridge.contract._distributed import DistributedContext
 from lightning_bridge.record._registry import Registry
 from lightning_bridge.record._schema import TrialState
 from lightning_bridge.record._workspace import Workspace
-from lightning_bridge.translation._metrics import searcher_value
 from lightning_bridge.translation._observer import FitOutcome, Progress
+from lightning_bridge.translation._values import searcher_value
 from lightning_bridge.translation.services._run_description import RunDescription
 from lightning_bridge.translation.services._stop_request import StopRequest
 

@@ -23,8 +23,8 @@ from lightning_bridge.checkpoint._claim import DirectoryClaim
 from lightning_bridge.checkpoint._layout import EXTRAS_KEY
 from lightning_bridge.checkpoint._retention import CheckpointRetention
 from lightning_bridge.checkpoint._writable import space_shortfall
-from lightning_bridge.translation._metrics import searcher_value
 from lightning_bridge.translation._observer import FitObserver, Progress, SavedCheckpoint
+from lightning_bridge.translation._values import searcher_value
 from lightning_bridge.translation.fit._core import TrialCore
 from lightning_bridge.translation.fit._payload import (
     capture_rng_state,

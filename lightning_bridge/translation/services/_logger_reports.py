@@ -16,8 +16,8 @@ import pathlib
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from lightning_bridge.translation._metrics import scalar_items
 from lightning_bridge.translation._observer import FitObserver, Progress
+from lightning_bridge.translation._values import scalar_items
 
 TAG_PREFIX = "Determined/"
 

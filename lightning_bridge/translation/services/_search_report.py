@@ -34,8 +34,8 @@ from lightning_bridge.record._registry import Registry
 from lightning_bridge.record._schema import TrialState
 from lightning_bridge.record._workspace import Workspace
 from lightning_bridge.search import SearchDriver, TrialSpec
-from lightning_bridge.translation._metrics import searcher_value
 from lightning_bridge.translation._observer import FitObserver, FitOutcome, Progress
+from lightning_bridge.translation._values import searcher_value
 from lightning_bridge.translation.services._run_description import RunDescription
 from lightning_bridge.translation.services._trial_environment import TrialEnvironment
 
