@@ -105,3 +105,105 @@ def test_the_core_names_and_private_paths_are_the_bridges(mapped: None) -> None:
     ]
     with pytest.raises(AttributeError, match="it holds CheckpointContext"):
         det.core.NoSuchName  # noqa: B018
+
+
+# Two processes sharing objects through `core_context.distributed` with no process group, as
+# Determined's DistributedContext allowed: under torchrun (its store), or started by the script
+# itself with the chief's address (`chief_ip`, the store the chief serves).
+_COLLECTIVES = """
+import json, os, sys
+import torch.distributed as dist
+import determined as det
+from determined import core
+
+if sys.argv[1] == "torchrun":
+    distributed = core.DistributedContext.from_torch_distributed()
+else:
+    rank = int(sys.argv[2])
+    distributed = core.DistributedContext(
+        rank=rank, size=2, local_rank=rank, local_size=2, cross_rank=0, cross_size=1,
+        chief_ip="127.0.0.1", port_offset=int(sys.argv[3]),
+    )
+with det.core.init(distributed=distributed) as core_context:
+    d = core_context.distributed
+    seen = {
+        "rank": d.rank,
+        "allgather": d.allgather(d.rank * 10),
+        "broadcast": d.broadcast({"from": d.rank}),
+        "gather": d.gather(d.rank + 1),
+        "local": d.allgather_local(d.local_rank),
+        "preempt": core_context.preempt.should_preempt(),
+        "group": dist.is_initialized(),
+    }
+with open(f"seen.{seen['rank']}.json", "w") as f:
+    json.dump(seen, f)
+"""
+
+
+def _collectives_env(work: pathlib.Path) -> dict[str, str]:
+    import os
+
+    from tests._core_api_runs import REPO
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DET_", "LIGHTNING_BRIDGE"))}
+    env["PYTHONPATH"] = os.pathsep.join([str(_import_map.shim_dir(work)), str(REPO)])
+    env["XDG_DATA_HOME"] = str(work / "xdg")
+    return env
+
+
+def _check_collectives(work: pathlib.Path) -> None:
+    seen = [json.loads((work / f"seen.{r}.json").read_text()) for r in (0, 1)]
+    for rank, s in enumerate(seen):
+        assert s["rank"] == rank and s["group"] is False
+        assert s["allgather"] == [0, 10] and s["local"] == [0, 1]
+        assert s["broadcast"] == {"from": 0} and s["preempt"] is False
+    assert seen[0]["gather"] == [1, 2] and seen[1]["gather"] is None
+
+
+def test_collectives_without_a_process_group_under_torchrun(tmp_path: pathlib.Path) -> None:
+    import subprocess
+    import sys
+
+    (tmp_path / "share.py").write_text(_COLLECTIVES)
+    done = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+        + ["share.py", "torchrun"],
+        cwd=tmp_path,
+        env=_collectives_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    _check_collectives(tmp_path)
+
+
+def test_collectives_of_workers_a_script_starts_itself_through_chief_ip(
+    tmp_path: pathlib.Path,
+) -> None:
+    import socket
+    import subprocess
+    import sys
+
+    from lightning_bridge.contract._distributed import CHIEF_PORT
+
+    (tmp_path / "share.py").write_text(_COLLECTIVES)
+    with socket.socket() as s:  # a free port for the chief's store
+        s.bind(("127.0.0.1", 0))
+        offset = s.getsockname()[1] - CHIEF_PORT
+    workers = [
+        subprocess.Popen(
+            [sys.executable, "share.py", "worker", str(rank), str(offset)],
+            cwd=tmp_path,
+            env=_collectives_env(tmp_path),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for rank in (0, 1)
+    ]
+    for worker in workers:
+        out, _ = worker.communicate(timeout=300)
+        assert worker.returncode == 0, out[-3000:]
+    _check_collectives(tmp_path)
