@@ -416,8 +416,13 @@ def test_determined_imports_resolve_to_the_bridge(mapped: None) -> None:
     assert det_torch.PyTorchTrial is lightning_bridge.PyTorchTrial
     assert samplers.RepeatSampler is RepeatSampler is lightning_bridge.samplers.RepeatSampler
     assert determined.get_cluster_info() is None  # not started by the runner
-    with pytest.raises(ModuleNotFoundError, match="determined.experimental is not mapped"):
-        import determined.experimental  # type: ignore[import-not-found]  # noqa: F401
+    with pytest.raises(ModuleNotFoundError, match="determined.pytorch.deepspeed is not mapped"):
+        import determined.pytorch.deepspeed  # type: ignore[import-not-found]  # noqa: F401
+    # determined.experimental holds core_v2 alone; the SDK is refused by name.
+    import determined.experimental  # type: ignore[import-not-found]
+
+    with pytest.raises(ImportError, match="talks to a Determined master"):
+        determined.experimental.client  # noqa: B018
 
 
 def test_shim_folder_maps_determined_in_a_subprocess(tmp_path: pathlib.Path) -> None:

@@ -153,8 +153,21 @@ def init(
             train=TrainContext(None),
             searcher=SearcherContext(distributed),
         )
+    return context_for_run(
+        described, distributed, checkpoint_storage, preempt_mode, tensorboard_mode
+    )
+
+
+def context_for_run(
+    described: RunDescription,
+    distributed: DistributedContext,
+    checkpoint_storage: str | dict[str, Any] | None = None,
+    preempt_mode: PreemptMode = PreemptMode.WorkersAskChief,
+    tensorboard_mode: TensorboardMode = TensorboardMode.AUTO,
+) -> Context:
+    """The contexts of a recorded trial's script (`described`): its services (`CoreRun`)."""
     run = CoreRun(described, distributed, tensorboard_mode == TensorboardMode.AUTO)
-    if checkpoint_storage is not None:
+    if checkpoint_storage is not None and described.options.get("unmanaged") is None:
         logger.warning(
             "core.init(checkpoint_storage=...) is not used under lightning-bridge run: the "
             "trial's checkpoints go to the config's checkpoint_storage (%s), where `experiment "
