@@ -373,11 +373,11 @@ def test_load_config_file_errors(tmp_path: pathlib.Path) -> None:
         ),
         (
             "python3 -m determined.launch.torch_distributed python3 train.py",
-            Entrypoint(command=["python3", "train.py"], python=True),
+            Entrypoint(command=["python3", "train.py"], python=True, launched=True),
         ),
         (
             "python3 -m determined.launch.torch_distributed --max_restarts 1 -- python3 t.py",
-            Entrypoint(command=["python3", "t.py"], python=True),
+            Entrypoint(command=["python3", "t.py"], python=True, launched=True),
         ),
         (
             "python3 -m determined.launch.torch_distributed --trial model_def:T",

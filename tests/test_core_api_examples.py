@@ -48,7 +48,7 @@ def run_example(tmp_path: pathlib.Path, folder: str, config: str, *args: str) ->
         check=False,
     )
     assert shown.returncode == 0, shown.stderr
-    return done.stdout, json.loads(shown.stdout)
+    return done.stdout + done.stderr, json.loads(shown.stdout)
 
 
 def test_stage_0_a_plain_script_runs_as_a_trial(tmp_path: pathlib.Path) -> None:
@@ -111,3 +111,20 @@ def test_mnist_adaptive_search(tmp_path: pathlib.Path) -> None:
     assert len(trials) == 4 and {t["state"] for t in trials} == {"COMPLETED"}
     epochs = sorted(max(m["values"]["epochs"] for m in t["validation"]) for t in trials)
     assert epochs[-1] == 20 and epochs[0] < 20, epochs
+
+
+def test_stage_4_a_script_that_starts_its_own_workers(tmp_path: pathlib.Path) -> None:
+    """`python3 4_distributed.py launcher` runs once on its node, as Determined runs a command
+    not behind its launcher; it starts `slot_ids` workers itself through
+    `determined.launch.wrap_rank`, each building its DistributedContext from the cluster info
+    (`chief_ip`); the chief reports what the 8 workers sum."""
+    printed, data = run_example(tmp_path, "core_api", "4_distributed.yaml", "--force")
+    (trial,) = data["trials"]
+    assert trial["state"] == "COMPLETED"
+    (hparams,) = [trial["hparams"]]
+    increment = hparams["increment_by"]
+    assert [(m["batches"], m["values"]) for m in trial["validation"]] == [
+        (n, {"x": 8 * increment * n}) for n in range(10, 101, 10)
+    ]
+    assert "[rank=0] " in printed and "[rank=7] " in printed
+    assert data["checkpoints"][-1]["batches"] == 100

@@ -39,6 +39,8 @@ PROVIDED = (
     "determined.experimental.core_v2",
     "determined.lightning",
     "determined.lightning.experimental",
+    "determined.launch",
+    "determined.launch.wrap_rank",
 )
 
 # Where Determined's Core API lives on the bridge (a layer above this one: named, not imported).
@@ -55,7 +57,14 @@ _PROXIED = {
     "determined.experimental.core_v2": "lightning_bridge.core._core_v2",
     "determined.lightning.experimental": "lightning_bridge.core._lightning",
 }
-_PARENTS = {"determined.experimental": "core_v2", "determined.lightning": "experimental"}
+_PARENTS = {
+    "determined.experimental": "core_v2",
+    "determined.lightning": "experimental",
+    "determined.launch": "wrap_rank",
+}
+# Determined modules run as programs (`python3 -m determined.launch.wrap_rank`): the bridge's
+# module file, loaded under Determined's name.
+_PROGRAMS = {"determined.launch.wrap_rank": "_wrap_rank.py"}
 
 # Determined's `logging` format (`logging.basicConfig(format=det.LOG_FORMAT)`), the same string.
 LOG_FORMAT = "%(levelname)s: [%(process)s] %(name)s: %(message)s"
@@ -104,7 +113,7 @@ REFUSED = {
     ),
     "determined.pytorch.dsat": "DeepSpeed autotuning (dsat) runs " + _CLUSTER,
     "determined.launch": (
-        "Determined's launchers are entrypoint words: write `python3 -m "
+        "Determined's launchers (but wrap_rank) are entrypoint words: write `python3 -m "
         "determined.launch.torch_distributed python3 train.py` as the config's entrypoint and "
         "`lightning-bridge run` starts the processes with torchrun (or run `torchrun "
         "--nproc_per_node=N train.py` yourself)"
@@ -255,6 +264,9 @@ class DeterminedFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
             return None
         if fullname not in PROVIDED:
             raise ModuleNotFoundError(_refusal(fullname), name=fullname)
+        if fullname in _PROGRAMS:
+            source = pathlib.Path(__file__).with_name(_PROGRAMS[fullname])
+            return importlib.util.spec_from_file_location(fullname, source)
         return importlib.util.spec_from_loader(fullname, self, is_package=fullname not in _LEAVES)
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:

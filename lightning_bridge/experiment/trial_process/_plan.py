@@ -36,7 +36,10 @@ from lightning_bridge.experiment.trial_process._environment import (
     configured_environment,
     trial_variables,
 )
-from lightning_bridge.experiment.trial_process._startup_hook import startup_hook_environment
+from lightning_bridge.experiment.trial_process._startup_hook import (
+    interpreter_first,
+    startup_hook_environment,
+)
 from lightning_bridge.experiment.trial_process._workdir import WORKDIR
 from lightning_bridge.search._space import trial_draw
 from lightning_bridge.translation._engine_settings import EngineSettings
@@ -303,26 +306,37 @@ def _run_trial(plan: Plan, run: RunDescription, work_dir: pathlib.Path) -> None:
         )
 
 
+def torchrun_launched(plan: Plan) -> bool:
+    """Whether a script entrypoint's processes are torchrun's (`script_command`): several,
+    behind Determined's launcher or across nodes."""
+    many_nodes = (plan.options.num_nodes or 1) > 1
+    return plan.processes > 1 and (plan.entrypoint.launched or many_nodes)
+
+
 def script_command(plan: Plan) -> list[str]:
-    """The command a script entrypoint runs as: this interpreter for `python`, under torchrun
+    """The command a script entrypoint runs as: this interpreter for `python`; under torchrun
     (`--standalone --nproc_per_node N`, through `_torchrun` so that a stop signal ends the run
-    like one process's) for N > 1 processes."""
+    like one process's) for N > 1 processes behind Determined's launcher, or on each of
+    several nodes; once otherwise, as Determined runs a command."""
     command = list(plan.entrypoint.command)
     n = plan.processes
     if not plan.entrypoint.python:
-        if n > 1:
+        if n > 1 and plan.entrypoint.launched:
             raise InvalidArgumentError(
                 f"entrypoint {' '.join(command)}: {n} processes need a Python command to "
                 "launch with torchrun (python3 train.py); set resources.slots_per_trial: 1 or "
                 "use a python3 entrypoint."
             )
         return command
-    if n <= 1:
+    nodes = plan.options.num_nodes or 1
+    if n <= 1 or (not plan.entrypoint.launched and nodes <= 1):
+        # As on Determined, a command not behind its launcher runs once on its node, with the
+        # node's slots to use: it starts its own processes (a Trainer-API script's, through
+        # Lightning's launcher), or trains in one.
         return [sys.executable, *command[1:]]
     rest = command[1:]
     torchrun = [sys.executable, "-m", "lightning_bridge.experiment.trial_process._torchrun"]
     torchrun += [f"--stop-timeout={plan.stop_timeout}", "--"]
-    nodes = plan.options.num_nodes or 1
     if nodes > 1 and "NODE_RANK" in os.environ and "RANK" not in os.environ:
         # One process per node of a trial across nodes (the Ray launcher's): torchrun starts
         # this node's processes, its rendezvous at rank 0's node.
@@ -369,7 +383,7 @@ def describe_run(plan: Plan, trial: TrialRun) -> RunDescription:
         raw_config=conf.raw,
         hparams=conf.hparams,
         trial_seed=trial_seed(plan, trial),
-        engine=engine_settings(plan, processes_launched=script and plan.processes > 1),
+        engine=engine_settings(plan, processes_launched=script and torchrun_launched(plan)),
         aggregation_frequency=conf.model.optimizations.aggregation_frequency,
         max_length=conf.length("max_length"),
         validation_period=conf.length("min_validation_period"),
@@ -415,6 +429,9 @@ def _run_script(plan: Plan, trial: TrialRun) -> int:
     if env.get("PYTHONPATH"):
         path.append(env["PYTHONPATH"])
     env["PYTHONPATH"] = os.pathsep.join(path)
+    # The `python3` the script starts (its own workers) is the interpreter its entrypoint's
+    # `python3` became, as a container's python3 is the one Determined runs it with.
+    env["PATH"] = interpreter_first(env.get("PATH"))
     command = script_command(plan)
     logger.info("Running %s in %s", shlex.join(command), work_dir)
     # Under torchrun the agent enforces the timeout on the workers; the margin is its own.
