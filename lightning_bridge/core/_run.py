@@ -22,9 +22,6 @@ from lightning_bridge.checkpoint._storage_backend import CheckpointStorage
 from lightning_bridge.checkpoint._storage_config import storage_from_config
 from lightning_bridge.contract._context import ConfigValues
 from lightning_bridge.contract._distributed import DistributedContext
-from lightning_bridge.record._registry import Registry
-from lightning_bridge.record._schema import TrialState
-from lightning_bridge.record._workspace import Workspace
 from lightning_bridge.translation._observer import FitOutcome, Progress
 from lightning_bridge.translation._values import searcher_value
 from lightning_bridge.translation.services._run_description import RunDescription
@@ -136,6 +133,10 @@ class CoreRun:
     def _end_invalid_hp(self, exc: BaseException) -> None:
         """InvalidHP ends the trial COMPLETED with its message, as Determined ends it; a
         search replaces it where Determined's searcher does."""
+        from lightning_bridge.record._registry import Registry
+        from lightning_bridge.record._schema import TrialState
+        from lightning_bridge.record._workspace import Workspace
+
         message = f"InvalidHP: {getattr(exc, 'msg', None) or exc}"
         logger.info("%s; the trial ends here", message)
         if self.run.record is not None:
@@ -206,6 +207,9 @@ class CoreRun:
 
     def best_validation(self) -> float | None:
         """The experiment's best searcher metric reported so far (None before one)."""
+        from lightning_bridge.record._registry import Registry
+        from lightning_bridge.record._workspace import Workspace
+
         metric = self.values.searcher_metric
         if self.run.record is None or metric is None:
             return None

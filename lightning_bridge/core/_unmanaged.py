@@ -16,7 +16,6 @@ from typing import Any
 
 from lightning_bridge._errors import InvalidArgumentError
 from lightning_bridge.contract._distributed import DistributedContext
-from lightning_bridge.record._registry import Registry
 from lightning_bridge.record._workspace import Workspace
 from lightning_bridge.translation.services._run_description import (
     RecordConnection,
@@ -67,6 +66,8 @@ def record_unmanaged(
     section = storage_section(checkpoint_storage)
     if section is not None:
         config["checkpoint_storage"] = section
+    from lightning_bridge.record._registry import Registry
+
     ids = None
     if distributed.rank == 0:
         with Registry(Workspace()) as registry:
