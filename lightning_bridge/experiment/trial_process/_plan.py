@@ -303,10 +303,17 @@ def _run_trial(plan: Plan, run: RunDescription, work_dir: pathlib.Path) -> None:
         )
 
 
+def launched_rank() -> bool:
+    """Whether this process is already one rank of the trial's processes, started one per
+    process by its launcher (a Slurm job's tasks: their environment names their RANK). A
+    script entrypoint then runs once here, as that rank, not under a torchrun of its own."""
+    return "RANK" in os.environ
+
+
 def script_command(plan: Plan) -> list[str]:
     """The command a script entrypoint runs as: this interpreter for `python`, under torchrun
     (`--standalone --nproc_per_node N`, through `_torchrun` so that a stop signal ends the run
-    like one process's) for N > 1 processes."""
+    like one process's) for N > 1 processes, alone where the launcher started each rank."""
     command = list(plan.entrypoint.command)
     n = plan.processes
     if not plan.entrypoint.python:
@@ -317,7 +324,7 @@ def script_command(plan: Plan) -> list[str]:
                 "use a python3 entrypoint."
             )
         return command
-    if n <= 1:
+    if n <= 1 or launched_rank():
         return [sys.executable, *command[1:]]
     rest = command[1:]
     torchrun = [sys.executable, "-m", "lightning_bridge.experiment.trial_process._torchrun"]
@@ -416,9 +423,14 @@ def _run_script(plan: Plan, trial: TrialRun) -> int:
         path.append(env["PYTHONPATH"])
     env["PYTHONPATH"] = os.pathsep.join(path)
     command = script_command(plan)
+    under_torchrun = plan.processes > 1 and not launched_rank()
+    if plan.processes > 1 and not under_torchrun:
+        # One rank of a world its launcher started: torchrun's variables, as its ranks see
+        # them (the launcher gives RANK, LOCAL_RANK, MASTER_ADDR and MASTER_PORT).
+        env.setdefault("WORLD_SIZE", str(plan.processes))
     logger.info("Running %s in %s", shlex.join(command), work_dir)
     # Under torchrun the agent enforces the timeout on the workers; the margin is its own.
-    margin = 30 if plan.processes > 1 else 0
+    margin = 30 if under_torchrun else 0
     try:
         ended = run_child(command, cwd=work_dir, env=env, timeout=plan.stop_timeout, margin=margin)
     except FileNotFoundError as exc:
