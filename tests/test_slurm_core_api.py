@@ -210,3 +210,8 @@ def test_two_processes_across_the_nodes_store_sharded_checkpoints(
     tmp_path: pathlib.Path, slurm_cluster: SlurmCluster
 ) -> None:
     two_processes_store_shards(tmp_path, on_slurm, {"slurm": {"slots_per_node": 1}})
+    # A job across the two nodes, one task per process (`srun`); each task ran the script
+    # once, as its rank (`two_processes_store_shards` finds one run of each).
+    ws = tmp_path / "ws-cluster"
+    assert "exec srun" in (trial_dir(ws) / "job.sh").read_text()
+    assert _job(ws).state == "COMPLETED", _job(ws)
