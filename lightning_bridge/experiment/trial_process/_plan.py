@@ -307,17 +307,25 @@ def _run_trial(plan: Plan, run: RunDescription, work_dir: pathlib.Path) -> None:
 
 
 def torchrun_launched(plan: Plan) -> bool:
-    """Whether a script entrypoint's processes are torchrun's (`script_command`): several,
-    behind Determined's launcher or across nodes."""
+    """Whether a script entrypoint's processes are started by a launcher rather than by the
+    script (`script_command`): several, behind Determined's launcher or across nodes."""
     many_nodes = (plan.options.num_nodes or 1) > 1
     return plan.processes > 1 and (plan.entrypoint.launched or many_nodes)
+
+
+def launched_rank() -> bool:
+    """Whether this process is already one rank of the trial's processes, started one per
+    process by its launcher (a Slurm job's tasks: their environment names their RANK). A
+    script entrypoint then runs once here, as that rank, not under a torchrun of its own."""
+    return "RANK" in os.environ
 
 
 def script_command(plan: Plan) -> list[str]:
     """The command a script entrypoint runs as: this interpreter for `python`; under torchrun
     (`--standalone --nproc_per_node N`, through `_torchrun` so that a stop signal ends the run
     like one process's) for N > 1 processes behind Determined's launcher, or on each of
-    several nodes; once otherwise, as Determined runs a command."""
+    several nodes; alone where the launcher started each rank; once otherwise, as Determined
+    runs a command."""
     command = list(plan.entrypoint.command)
     n = plan.processes
     if not plan.entrypoint.python:
@@ -329,7 +337,7 @@ def script_command(plan: Plan) -> list[str]:
             )
         return command
     nodes = plan.options.num_nodes or 1
-    if n <= 1 or (not plan.entrypoint.launched and nodes <= 1):
+    if n <= 1 or launched_rank() or (not plan.entrypoint.launched and nodes <= 1):
         # As on Determined, a command not behind its launcher runs once on its node, with the
         # node's slots to use: it starts its own processes (a Trainer-API script's, through
         # Lightning's launcher), or trains in one.
@@ -433,9 +441,14 @@ def _run_script(plan: Plan, trial: TrialRun) -> int:
     # `python3` became, as a container's python3 is the one Determined runs it with.
     env["PATH"] = interpreter_first(env.get("PATH"))
     command = script_command(plan)
+    under_torchrun = torchrun_launched(plan) and not launched_rank()
+    if plan.processes > 1 and launched_rank():
+        # One rank of a world its launcher started: torchrun's variables, as its ranks see
+        # them (the launcher gives RANK, LOCAL_RANK, MASTER_ADDR and MASTER_PORT).
+        env.setdefault("WORLD_SIZE", str(plan.processes))
     logger.info("Running %s in %s", shlex.join(command), work_dir)
     # Under torchrun the agent enforces the timeout on the workers; the margin is its own.
-    margin = 30 if plan.processes > 1 else 0
+    margin = 30 if under_torchrun else 0
     try:
         ended = run_child(command, cwd=work_dir, env=env, timeout=plan.stop_timeout, margin=margin)
     except FileNotFoundError as exc:

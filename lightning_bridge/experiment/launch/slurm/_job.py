@@ -120,15 +120,20 @@ def task_environment(environ: Mapping[str, str]) -> dict[str, str]:
     """What a task of a job of several tasks (one per process) tells the trial of its place, in
     the names `DistributedContext` and `get_cluster_info()` read: its rank, its rank on its
     node, the processes on its node and its node's rank (Determined's local size and cross
-    rank). Not torchrun's GROUP_RANK: Lightning would take the job for a torchrun one."""
+    rank), and the rendezvous port of a script's process group (`MASTER_PORT`: the one
+    Lightning's Slurm environment derives from the job id, so a trial class's ranks meet on
+    it too). Not torchrun's GROUP_RANK: Lightning would take the job for a torchrun one."""
     node = int(environ.get("SLURM_NODEID", "0") or 0)
     counts = _tasks_per_node(
         environ.get("SLURM_STEP_TASKS_PER_NODE") or environ.get("SLURM_TASKS_PER_NODE", "")
     )
+    job_id = environ.get("SLURM_JOB_ID", "")
     out = {
         "RANK": environ.get("SLURM_PROCID", "0"),
         "LOCAL_RANK": environ.get("SLURM_LOCALID", "0"),
         "NODE_RANK": str(node),
+        "MASTER_PORT": environ.get("MASTER_PORT")
+        or str(15000 + int(job_id[-4:]) if job_id.isdigit() else 12910),
     }
     if node < len(counts):
         out["LOCAL_WORLD_SIZE"] = str(counts[node])
