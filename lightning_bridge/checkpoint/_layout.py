@@ -200,6 +200,7 @@ def write_checkpoint(
     code_dir: pathlib.Path | None = None,
     code_exclude: tuple[pathlib.Path, ...] = (),
     storage_id: str | None = None,
+    code_secrets: list[str] | None = None,
 ) -> tuple[pathlib.Path, str]:
     """Write one checkpoint under `base_dir/<storage_id>` (a new uuid by default) atomically;
     returns its path and id.
@@ -207,7 +208,7 @@ def write_checkpoint(
     The files go to `.<uuid>.partial`, are fsynced, and the directory is renamed into place
     before `latest` is moved to it; an interrupted save leaves only the `.partial` directory.
     `code_dir` (the experiment folder) is copied into the checkpoint's `code/` (see `_code`),
-    leaving out `base_dir` and `code_exclude`.
+    leaving out `base_dir` and `code_exclude`, with `code_secrets` masked in it.
     """
     storage_id = storage_id or str(uuid_lib.uuid4())
     final = base_dir / storage_id
@@ -237,7 +238,12 @@ def write_checkpoint(
                 indent=2,
             )
         if code_dir is not None:
-            copy_code(code_dir, tmp / CODE_DIR, exclude=(base_dir, *code_exclude))
+            copy_code(
+                code_dir,
+                tmp / CODE_DIR,
+                exclude=(base_dir, *code_exclude),
+                secrets=code_secrets,
+            )
         _fsync_tree(tmp)
         os.replace(tmp, final)
         _fsync_dir(base_dir)
