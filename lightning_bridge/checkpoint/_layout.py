@@ -34,6 +34,7 @@ from typing import IO, Any
 import torch
 
 from lightning_bridge._errors import InvalidArgumentError
+from lightning_bridge._private import dir_mode, group_shared, make_dir
 from lightning_bridge._version import __version__
 from lightning_bridge.checkpoint._code import CODE_DIR, copy_code
 from lightning_bridge.checkpoint._writable import tensor_bytes, write_failure
@@ -214,8 +215,10 @@ def write_checkpoint(
     final = base_dir / storage_id
     tmp = base_dir / f".{storage_id}.partial"
     try:
-        base_dir.mkdir(parents=True, exist_ok=True)
-        tmp.mkdir()
+        make_dir(base_dir)
+        tmp.mkdir(mode=dir_mode())
+        if group_shared():
+            os.chmod(tmp, dir_mode())
         # Through a Python file, so a failed write raises OSError with its errno (a full disk
         # is ENOSPC), not torch's "unexpected pos" RuntimeError.
         with open(tmp / STATE_FILE, "wb") as state_file:

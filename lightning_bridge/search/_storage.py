@@ -33,6 +33,7 @@ from typing import Any
 
 from lightning_bridge._errors import InvalidArgumentError
 from lightning_bridge._postgres import with_driver
+from lightning_bridge._private import create_file, make_dir
 from lightning_bridge.search._views import SearchSpec
 
 EXTRA = "search"
@@ -136,6 +137,9 @@ def open_storage(url: str, name: str) -> tuple[Any, SearchLock]:
     else:
         lock = SearchLock(url=url, name=name)
     with lock.hold():
+        if path is not None:
+            make_dir(path.parent)
+            create_file(path)  # private, before Optuna creates it
         if scheme == "journal":
             assert path is not None
             backend = optuna.storages.journal.JournalFileBackend(str(path))

@@ -37,6 +37,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from lightning_bridge._errors import InvalidArgumentError
+from lightning_bridge._private import write_file
 from lightning_bridge.record._records import Experiment, Trial
 from lightning_bridge.record._registry import Registry
 from lightning_bridge.record._schema import CheckpointState, TrialState
@@ -199,9 +200,7 @@ class Mirror:
         merged = {**data, **values, "runs": {**data.get("runs", {}), **values.get("runs", {})}}
         if merged == data:
             return
-        partial = path.with_name(f".{LINK_FILE}.{os.getpid()}")
-        partial.write_text(json.dumps(merged, indent=1))
-        os.replace(partial, path)
+        write_file(path, json.dumps(merged, indent=1))  # its URI may hold a password
 
     # ----- experiments and runs -----
 

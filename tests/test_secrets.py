@@ -1,0 +1,181 @@
+"""A config's secrets reach the trial and nobody else.
+
+`lightning-bridge run` with a secret-bearing S3 config (moto's server) and a token among
+`environment.environment_variables`: while the trial is held at a gate its processes'
+argument lists are sampled; afterwards every file under the workspace and the experiment
+folder (but the user's own config file), every object in the bucket and everything `run`,
+`experiment list/describe`, `trial logs` and `checkpoint list` printed are searched for each
+secret value: only the record and the trial's `run.json` hold them, 0600 in a 0700 workspace.
+The trial's process did get the token. Workspaces and checkpoints are private, or
+group-shared when asked."""
+
+from __future__ import annotations
+
+import hashlib
+import pathlib
+import stat
+import subprocess
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from lightning_bridge.experiment.cli._main import main
+from tests._folders import (  # isolated_imports: an autouse fixture
+    FAULT_CONFIG,
+    Gate,
+    children,
+    cli_env,
+    command,
+    fault_folder,
+    finish,
+    isolated_imports,  # noqa: F401
+    run_args,
+    start_run,
+    workspace,
+)
+from tests._servers import moto_server, s3_filesystem
+
+BUCKET = "secrets"
+
+
+@pytest.fixture(scope="module")
+def endpoint() -> Iterator[str]:
+    with moto_server() as url:
+        s3_filesystem(url).mkdir(BUCKET)
+        yield url
+
+
+def _descendants(pid: int) -> list[int]:
+    found, todo = [], [pid]
+    while todo:
+        kids = children(todo.pop())
+        found += kids
+        todo += kids
+    return found
+
+
+def _proc(pid: int, name: str) -> bytes:
+    try:
+        return (pathlib.Path("/proc") / str(pid) / name).read_bytes()
+    except OSError:  # ended meanwhile
+        return b""
+
+
+def _holding(secrets: list[str], named: dict[str, bytes]) -> list[tuple[str, str]]:
+    return [(where, s) for where, data in named.items() for s in secrets if s.encode() in data]
+
+
+def _bucket_objects(endpoint: str) -> dict[str, bytes]:
+    import boto3
+
+    client = boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        aws_access_key_id="reader",
+        aws_secret_access_key="reader",
+        region_name="us-east-1",
+    )
+    objects = {}
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=BUCKET):
+        for entry in page.get("Contents", []):
+            body = client.get_object(Bucket=BUCKET, Key=entry["Key"])["Body"].read()
+            objects[f"s3://{BUCKET}/{entry['Key']}"] = body
+    return objects
+
+
+def test_secrets_reach_the_trial_and_nobody_else(tmp_path: pathlib.Path, endpoint: str) -> None:
+    access, secret, token = (f"s{uuid.uuid4().hex}" for _ in range(3))
+    secrets = [access, secret, token]
+    folder = fault_folder(
+        tmp_path,
+        searcher={**FAULT_CONFIG["searcher"], "max_length": {"batches": 8}},
+        min_validation_period={"batches": 4},
+        checkpoint_storage={
+            "type": "s3",
+            "bucket": BUCKET,
+            "prefix": "runs",
+            "endpoint_url": endpoint,
+            "access_key": access,
+            "secret_key": secret,
+        },
+        environment={"environment_variables": [f"HF_TOKEN={token}", "PLAIN=kept"]},
+    )
+    gate = Gate.at(tmp_path / "gate")
+    # The trial's process says what it got as HF_TOKEN by its digest alone.
+    seen = gate.path / "token.sha256"
+    with open(folder / "model_def.py", "a") as model_def:
+        model_def.write(
+            "\nimport hashlib\n"
+            f"pathlib.Path({str(seen)!r}).write_text("
+            "hashlib.sha256(os.environ.get('HF_TOKEN', '').encode()).hexdigest())\n"
+        )
+    proc = start_run(folder, *gate.options(5))
+    gate.wait(seen=lambda: proc.poll())
+    sampled = {
+        f"/proc/{pid}/cmdline": _proc(pid, "cmdline") for pid in [proc.pid, *_descendants(proc.pid)]
+    }
+    gate.release()
+    code, out, err, _ = finish(proc, timeout=240)
+    assert code == 0, f"{out}\n{err}"
+
+    # The trial's process got the token; no process's argument list holds a secret.
+    assert seen.read_text() == hashlib.sha256(token.encode()).hexdigest()
+    assert sampled and not _holding(secrets, sampled), sorted(sampled)
+
+    ws = workspace(folder)
+    printed = {"run": (out + err).encode()}
+    for args in (
+        ("experiment", "list"),
+        ("experiment", "list", "--json"),
+        ("experiment", "describe", "1"),
+        ("experiment", "describe", "1", "--json"),
+        ("trial", "logs", "1"),
+        ("trial", "logs", "1", "--json"),
+        ("checkpoint", "list"),
+        ("checkpoint", "list", "--json"),
+    ):
+        shown = subprocess.run(
+            command(*args), env=cli_env(folder), capture_output=True, timeout=120, cwd=folder
+        )
+        assert shown.returncode == 0, shown
+        printed[" ".join(args)] = shown.stdout + shown.stderr
+    assert b"HF_TOKEN=***" in printed["experiment describe 1 --json"]
+    assert b"PLAIN=kept" in printed["experiment describe 1 --json"]
+    assert not _holding(secrets, printed)
+
+    files = {
+        str(p): p.read_bytes()
+        for root in (ws, folder)
+        for p in root.rglob("*")
+        if p.is_file() and p != folder / "const.yaml"
+    }
+    # Only the record and the trial's description keep the config whole (a continued
+    # experiment needs the storage's keys): private files, in a private workspace.
+    holders = {pathlib.Path(p) for p, _ in _holding(secrets, files)}
+    assert {p.name for p in holders} <= {"registry.sqlite", "registry.sqlite-wal", "run.json"}
+    assert {p: stat.S_IMODE(p.stat().st_mode) for p in holders} == {p: 0o600 for p in holders}
+    objects = _bucket_objects(endpoint)
+    assert any(k.endswith("load_data.json") for k in objects), sorted(objects)
+    assert any(k.endswith("code/const.yaml") for k in objects), sorted(objects)
+    assert not _holding(secrets, objects)
+
+    assert stat.S_IMODE(ws.stat().st_mode) == 0o700
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["private", "group"])
+def test_workspace_and_checkpoints_private_or_group_shared(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, shared: bool
+) -> None:
+    monkeypatch.setenv("LIGHTNING_BRIDGE_SHARE_GROUP", "1" if shared else "0")
+    searcher = {**FAULT_CONFIG["searcher"], "max_length": {"batches": 4}}
+    folder = fault_folder(tmp_path, searcher=searcher)
+    assert main(run_args(folder)) == 0
+    ws = workspace(folder)
+    dirs, files = (0o2770, 0o660) if shared else (0o700, 0o600)
+    checkpoints = [p.parent for p in ws.rglob("load_data.json")]
+    written = [ws / "registry.sqlite", *ws.rglob("run.json")]
+    assert checkpoints and len(written) == 2, sorted(ws.rglob("*"))
+    modes = {p: stat.S_IMODE(p.stat().st_mode) for p in [ws, *checkpoints, *written]}
+    expected = {p: dirs for p in [ws, *checkpoints]} | {p: files for p in written}
+    assert modes == expected
