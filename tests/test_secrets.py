@@ -179,3 +179,20 @@ def test_workspace_and_checkpoints_private_or_group_shared(
     modes = {p: stat.S_IMODE(p.stat().st_mode) for p in [ws, *checkpoints, *written]}
     expected = {p: dirs for p in [ws, *checkpoints]} | {p: files for p in written}
     assert modes == expected
+
+
+def test_config_errors_name_secret_entries_without_their_values(tmp_path: pathlib.Path) -> None:
+    access, secret, token = (f"s{uuid.uuid4().hex}" for _ in range(3))
+    folder = fault_folder(
+        tmp_path,
+        checkpoint_storage={"type": "s3", "bucket": "b", "access_key": [access], "secret_key": 7},
+        environment={"environment_variables": [f"HF_TOKEN={token}", {"bad": secret}]},
+    )
+    shown = subprocess.run(
+        command(*run_args(folder)), env=cli_env(folder), capture_output=True, text=True
+    )
+    assert shown.returncode != 0
+    for line in ("checkpoint_storage.access_key", "checkpoint_storage.secret_key"):
+        assert line in shown.stderr, shown.stderr
+    assert "environment.environment_variables" in shown.stderr
+    assert not [s for s in (access, secret, token) if s in shown.stdout + shown.stderr]
