@@ -218,3 +218,22 @@ def test_config_errors_name_secret_entries_without_their_values(tmp_path: pathli
         assert line in shown.stderr, shown.stderr
     assert "environment.environment_variables" in shown.stderr
     assert not [s for s in (access, secret, token) if s in shown.stdout + shown.stderr]
+
+
+@pytest.mark.parametrize("scheme", ["mysql", "postgresql"])
+def test_a_storage_urls_password_is_not_shown(tmp_path: pathlib.Path, scheme: str) -> None:
+    password = f"s{uuid.uuid4().hex}"
+    searcher = {"name": "random", "metric": "loss", "max_trials": 2, "max_length": {"batches": 2}}
+    hparams = {"global_batch_size": 8, "lr": {"type": "double", "minval": 0.1, "maxval": 0.2}}
+    folder = fault_folder(tmp_path, searcher=searcher, hyperparameters=hparams)
+    url = f"{scheme}://user:{password}@127.0.0.1:1/searches"  # refused: nothing listens
+    shown = subprocess.run(
+        command(*run_args(folder), "--storage", url),
+        env=cli_env(folder),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert shown.returncode != 0
+    assert f"--storage {scheme}://user:***@127.0.0.1:1/searches" in shown.stderr, shown.stderr
+    assert password not in shown.stdout + shown.stderr

@@ -34,6 +34,7 @@ from typing import Any
 from lightning_bridge._errors import InvalidArgumentError
 from lightning_bridge._postgres import with_driver
 from lightning_bridge._private import create_file, make_dir
+from lightning_bridge._secrets import redact_url
 from lightning_bridge.search._views import SearchSpec
 
 EXTRA = "search"
@@ -123,7 +124,7 @@ def _parse(url: str) -> tuple[str, str, pathlib.Path | None]:
     if scheme in ("postgresql", "postgres"):
         return "postgresql", postgresql_url(url), None
     raise InvalidArgumentError(
-        f"--storage {url!r}: expected a journal file path, sqlite:///FILE or "
+        f"--storage {redact_url(url)!r}: expected a journal file path, sqlite:///FILE or "
         "postgresql://USER:PASSWORD@HOST/DATABASE"
     )
 
