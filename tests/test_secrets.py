@@ -7,7 +7,8 @@ experiment folder (but the user's own config file), every object in the bucket a
 `run`, `experiment list/describe`, `trial logs` and `checkpoint list` printed are searched for
 each secret value: only the record and the trial's `run.json` hold them, 0600 in a 0700
 workspace. The trial's process did get the token. Workspaces and checkpoints are private, or
-group-shared when asked. The Slurm launcher's run: `test_slurm_environment.py`."""
+group-shared when asked. The same sweep on Slurm and Ray: `test_slurm_environment.py`,
+`test_ray_environment.py`."""
 
 from __future__ import annotations
 
