@@ -59,6 +59,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from lightning_bridge._errors import BridgeError
+from lightning_bridge._private import write_file
 from lightning_bridge.experiment.config._config import parse_config
 from lightning_bridge.experiment.launch.slurm._launcher import HOOK_ENV, UNREACHABLE
 from lightning_bridge.experiment.trial_process._exit_codes import EXIT_UNREACHABLE, guarded
@@ -217,7 +218,8 @@ def run_hook_for_tasks(run: RunDescription, run_file: pathlib.Path) -> int:
         f"export {k}={shlex.quote(v)}" for k, v in sorted(exports.items()) if _NAME.fullmatch(k)
     ]
     lines.append(f"export {RAN_ENV}=1")
-    run_file.with_name(HOOK_ENV).write_text("\n".join(lines) + "\n")
+    # The trial's environment, secrets included: created private.
+    write_file(run_file.with_name(HOOK_ENV), "\n".join(lines) + "\n")
     return 0
 
 
