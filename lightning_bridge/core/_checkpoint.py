@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from lightning_bridge._errors import InvalidArgumentError
+from lightning_bridge._private import dir_mode, make_dir
 from lightning_bridge.checkpoint._storage_backend import COMPLETE_MARK, CheckpointStorage
 from lightning_bridge.checkpoint._storage_config import storage_from_config
 from lightning_bridge.contract._distributed import DistributedContext
@@ -114,12 +115,14 @@ class CheckpointContext:
         else:
             local = self._storage.local_path("x")
             parent = local.parent if local is not None else pathlib.Path(tempfile.gettempdir())
-        parent.mkdir(parents=True, exist_ok=True)
+        make_dir(parent)  # private to the user (or the sharing group), as every checkpoint
         if storage_id is not None:
             staging = parent / f".core-checkpoint-{storage_id}"
-            staging.mkdir(exist_ok=True)
+            make_dir(staging)
             return staging
-        return pathlib.Path(tempfile.mkdtemp(prefix=".core-checkpoint-", dir=parent))
+        staging = pathlib.Path(tempfile.mkdtemp(prefix=".core-checkpoint-", dir=parent))
+        staging.chmod(dir_mode())
+        return staging
 
     def _publish(self, staging: pathlib.Path, storage_id: str, metadata: dict[str, Any]) -> None:
         """Store a complete checkpoint (the chief): its metadata last, then into storage (and
