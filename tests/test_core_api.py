@@ -207,3 +207,23 @@ def test_collectives_of_workers_a_script_starts_itself_through_chief_ip(
         out, _ = worker.communicate(timeout=300)
         assert worker.returncode == 0, out[-3000:]
     _check_collectives(tmp_path)
+
+
+def test_the_rank_of_a_process_lightnings_launcher_started(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Lightning's launcher names a process's LOCAL_RANK and NODE_RANK, not its RANK: before
+    its process group exists and after it is gone, the process still knows its rank."""
+    from lightning_bridge.contract._distributed import DistributedContext
+
+    for name in ("RANK", "GROUP_RANK", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("NODE_RANK", "0")
+    assert DistributedContext().rank == 1
+    monkeypatch.setenv("NODE_RANK", "1")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    assert DistributedContext().rank == 3
+    monkeypatch.setenv("RANK", "2")  # torchrun's, where it is given
+    assert DistributedContext().rank == 2

@@ -107,7 +107,14 @@ class DistributedContext:
             return fixed
         initialised = dist.is_available() and dist.is_initialized()
         if key == "rank":
-            return dist.get_rank() if initialised else _env_int("RANK", default=0)
+            if initialised:
+                return dist.get_rank()
+            if "RANK" not in os.environ and "LOCAL_RANK" in os.environ:
+                # Lightning's launcher names a process's node and local rank, not its rank.
+                node = _env_int("NODE_RANK", "GROUP_RANK", default=0)
+                per_node = _env_int("LOCAL_WORLD_SIZE", default=1) if node else 0
+                return node * per_node + _env_int("LOCAL_RANK", default=0)
+            return _env_int("RANK", default=0)
         if key == "size":
             return dist.get_world_size() if initialised else _env_int("WORLD_SIZE", default=1)
         if key == "local_rank":
