@@ -267,6 +267,21 @@ ASHA: dict[str, Any] = {
 }  # fmt: skip
 
 
+def test_a_core_api_script_is_mirrored(mlflow_server: MlflowServer, tmp_path: pathlib.Path) -> None:
+    """A Core API script under `lightning-bridge run`: what it reports through
+    `core_context.train` reaches MLflow as it reaches the record."""
+    from tests._core_api_runs import core_folder
+
+    uri, ws = mlflow_server.uri, tmp_path / "ws"
+    folder = core_folder(tmp_path)
+    bridge("run", str(folder / "const.yaml"), workspace=ws, uri=uri, cwd=folder)
+    (run,) = runs_of(uri, experiment_of(uri, ws, 1)).values()
+    assert run.info.status == "FINISHED"
+    assert [b for b, _ in history(uri, run, "val_loss")] == [4, 8, 12]
+    assert same(history(uri, run, "val_loss"), recorded(ws, 1, "validation", "val_loss"))
+    assert same(history(uri, run, "loss"), recorded(ws, 1, "training", "loss"))
+
+
 @pytest.mark.search
 def test_a_search_is_a_parent_run_with_its_trials_and_asha_stops(
     mlflow_server: MlflowServer, tmp_path: pathlib.Path
