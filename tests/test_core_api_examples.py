@@ -109,8 +109,13 @@ def test_mnist_adaptive_search(tmp_path: pathlib.Path) -> None:
     )
     trials = data["trials"]
     assert len(trials) == 4 and {t["state"] for t in trials} == {"COMPLETED"}
-    epochs = sorted(max(m["values"]["epochs"] for m in t["validation"]) for t in trials)
-    assert epochs[-1] == 20 and epochs[0] < 20, epochs
+    # Each trial reported a test pass per epoch until the search stopped it or it reached
+    # max_time (which of the 4 random configurations ASHA stops depends on their draw and
+    # bracket: the stop itself is checked with stage 3 and in test_core_api_run.py).
+    for t in trials:
+        epochs = [m["values"]["epochs"] for m in t["validation"]]
+        assert epochs == list(range(1, len(epochs) + 1)) and len(epochs) <= 20, epochs
+    assert max(len(t["validation"]) for t in trials) == 20
 
 
 def test_stage_4_a_script_that_starts_its_own_workers(tmp_path: pathlib.Path) -> None:
