@@ -21,7 +21,7 @@ import pathlib
 import shutil
 import tempfile
 import uuid as uuid_lib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from lightning_bridge._errors import InvalidArgumentError
@@ -51,37 +51,41 @@ def _default_root() -> pathlib.Path:
     return pathlib.Path(base) / "determined"
 
 
+def storage_section(checkpoint_storage: str | Mapping[str, Any]) -> dict[str, Any]:
+    """The `checkpoint_storage` config section a Core API argument names: a path (shared_fs,
+    made absolute), an `s3://` or `gs://` URI, or a config section itself."""
+    if isinstance(checkpoint_storage, Mapping):
+        return dict(checkpoint_storage)
+    for scheme, kind in (("s3://", "s3"), ("gs://", "gcs")):
+        if checkpoint_storage.startswith(scheme):
+            bucket, _, prefix = checkpoint_storage[len(scheme) :].partition("/")
+            return {"type": kind, "bucket": bucket, "prefix": prefix or None}
+    if "://" in checkpoint_storage:
+        raise InvalidArgumentError(
+            f"checkpoint_storage={checkpoint_storage!r}: expected a path, an s3:// or gs:// "
+            "URI, or a checkpoint_storage config dict."
+        )
+    path = pathlib.Path(checkpoint_storage).expanduser().resolve()
+    return {"type": "shared_fs", "host_path": str(path)}
+
+
 def storage_from_argument(checkpoint_storage: str | dict[str, Any] | None) -> CheckpointStorage:
     """The storage `core.init(checkpoint_storage=...)` names: a path, an `s3://` or `gs://`
     URI, or a `checkpoint_storage` config dict."""
     if checkpoint_storage is None:
         root = _default_root()
         return storage_from_config({"type": "shared_fs", "host_path": str(root)}, root)
-    if isinstance(checkpoint_storage, dict):
-        if checkpoint_storage.get("type") == "shared_fs":
-            raise InvalidArgumentError(
-                "core.init(checkpoint_storage=...): a shared_fs storage is named by its path "
-                "as a string, not a dict (as on Determined)."
-            )
-        return storage_from_config(checkpoint_storage, _default_root())
-    if isinstance(checkpoint_storage, str):
-        for scheme, kind in (("s3://", "s3"), ("gs://", "gcs")):
-            if checkpoint_storage.startswith(scheme):
-                bucket, _, prefix = checkpoint_storage[len(scheme) :].partition("/")
-                return storage_from_config(
-                    {"type": kind, "bucket": bucket, "prefix": prefix or None}, _default_root()
-                )
-        if "://" in checkpoint_storage:
-            raise InvalidArgumentError(
-                f"core.init(checkpoint_storage={checkpoint_storage!r}): expected a path, an "
-                "s3:// or gs:// URI, or a checkpoint_storage config dict."
-            )
-        path = pathlib.Path(checkpoint_storage).expanduser()
-        return storage_from_config({"type": "shared_fs", "host_path": str(path)}, path)
-    raise InvalidArgumentError(
-        "core.init(checkpoint_storage=...) takes a path, an s3:// or gs:// URI, a config dict "
-        f"or None, not {type(checkpoint_storage).__name__}."
-    )
+    if not isinstance(checkpoint_storage, (str, dict)):
+        raise InvalidArgumentError(
+            "core.init(checkpoint_storage=...) takes a path, an s3:// or gs:// URI, a config "
+            f"dict or None, not {type(checkpoint_storage).__name__}."
+        )
+    if isinstance(checkpoint_storage, dict) and checkpoint_storage.get("type") == "shared_fs":
+        raise InvalidArgumentError(
+            "core.init(checkpoint_storage=...): a shared_fs storage is named by its path "
+            "as a string, not a dict (as on Determined)."
+        )
+    return storage_from_config(storage_section(checkpoint_storage), _default_root())
 
 
 def _files(root: pathlib.Path, selector: Selector | None) -> list[pathlib.Path]:

@@ -9,38 +9,17 @@ how it ended; `experiment list/describe`, `checkpoint list` and the MLflow mirro
 
 from __future__ import annotations
 
-import pathlib
 import uuid
 from collections.abc import Mapping
 from typing import Any
 
-from lightning_bridge._errors import InvalidArgumentError
 from lightning_bridge.contract._distributed import DistributedContext
+from lightning_bridge.core._checkpoint import storage_section
 from lightning_bridge.record._workspace import Workspace
 from lightning_bridge.translation.services._run_description import (
     RecordConnection,
     RunDescription,
 )
-
-
-def storage_section(checkpoint_storage: str | Mapping[str, Any] | None) -> dict[str, Any] | None:
-    """A `checkpoint_storage` argument (a path, an `s3://` / `gs://` URI or a config section)
-    as a config section; None: the trial's own folder in the workspace."""
-    if checkpoint_storage is None:
-        return None
-    if isinstance(checkpoint_storage, Mapping):
-        return dict(checkpoint_storage)
-    for scheme, kind in (("s3://", "s3"), ("gs://", "gcs")):
-        if checkpoint_storage.startswith(scheme):
-            bucket, _, prefix = checkpoint_storage[len(scheme) :].partition("/")
-            return {"type": kind, "bucket": bucket, "prefix": prefix or None}
-    if "://" in checkpoint_storage:
-        raise InvalidArgumentError(
-            f"checkpoint_storage={checkpoint_storage!r}: expected a path, an s3:// or gs:// "
-            "URI, or a checkpoint_storage config dict."
-        )
-    path = pathlib.Path(checkpoint_storage).expanduser().resolve()
-    return {"type": "shared_fs", "host_path": str(path)}
 
 
 def record_unmanaged(
@@ -63,9 +42,8 @@ def record_unmanaged(
         "hyperparameters": dict(hparams or {}),
         "searcher": searcher,
     }
-    section = storage_section(checkpoint_storage)
-    if section is not None:
-        config["checkpoint_storage"] = section
+    if checkpoint_storage is not None:
+        config["checkpoint_storage"] = storage_section(checkpoint_storage)
     from lightning_bridge.record._registry import Registry
 
     ids = None
