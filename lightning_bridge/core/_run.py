@@ -120,7 +120,11 @@ class CoreRun:
                     if observer is not None:
                         observer.on_end(outcome)
             elif is_invalid_hp(exc):
-                self._end_invalid_hp(exc)
+                # As a trial class's InvalidHP ends: COMPLETED with its message, the search
+                # told (it replaces the trial where Determined's searcher does).
+                from lightning_bridge.translation.services._search_report import end_invalid_hp
+
+                end_invalid_hp(self.run, exc)
             elif self.search is not None:
                 self.search.on_exception(exc)
         finally:
@@ -129,21 +133,6 @@ class CoreRun:
             for observer in (self.record, self.search, self.mirror):
                 if observer is not None:
                     observer.teardown(status)
-
-    def _end_invalid_hp(self, exc: BaseException) -> None:
-        """InvalidHP ends the trial COMPLETED with its message, as Determined ends it; a
-        search replaces it where Determined's searcher does."""
-        from lightning_bridge.record._registry import Registry
-        from lightning_bridge.record._schema import TrialState
-        from lightning_bridge.record._workspace import Workspace
-
-        message = f"InvalidHP: {getattr(exc, 'msg', None) or exc}"
-        logger.info("%s; the trial ends here", message)
-        if self.run.record is not None:
-            with Registry(Workspace(self.run.record.workspace)) as registry:
-                registry.trial_ended(self.run.record.trial_id, TrialState.COMPLETED, message)
-        if self.search is not None:
-            self.search.failed(exc)
 
     # ----- reports (the chief) -----
 
