@@ -305,6 +305,8 @@ def _stop_trials(args: argparse.Namespace, kill: bool) -> int:
             running = running_trial(trial, jobs.get(trial.id))
             if running is None:
                 continue
+            if kill:  # recorded first: whatever follows the trial takes its end for a kill
+                registry.trial_ended(trial.id, TrialState.STOPPED, "killed", if_active=True)
             where = running.stop(registry, trial.id, kill, running.key not in signalled)
             signalled.add(running.key)
             done.append({"trial_id": trial.id, "where": where})

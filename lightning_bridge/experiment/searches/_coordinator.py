@@ -386,13 +386,14 @@ class SearchCoordinator:
 
     def _ended(self, trial_id: int, code: int) -> None:
         launched = self.running[trial_id]  # removed once handled: a retry finds it
-        paused = self.registry.trial(trial_id).state == TrialState.STOPPED.value
+        ended = self.registry.trial(trial_id)
+        paused = ended.state == TrialState.STOPPED.value
         if paused and not self._stopping:
             # It stopped on a signal not this worker's (`experiment pause` or `kill`): the
             # experiment is paused; the trial is given back, to go on when continued.
             self.say("The experiment is paused: no other trial starts")
             self._paused = True
-            if code in (-signal.SIGKILL, 128 + signal.SIGKILL):  # `experiment kill`
+            if ended.message.startswith("killed"):  # `experiment kill` records it first
                 self._kill_others(trial_id)
         stopping = bool(self._signals) or paused
         crashed = self.driver.lost(launched.spec, give_back=stopping)
