@@ -123,7 +123,9 @@ def main(core_context, info):
     opt = torch.optim.SGD(model.parameters(), lr=hp["lr"])
     start = 0
     seen = {"latest": info.latest_checkpoint, "trained": [], "preempted_at": None,
-            "best": core_context.train.get_experiment_best_validation(), "ops": []}
+            "best": core_context.train.get_experiment_best_validation(), "ops": [],
+            "metadata": core_context.train.get_metadata()}
+    starts = (seen["metadata"] or {}).get("starts", 0) + 1
     if info.latest_checkpoint is not None:
         with core_context.checkpoint.restore_path(info.latest_checkpoint) as path:
             state = torch.load(path / "state.pt")
@@ -161,6 +163,8 @@ def main(core_context, info):
                 )
                 core_context.train.report_metrics("extra", done, {"seen": done})
                 core_context.train.report_progress(done / steps)
+                core_context.train.set_status(f"trained {done} of {steps}")
+                core_context.train.set_metadata({"done": done, "starts": starts})
             metadata = {"steps_completed": done, "rank_%d" % d.rank: d.rank}
             with core_context.checkpoint.store_path(metadata, shard=d.size > 1) as (path, _):
                 if d.rank == 0:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+import re
 
 import pytest
 
@@ -84,6 +85,34 @@ def test_a_bad_checkpoint_storage_is_refused_by_name(
         det.core.init(checkpoint_storage=storage)
     assert says in str(info.value)
     assert "checkpoint_storage" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("metadata", "says"),
+    [
+        ({"a.b": 1}, "can not contain the following character(s): $ . [ ]"),
+        ({"k" * 51: 1}, "key exceeds maximum length of 50"),
+        ({"a": list(range(101))}, "array exceeds maximum length of 101/100"),
+        ({"a": "x" * 5001}, "value exceeds maximum length of 5000"),
+        ({f"k{i}": i for i in range(1001)}, "key count limit of 1000"),
+        ({"a": {"b": {"c": {"d": {"e": {"f": {"g": {"h": {"i": {"j": {"k": 1}}}}}}}}}}}, "depth"),
+        ({"a": object()}, "must be JSON"),
+    ],
+)
+def test_run_metadata_beyond_determineds_limits_is_refused(
+    tmp_path: pathlib.Path, mapped: None, metadata: dict[str, object], says: str
+) -> None:
+    """Off `lightning-bridge run`, the process keeps its run metadata; what Determined's master
+    would refuse is refused with its reason, and the metadata set before stays."""
+    import determined as det
+
+    with det.core.init(checkpoint_storage=str(tmp_path)) as core_context:
+        assert core_context.train.get_metadata() is None
+        kept = {"a": {"b": [1, {"x.y": 2}]}, "c": "d"}  # an array's object is one value
+        assert core_context.train.set_metadata(kept) == kept
+        with pytest.raises(ValueError, match=re.escape(says)):
+            core_context.train.set_metadata(metadata)
+        assert core_context.train.get_metadata() == kept
 
 
 def test_the_core_names_and_private_paths_are_the_bridges(mapped: None) -> None:

@@ -76,6 +76,11 @@ def test_a_script_is_recorded_with_its_checkpoints_and_tensorboard(tmp_path: pat
     (seen,) = seen_runs(run_dir(folder))
     assert seen["latest"] is None and seen["trained"] == list(range(1, 13))
     assert seen["best"] is None  # nothing validated yet in the experiment
+    # report_progress, set_status and set_metadata: the script's last word, in the record.
+    assert (trial["progress"], trial["status"]) == (1.0, "trained 12 of 12")
+    assert seen["metadata"] is None and trial["metadata"] == {"done": 12, "starts": 1}
+    shown = lb(folder, "experiment", "describe", "1").stdout
+    assert "trial 1: progress 100%" in shown and "trial 1: status: trained 12 of 12" in shown
     # Retention (Determined's defaults: the latest and the best) kept the last checkpoint,
     # in the config's storage, with the script's files and metadata.
     kept = data["checkpoints"]
@@ -125,6 +130,9 @@ def test_paused_and_continued_it_ends_as_the_uninterrupted_run(tmp_path: pathlib
     assert resumed["restored_files"] == ["metadata.json", "shard.0", "state.pt"]
     # ...and ends with the uninterrupted run's weights and reports.
     assert resumed["weights"] == uninterrupted["weights"]
+    # The run metadata outlives the pause: the second run read what the first set.
+    assert resumed["metadata"] == {"done": 8, "starts": 1}
+    assert trial["metadata"] == {"done": 12, "starts": 2} and trial["progress"] == 1.0
     assert [m["batches"] for m in trial["validation"]] == [4, 8, 12]
     plain_trial = described(plain)["trials"][0]
     assert [m["values"] for m in trial["validation"]] == [

@@ -28,6 +28,7 @@ from lightning_bridge.translation.services._run_description import RunDescriptio
 from lightning_bridge.translation.services._stop_request import StopRequest
 
 if TYPE_CHECKING:
+    from lightning_bridge.record._registry import Registry
     from lightning_bridge.translation.services._mlflow_mirror import MlflowMirror
     from lightning_bridge.translation.services._run_record import RunRecord
     from lightning_bridge.translation.services._search_report import SearchReport
@@ -82,6 +83,7 @@ class CoreRun:
         # What the script reported with `report_early_exit` (EarlyExitReason's value).
         self.early_exit_reason: str | None = None
         self._closed = False
+        self._metadata: dict[str, Any] | None = None  # as this process last set it
 
     # ----- the script's life -----
 
@@ -194,15 +196,42 @@ class CoreRun:
                 SavedCheckpoint(self.checkpoint_dir / storage_id, Progress(batches, 0), metrics)
             )
 
-    def best_validation(self) -> float | None:
-        """The experiment's best searcher metric reported so far (None before one)."""
+    def report_run(self, **fields: Any) -> None:
+        """The script's progress, status line or run metadata, into the trial's record: the
+        chief's held-back writes; another process (`set_metadata` may come from any rank)
+        writes at once."""
+        if "run_metadata" in fields:
+            self._metadata = fields["run_metadata"]
+        if self.record is not None:
+            self.record.run_report(**fields)
+        elif self.run.record is not None:
+            with self._registry() as registry:
+                registry.report_run(self.run.record.trial_id, **fields)
+
+    def run_metadata(self) -> dict[str, Any] | None:
+        """The trial's run metadata as last set: by this process (its write may be held
+        back), else in the record (an earlier run of the trial, another process)."""
+        if self._metadata is not None:
+            return self._metadata
+        if self.run.record is None:
+            return None
+        with self._registry() as registry:
+            report = registry.run_report(self.run.record.trial_id)
+        return None if report is None else report.run_metadata
+
+    def _registry(self) -> Registry:
         from lightning_bridge.record._registry import Registry
         from lightning_bridge.record._workspace import Workspace
 
+        assert self.run.record is not None
+        return Registry(Workspace(self.run.record.workspace))
+
+    def best_validation(self) -> float | None:
+        """The experiment's best searcher metric reported so far (None before one)."""
         metric = self.values.searcher_metric
         if self.run.record is None or metric is None:
             return None
-        with Registry(Workspace(self.run.record.workspace)) as registry:
+        with self._registry() as registry:
             values = [
                 float(m.values[metric])
                 for trial in registry.trials(self.run.record.experiment_id)

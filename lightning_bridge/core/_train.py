@@ -5,8 +5,10 @@ logged, as Determined's off-cluster mode does; under it they also go to the tria
 from __future__ import annotations
 
 import enum
+import json
 import logging
 import pathlib
+import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -34,6 +36,7 @@ class TrainContext:
         self._tensorboard_path = tensorboard_path
         self._run = run
         self._manual_tensorboard = manual_tensorboard
+        self._metadata: dict[str, Any] | None = None  # off a run: as last set
 
     def _reporting(self) -> CoreRun | None:
         """The run to report to: the chief's (Determined's other workers report nothing)."""
@@ -41,8 +44,30 @@ class TrainContext:
         return run if run is not None and run.is_chief else None
 
     def set_status(self, status: str) -> None:
-        """A short status line (Determined's web UI showed it): logged."""
+        """A short line saying what the trial is working on: logged, and (the chief, under
+        `lightning-bridge run`) recorded, where `experiment describe` shows it."""
         logger.info("status: %s", status)
+        run = self._reporting()
+        if run is not None:
+            run.report_run(status=str(status))
+
+    def set_metadata(self, metadata: dict[str, Any]) -> dict[str, Any]:
+        """Replace the trial's run metadata (Determined's limits checked: keys up to 50
+        characters without `$ . [ ]`, 10 levels, arrays of 100, strings of 5,000, 1,000
+        values); returns it. Under `lightning-bridge run` it is recorded and outlives the run;
+        off it, the process keeps it."""
+        logger.debug("set_metadata(%s)", metadata)
+        kept = _checked_metadata(metadata)
+        if self._run is not None:
+            self._run.report_run(run_metadata=kept)
+        else:
+            self._metadata = kept
+        return json.loads(json.dumps(kept))
+
+    def get_metadata(self) -> dict[str, Any] | None:
+        """The trial's run metadata as last set (None: never)."""
+        kept = self._run.run_metadata() if self._run is not None else self._metadata
+        return None if kept is None else json.loads(json.dumps(kept))
 
     # Each report is logged in the words Determined's off-cluster mode logs it.
     def report_metrics(self, group: str, steps_completed: int, metrics: dict[str, Any]) -> None:
@@ -86,10 +111,14 @@ class TrainContext:
             run.validation(steps_completed, _reportable(metrics))
 
     def report_progress(self, progress: float) -> None:
-        """The fraction of training done (0 to 1): logged."""
+        """The fraction of training done (0 to 1): logged, and (the chief, under
+        `lightning-bridge run`) recorded, where `experiment describe` and `list` show it."""
         if self._run is not None and not 0 <= progress <= 1:
             raise ValueError(f"Progress should be between 0 and 1, not {progress}")
         logger.info("report_progress with progress=%s", progress)
+        run = self._reporting()
+        if run is not None:
+            run.report_run(progress=float(progress))
 
     def report_early_exit(self, reason: EarlyExitReason) -> None:
         """The script ends before its length: its hyperparameters cannot train (INVALID_HP:
@@ -132,4 +161,64 @@ def _reportable(metrics: dict[str, Any]) -> dict[str, Any]:
             logger.warning("Removed non serializable metrics: %s", name)
             continue
         kept[name] = value
+    return kept
+
+
+# Determined's limits on run metadata (its master refuses what exceeds them).
+_METADATA_KEY_CHARS = 50
+_METADATA_DEPTH = 10
+_METADATA_ARRAY = 100
+_METADATA_STRING = 5000
+_METADATA_VALUES = 1000
+_METADATA_BAD_KEY = re.compile(r"[$.\[\]]")
+
+
+def _checked_metadata(metadata: dict[str, Any]) -> dict[str, Any]:
+    """`metadata` as JSON keeps it, checked against Determined's limits: a ValueError that
+    names the limit otherwise."""
+    if not isinstance(metadata, dict):
+        raise ValueError(f"run metadata is a dict, not {type(metadata).__name__}")
+    try:
+        kept = json.loads(json.dumps(metadata, allow_nan=False))
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"run metadata must be JSON: {exc}") from None
+    values = 0
+
+    def walk(value: Any, depth: int, in_array: bool = False) -> None:
+        nonlocal values
+        if depth > _METADATA_DEPTH:
+            raise ValueError(f"metadata exceeds maximum nesting depth of {_METADATA_DEPTH}")
+        if isinstance(value, dict) and value and not in_array:  # an array's object: one value
+            for key, item in value.items():
+                if len(key) > _METADATA_KEY_CHARS:
+                    raise ValueError(
+                        f"metadata key exceeds maximum length of {_METADATA_KEY_CHARS} "
+                        f"characters: {key[:60]!r}"
+                    )
+                if _METADATA_BAD_KEY.search(key):
+                    raise ValueError(
+                        f"metadata keys can not contain the following character(s): $ . [ ] "
+                        f"({key!r})"
+                    )
+                walk(item, depth + 1)
+        elif isinstance(value, list) and value:
+            if len(value) > _METADATA_ARRAY:
+                raise ValueError(
+                    f"metadata array exceeds maximum length of {len(value)}/{_METADATA_ARRAY} "
+                    "elements"
+                )
+            for item in value:
+                walk(item, depth + 1, in_array=True)
+        else:
+            if isinstance(value, str) and len(value) > _METADATA_STRING:
+                raise ValueError(
+                    f"metadata value exceeds maximum length of {_METADATA_STRING} characters"
+                )
+            values += 1
+            if values > _METADATA_VALUES:
+                raise ValueError(
+                    f"request exceeds run metadata key count limit of {_METADATA_VALUES}"
+                )
+
+    walk(kept, 0)
     return kept

@@ -27,7 +27,7 @@ from sqlalchemy.orm import Session
 from lightning_bridge._errors import InvalidArgumentError
 from lightning_bridge._process import pid_alive
 from lightning_bridge.record._postgres import postgres_engine, shown
-from lightning_bridge.record._records import Checkpoint, Experiment, Job, Metric, Trial
+from lightning_bridge.record._records import Checkpoint, Experiment, Job, Metric, RunReport, Trial
 from lightning_bridge.record._schema import (
     SCHEMA_VERSION,
     Base,
@@ -37,6 +37,7 @@ from lightning_bridge.record._schema import (
     JobRow,
     Meta,
     MetricRow,
+    RunReportRow,
     TrialRow,
     TrialState,
 )
@@ -262,6 +263,36 @@ class Registry:
         )
         with self._session() as session:
             return [Job.of(r) for r in session.scalars(query)]
+
+    # ----- what a trial's script says of itself (the Core API) -----
+
+    def report_run(self, trial_id: int, **fields: Any) -> None:
+        """Replace the trial's last `progress`, `status` or `run_metadata` (the fields given)."""
+        with self._session() as session:
+            self._trial_row(session, trial_id)
+            row = session.get(RunReportRow, int(trial_id))
+            if row is None:
+                row = RunReportRow(trial_id=int(trial_id))
+                session.add(row)
+            for name, value in fields.items():
+                setattr(row, name, value)
+            row.updated_at = time.time()
+
+    def run_reports(self, experiment_id: int) -> dict[int, RunReport]:
+        """The experiment's trials' last reports, by trial id (a trial that reported none is
+        left out)."""
+        query = (
+            select(RunReportRow)
+            .join(TrialRow, TrialRow.id == RunReportRow.trial_id)
+            .where(TrialRow.experiment_id == int(experiment_id))
+        )
+        with self._session() as session:
+            return {r.trial_id: RunReport.of(r) for r in session.scalars(query)}
+
+    def run_report(self, trial_id: int) -> RunReport | None:
+        with self._session() as session:
+            row = session.get(RunReportRow, int(trial_id))
+            return None if row is None else RunReport.of(row)
 
     # ----- metrics -----
 

@@ -127,6 +127,7 @@ def experiment_describe(args: argparse.Namespace) -> int:
         # Where each running trial runs, as its launcher's handle says (as pause/kill reach it).
         handles = {t.id: running_trial(t, recorded_jobs.get(t.id)) for t in trials}
         running = {i: h.describe() for i, h in handles.items() if h is not None}
+        reports = registry.run_reports(exp.id)  # a Core API script's own word on its trial
         data = {
             **as_dict(exp),
             "config": redact_config(exp.config),
@@ -140,6 +141,9 @@ def experiment_describe(args: argparse.Namespace) -> int:
                     "groups": _other_groups(registry, t.id),
                     "job": jobs.get(t.id),
                     "running": running.get(t.id),
+                    "progress": getattr(reports.get(t.id), "progress", None),
+                    "status": getattr(reports.get(t.id), "status", None),
+                    "metadata": getattr(reports.get(t.id), "run_metadata", None),
                 }
                 for t in trials
             ],
@@ -203,6 +207,15 @@ def experiment_describe(args: argparse.Namespace) -> int:
             print(f"  trial {t['id']}: {t['message']}")
         if t["running"]:
             print(f"  trial {t['id']}: runs now: {t['running']}")
+        if t["progress"] is not None:
+            print(f"  trial {t['id']}: progress {t['progress']:.0%}")
+        if t["status"]:
+            print(f"  trial {t['id']}: status: {t['status']}")
+        if t["metadata"] is not None:
+            shown_metadata = json.dumps(t["metadata"], sort_keys=True)
+            if len(shown_metadata) > 200:
+                shown_metadata = shown_metadata[:197] + "..."
+            print(f"  trial {t['id']}: metadata: {shown_metadata}")
         job = t["job"]
         if job is not None:
             reason = f", {job['reason']}" if job["reason"] else ""
