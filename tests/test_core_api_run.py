@@ -225,3 +225,83 @@ def test_two_processes_store_sharded_checkpoints_and_train_as_one(tmp_path: path
         "rank_0": 0,
         "rank_1": 1,
     }
+
+
+def test_checkpoints_in_s3_continue_a_paused_script_from_the_bucket(tmp_path: pathlib.Path) -> None:
+    """`checkpoint_storage: s3` (moto's server): `store_path` lands in the bucket, retention
+    applies there, and a paused script continues from its checkpoint fetched back from it."""
+    from tests._servers import moto_server, s3_filesystem, s3_storage_section
+
+    with moto_server() as endpoint:
+        fs = s3_filesystem(endpoint)
+        fs.mkdir("core")
+        storage = s3_storage_section(endpoint, "core", "runs", save_trial_latest=1)
+        gate = Gate.at(tmp_path / "gate")  # held before its 6th batch
+        folder = core_folder(tmp_path, hyperparameters=gate.hparams(5), checkpoint_storage=storage)
+        run = start_run(folder)
+        wait_for(gate.reached, run)
+        assert lb(folder, "experiment", "pause", "1").returncode == 0
+        code, out, err, _ = finish(run, 180)
+        assert code == 0, out + err
+        gate.release()
+        continued = lb(folder, "experiment", "continue", "1")
+        assert continued.returncode == 0, continued.stdout + continued.stderr
+        data = described(folder)
+        _, resumed = seen_runs(run_dir(folder))
+        assert resumed["trained"] == [9, 10, 11, 12]
+        assert resumed["restored_files"] == ["metadata.json", "shard.0", "state.pt"]
+        (kept,) = data["checkpoints"]  # save_trial_latest=1, the best being the latest
+        assert kept["batches"] == 12 and kept["location"].startswith("s3://core/runs/")
+        in_bucket = sorted(p.rsplit("/", 1)[-1] for p in fs.ls("core/runs", refresh=True))
+        assert in_bucket == [kept["uuid"]], in_bucket
+        files = sorted(p.rsplit("/", 1)[-1] for p in fs.ls(f"core/runs/{kept['uuid']}"))
+        assert files == ["metadata.json", "shard.0", "state.pt"]
+
+
+MANUAL_TENSORBOARD = """
+import json, sys
+import determined as det
+from determined import core
+from torch.utils.tensorboard import SummaryWriter
+
+mode = det.get_cluster_info().trial.hparams["mode"]
+with det.core.init(tensorboard_mode=core.TensorboardMode[mode]) as core_context:
+    core_context.train.report_training_metrics(steps_completed=1, metrics={"loss": 0.5})
+    writer = SummaryWriter(str(core_context.train.get_tensorboard_path()))
+    writer.add_scalar("mine", 1.0, 1)
+    writer.close()
+    try:
+        core_context.train.upload_tensorboard_files()
+        said = None
+    except RuntimeError as exc:
+        said = str(exc)
+with open(f"upload.{mode}.json", "w") as f:
+    json.dump(said, f)
+"""
+
+
+def test_tensorboard_mode_manual_leaves_tensorboard_to_the_script(tmp_path: pathlib.Path) -> None:
+    """MANUAL: the bridge writes no events of its own; the script's, in
+    `get_tensorboard_path()`, are kept and `upload_tensorboard_files()` accepts them. AUTO:
+    the reported metrics are written, and the upload is refused, as on Determined."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    folder = core_folder(tmp_path, entrypoint="python3 tb.py")
+    (folder / "tb.py").write_text(MANUAL_TENSORBOARD)
+    tags = {}
+    for experiment, mode in ((1, "MANUAL"), (2, "AUTO")):
+        done = lb(folder, "run", "const.yaml", "--set", f"hyperparameters.mode={mode}")
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert described(folder, experiment)["trials"][0]["training"][0]["values"] == {"loss": 0.5}
+        scalars: set[str] = set()
+        trial_dir = run_dir(folder, trial=experiment, experiment=experiment)  # one trial each
+        for events in (trial_dir / "tensorboard").rglob("events*"):
+            scalars |= set(EventAccumulator(str(events)).Reload().Tags()["scalars"])
+        tags[mode] = scalars
+    assert tags["MANUAL"] == {"mine"}, tags
+    assert "mine" in tags["AUTO"] and any("loss" in t for t in tags["AUTO"]), tags
+    said = {m: json.loads((folder / f"upload.{m}.json").read_text()) for m in tags}
+    assert said == {
+        "MANUAL": None,
+        "AUTO": "upload_tensorboard_files can only be used in MANUAL mode",
+    }

@@ -281,6 +281,21 @@ def test_a_core_api_script_is_mirrored(mlflow_server: MlflowServer, tmp_path: pa
     assert same(history(uri, run, "val_loss"), recorded(ws, 1, "validation", "val_loss"))
     assert same(history(uri, run, "loss"), recorded(ws, 1, "training", "loss"))
 
+    # Its checkpoint (the script's own files) registered as a model version and fetched back.
+    with Registry(ws) as registry:
+        best = registry.best_checkpoints(1)[0]
+    cli("model", "create", "core", workspace=ws, uri=uri)
+    out = cli("model", "register-version", "core", best.uuid, "--json", workspace=ws, uri=uri)
+    version = json.loads(out.stdout)
+    assert version["run_id"] == run.info.run_id
+    assert version["tags"]["lightning_bridge.checkpoint_uuid"] == best.uuid
+    back = tmp_path / "core-1"
+    cli("checkpoint", "download", "models:/core/1", "--out", str(back), workspace=ws, uri=uri)
+    kept = pathlib.Path(best.location)
+    assert sorted(p.name for p in back.iterdir()) == ["metadata.json", "shard.0", "state.pt"]
+    for name in ("metadata.json", "state.pt"):
+        assert (back / name).read_bytes() == (kept / name).read_bytes()
+
 
 @pytest.mark.search
 def test_a_search_is_a_parent_run_with_its_trials_and_asha_stops(
