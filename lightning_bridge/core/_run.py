@@ -5,8 +5,8 @@ Under the command, a script's `core_context` is a thin face over the same servic
 record (`RunRecord`: metrics, checkpoints moved into `checkpoint_storage`, how the trial ended),
 a search's report (`SearchReport`: the searcher metric of each validation, the searcher's
 decision back), the MLflow mirror, Lightning's loggers (TensorBoard) and the `StopRequest`
-(SIGTERM / SIGINT: `experiment pause`, `kill`'s grace, a Slurm requeue or time limit, a Ray
-drain). The chief process reports; every process shares the stop decision.
+(SIGTERM / SIGINT: `experiment pause`; on Slurm, the signal before a cancel, a requeue or the
+time limit). The chief process reports; every process shares the stop decision.
 """
 
 from __future__ import annotations
