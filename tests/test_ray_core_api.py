@@ -3,23 +3,33 @@ test cluster (marker `ray`): the Slurm module's three behaviours (`test_slurm_co
 the trials placed by Ray: an adaptive_asha search stops trials through `should_preempt()`, a
 paused trial continues from `latest_checkpoint` to the uninterrupted run's weights, and two
 processes, one on each node (`ray.slots_per_node: 1`), store sharded checkpoints and train as
-the local two-process run does."""
+the local two-process run does. A node being drained (`ray drain-node`) preempts its trial:
+`should_preempt()` turns true, and the trial continues on the other node."""
 
 from __future__ import annotations
 
+import os
 import pathlib
+import subprocess
 
 import pytest
 
-from tests._ray_cluster import (  # noqa: F401 - fixture
+from tests import _folders as sf
+from tests._core_api_runs import core_folder, seen_runs
+from tests._ray_cluster import (  # noqa: F401 - fixtures
     RayCluster,
+    _ray,
+    fresh_ray_cluster_fixture,
     ray_cluster_fixture,
 )
 from tests.test_ray import _live_actors
-from tests.test_slurm import _job, _trial
+from tests.test_slurm import _job, _seen, _trial, finish, lb_start
 from tests.test_slurm_core_api import (
     asha_stops_trials_through_should_preempt,
+    on_local,
     paused_then_continued,
+    run_to_end,
+    trial_dir,
     two_processes_store_shards,
 )
 
@@ -57,3 +67,68 @@ def test_two_processes_across_the_nodes_on_ray_store_sharded_checkpoints(
     ids = ray_cluster.node_ids()
     reason = _job(tmp_path / "ws-cluster").reason
     assert ids["head"][:12] in reason and ids["worker"][:12] in reason, reason
+
+
+def test_a_drained_node_preempts_the_script_which_continues_on_the_other_node(
+    tmp_path: pathlib.Path, fresh_ray_cluster: RayCluster
+) -> None:
+    """The script runs on the worker node (the head's CPUs held while it is placed), held
+    before its 6th batch; the worker is drained (`ray drain-node`, reason preemption):
+    `should_preempt()` turns true, the script checkpoints at its next boundary (8) and exits,
+    and the launcher places it on the head, where it continues from that checkpoint to the
+    uninterrupted local run's weights."""
+    import ray
+
+    plain = core_folder(tmp_path, "plain")
+    run_to_end(on_local(plain, tmp_path / "ws-plain"), tmp_path)
+    (uninterrupted,) = seen_runs(trial_dir(tmp_path / "ws-plain"))
+
+    cluster = fresh_ray_cluster
+    ray.init(address=cluster.address, logging_level="ERROR", namespace="test-blocker")
+    try:
+
+        @ray.remote(num_cpus=2, resources={"node-a": 1})
+        class Blocker:
+            def ready(self) -> bool:
+                return True
+
+        blocker = Blocker.remote()  # type: ignore[attr-defined]
+        ray.get(blocker.ready.remote())
+        gate = sf.Gate.at(tmp_path / "gate")
+        folder = core_folder(tmp_path, "drained", hyperparameters=gate.hparams(5))
+        ws = tmp_path / "ws"
+        coordinator = lb_start(*on_ray(folder, ws, "--address", cluster.address), cwd=tmp_path)
+        try:
+            gate.wait(seen=lambda: _seen(ws))
+            worker = cluster.node_ids()["worker"]
+            assert worker[:12] in _job(ws).reason, _job(ws)
+            ray.kill(blocker)
+            drain = [
+                _ray(), "drain-node", "--address", cluster.address, "--node-id", worker,
+                "--reason", "DRAIN_NODE_REASON_PREEMPTION", "--reason-message", "spot reclaim",
+                "--deadline-remaining-seconds", "600",
+            ]  # fmt: skip
+            drained = subprocess.run(
+                drain,
+                env={**os.environ, **cluster.env},
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=False,
+            )
+            assert drained.returncode == 0, drained.stdout + drained.stderr
+        finally:
+            out = finish(coordinator, timeout=300)
+    finally:
+        ray.shutdown()
+    assert coordinator.returncode == 0, out[-4000:]
+    assert f"its node {worker[:12]} is being drained" in out, out[-4000:]
+    job = _job(ws)
+    assert job.state == "COMPLETED" and job.restarts == 1, job
+    assert cluster.node_ids()["head"][:12] in job.reason, job
+    trial = _trial(ws)
+    assert trial.state == "COMPLETED" and trial.batches_trained == 12, trial
+    first, resumed = seen_runs(trial_dir(ws))
+    assert first["preempted_at"] == 8 and first["trained"] == list(range(1, 9)), first
+    assert resumed["trained"] == [9, 10, 11, 12], resumed
+    assert resumed["weights"] == uninterrupted["weights"]

@@ -218,9 +218,9 @@ def is_chief(environ: Mapping[str, str] = os.environ) -> bool:
 class RayEnvironment(TrialEnvironment):
     """A trial's process placed by the Ray launcher (`launch/ray`): the coordinator that
     placed it runs it again itself, on another node where its node was lost (the process is
-    gone then and asks nothing) and after a failure while its restarts are under
-    `max_restarts`; a stop signal (`experiment pause`, the coordinator's Ctrl-C) gives the
-    trial back."""
+    gone then and asks nothing) or is being drained (the process, stopped by it, keeps its
+    search trial), and after a failure while its restarts are under `max_restarts`; another
+    stop signal (`experiment pause`, the coordinator's Ctrl-C) gives the trial back."""
 
     kind = "ray"
     holds_early_stop = True
@@ -228,12 +228,16 @@ class RayEnvironment(TrialEnvironment):
     placement: str = ""  # the trial's actors' name on the cluster
     restart_count: int = 0
     max_restarts: int = 0
+    # A file the launcher writes before it stops the trial because its node is being drained.
+    drain_marker: str = ""
 
     @property
     def restarts(self) -> int:
         return self.restart_count
 
     def keeps_search_trial(self, failed: bool) -> str | None:
+        if not failed and self.drain_marker and pathlib.Path(self.drain_marker).is_file():
+            return "its Ray node is being drained: the Ray launcher runs it again on another node"
         if not failed or self.restart_count >= self.max_restarts:
             return None
         return (

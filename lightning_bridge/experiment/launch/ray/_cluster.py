@@ -53,6 +53,17 @@ def import_ray() -> Any:
     return ray
 
 
+def draining_nodes() -> dict[str, int]:
+    """The cluster's nodes being drained (`ray drain-node`, an autoscaler's preemption): their
+    node ids (hex) and deadlines (ms since the epoch, 0 for none), read where Ray Train's own
+    preemption watcher reads them; {} where this Ray release cannot tell."""
+    ray = import_ray()
+    try:
+        return {str(k): int(v) for k, v in ray._private.state.state.get_draining_nodes().items()}
+    except Exception:  # noqa: BLE001 - a release without it, a GCS busy: no drain seen now
+        return {}
+
+
 def cluster_address(recorded: str | None = None) -> str:
     """The address to reach: `RAY_ADDRESS` (where the command line's `--address` is put),
     else `recorded` (the experiment's), else `auto`."""

@@ -61,6 +61,8 @@ from lightning_bridge.translation.services._trial_environment import (
 logger = logging.getLogger("lightning_bridge")
 
 POLL_S = 0.5
+# How often a running trial's nodes are checked for a drain (one request to Ray's GCS).
+DRAIN_POLL_S = 2.0
 # Seconds a trial waits for the cluster to have room for it before it is refused.
 PLACEMENT_TIMEOUT_S = float(os.environ.get("LIGHTNING_BRIDGE_RAY_PLACEMENT_TIMEOUT_S", "600"))
 
@@ -529,6 +531,7 @@ class Placement:
         self._runners: list[tuple[Any, int]] = []
         self._group: Any = None
         self._stopping: int | None = None  # the signal the trial was stopped with
+        self._drained: str | None = None  # the node being drained its processes were told of
         self._gone = threading.Event()
         self.nodes: list[dict[str, str]] = []
         self.restarts = 0  # runs after a lost node
@@ -613,10 +616,13 @@ class Placement:
         base = {
             NODE_ADDRS_ENV: ",".join(addrs),
         }
+        self._drained = None
+        self.drain_marker.unlink(missing_ok=True)
         environment = RayEnvironment(
             placement=self.name,
             restart_count=self.failures,
             max_restarts=self.settings.max_restarts,
+            drain_marker=str(self.drain_marker),
         )
         environment.export_to(base)
         run_file, cwd = str(self.run_file), str(self.cwd)
@@ -684,6 +690,19 @@ class Placement:
                 self.release()
                 if self._gone.is_set():
                     return 1
+                drained = self._drained
+                stopped = registry.trial(self.trial_id).state == TrialState.STOPPED.value
+                if drained is not None and code == 0 and stopped and self._stopping is None:
+                    # it checkpointed and stopped because its node is being drained
+                    self.restarts += 1
+                    reason = f"its node {drained[:12]} is being drained"
+                    registry.job_state(self.trial_id, "REQUEUED", reason, self.restarts)
+                    say(
+                        f"Trial {self.trial_id}: {reason}; it continues on another node from "
+                        "its latest checkpoint"
+                    )
+                    self._continue_from_latest()
+                    continue
                 if code is None:  # a node lost: the trial runs again elsewhere
                     if self._stopping is not None:
                         return 1
@@ -728,10 +747,14 @@ class Placement:
         or a node was lost (RayActorError)."""
         pending = {actor.wait.remote(pid): rank for rank, (actor, pid) in enumerate(self._runners)}
         codes: dict[int, int] = {}
+        next_drain_check = time.monotonic() + DRAIN_POLL_S
         while pending:
             ready, _ = ray.wait(list(pending), num_returns=1, timeout=POLL_S)
             if self._gone.is_set():
                 raise ClusterGone(self._lost() or "the Ray cluster went away")
+            if time.monotonic() >= next_drain_check and self._drained is None:
+                self._stop_if_drained()
+                next_drain_check = time.monotonic() + DRAIN_POLL_S
             for ref in ready:
                 rank = pending.pop(ref)
                 codes[rank] = int(ray.get(ref))
@@ -741,6 +764,29 @@ class Placement:
                             actor.send_signal.remote(signal.SIGKILL, pid)
         failed = [c for c in codes.values() if c != 0]
         return failed[0] if failed else 0
+
+    @property
+    def drain_marker(self) -> pathlib.Path:
+        """A file beside the trial's run description while its node is being drained: the
+        trial's processes, stopped by it, keep their search trial (`RayEnvironment`)."""
+        return self.run_file.with_name("ray-node-drained")
+
+    def _stop_if_drained(self) -> None:
+        """A node of the trial is being drained (Ray places nothing more there, and ends it at
+        its deadline): the trial checkpoints and stops (SIGTERM, as a pause), and `run`
+        places it again on other nodes, from that checkpoint, as Determined reschedules a
+        preempted trial."""
+        if self._stopping is not None:
+            return
+        draining = _cluster.draining_nodes()
+        node = next((n["node_id"] for n in self.nodes if n["node_id"] in draining), None)
+        if node is None:
+            return
+        self._drained = node
+        self.drain_marker.write_text(node)
+        for actor, pid in self._runners:
+            with contextlib.suppress(Exception):
+                actor.send_signal.remote(signal.SIGTERM, pid)
 
     def _continue_from_latest(self) -> None:
         run = RunDescription.read(self.run_file)
