@@ -2,9 +2,9 @@
 
 Off `lightning-bridge run` nothing preempts a script (Determined's off-cluster mode). Under
 it, the trial's `StopRequest` (`CoreRun`) says whether to checkpoint and exit: a stop signal
-(`experiment pause`; on Slurm, the signal before a cancel, a requeue or the time limit; Ctrl-C)
-or the searcher stopping the trial. With `WorkersAskChief` the chief decides and every process
-gets its answer, so all stop after the same step."""
+(`experiment pause`; on Slurm, the signal before a cancel, a requeue or the time limit; a Ray
+node being drained; Ctrl-C) or the searcher stopping the trial. With `WorkersAskChief` the
+chief decides and every process gets its answer, so all stop after the same step."""
 
 from __future__ import annotations
 
