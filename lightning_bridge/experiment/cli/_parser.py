@@ -11,6 +11,7 @@ import pathlib
 from typing import Any
 
 from lightning_bridge._version import __version__
+from lightning_bridge.experiment.launch import LAUNCHERS
 
 
 def _devices(text: str) -> Any:
@@ -118,7 +119,7 @@ def _launcher_option(parser: argparse.ArgumentParser, default: str) -> None:
     a run looks up the workspace's setting, a continue the experiment's own)."""
     parser.add_argument(
         "--launcher",
-        choices=("local", "slurm", "ray"),
+        choices=LAUNCHERS,
         default=None,
         help="where trials run: local (processes on this machine), slurm (one sbatch job "
         "per trial) or ray (placed on a Ray cluster: Kubernetes through KubeRay, cloud VMs, "

@@ -12,7 +12,7 @@
   answers the launcher's questions there: requeued, restarts, node addresses, the signal
   that means "time is short", and whether the trial keeps its search trial.
 
-`run --launcher NAME` picks one (`_launchers.launcher_for`, the registry of names); the
+`run --launcher NAME` picks one (`_registry.launcher_for`, the registry of names); the
 experiment's record keeps the name (in its options), so `experiment continue` starts its
 trials the same way. This module holds only the contract; the launchers implement it:
 `local` (`local/_launcher.py`) runs trials on this machine (a search's forked from a warm

@@ -6,12 +6,11 @@ from __future__ import annotations
 import pathlib
 
 from lightning_bridge._errors import InvalidArgumentError
+from lightning_bridge.experiment.launch import LAUNCHERS
 from lightning_bridge.experiment.launch._contract import Launcher, RunningTrial
 from lightning_bridge.experiment.launch.local._launcher import LocalLauncher
 from lightning_bridge.record._records import Job, Trial
 from lightning_bridge.record._settings import SETTINGS_FILE, WorkspaceSettings
-
-LAUNCHERS = ("local", "slurm", "ray")
 
 
 def launcher_for(name: str | None, source: str = "--launcher") -> Launcher:
