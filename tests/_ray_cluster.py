@@ -34,6 +34,7 @@ reason when Ray is missing or the cluster cannot start. The ray session runs wit
 from __future__ import annotations
 
 import atexit
+import contextlib
 import dataclasses
 import json
 import os
@@ -45,7 +46,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -498,3 +499,25 @@ def _start_in_temp(tries: int = 2) -> RayCluster:
                 raise
             print(f"the Ray test cluster did not start (try {attempt}): {exc}", file=sys.stderr)
     raise AssertionError("unreachable: the last try raises")
+
+
+@contextlib.contextmanager
+def head_held(cluster: RayCluster) -> Iterator[Callable[[], None]]:
+    """The head's CPUs held by an actor of the test's own driver, so that a trial placed
+    meanwhile goes to the worker node; yields what lets them go (a trial placed again then
+    goes to the head). The driver disconnects on leaving."""
+    import ray
+
+    ray.init(address=cluster.address, logging_level="ERROR", namespace="test-blocker")
+    try:
+
+        @ray.remote(num_cpus=2, resources={RESOURCES["head"]: 1})
+        class Blocker:
+            def ready(self) -> bool:
+                return True
+
+        blocker = Blocker.remote()  # type: ignore[attr-defined]
+        ray.get(blocker.ready.remote())
+        yield lambda: ray.kill(blocker)
+    finally:
+        ray.shutdown()

@@ -30,6 +30,7 @@ from tests._folders import weights_by_hparams
 from tests._ray_cluster import (  # noqa: F401 - fixtures
     RayCluster,
     fresh_ray_cluster_fixture,
+    head_held,
     ray_cluster_fixture,
 )
 from tests._servers import free_port
@@ -446,19 +447,8 @@ def test_a_lost_node_trial_continues_on_the_other_node_to_the_same_weights(
     """The trial runs on the worker node (the head's CPUs held by another job while it is
     placed); the worker's raylet is killed mid-trial: the trial is placed again on the head
     and continues from its latest checkpoint to the uninterrupted run's weights."""
-    import ray
-
     cluster = fresh_ray_cluster
-    ray.init(address=cluster.address, logging_level="ERROR", namespace="test-blocker")
-    try:
-
-        @ray.remote(num_cpus=2, resources={"node-a": 1})
-        class Blocker:
-            def ready(self) -> bool:
-                return True
-
-        blocker = Blocker.remote()  # type: ignore[attr-defined]
-        ray.get(blocker.ready.remote())
+    with head_held(cluster) as release_head:
         path = _folder(tmp_path, _config())
         ws = tmp_path / "ws"
         gate = sf.Gate.at(tmp_path / "gate")
@@ -467,15 +457,13 @@ def test_a_lost_node_trial_continues_on_the_other_node_to_the_same_weights(
         try:
             gate.wait(seen=lambda: _search_trials(ws))  # after 8 batches
             assert cluster.node_ids()["worker"][:12] in _job(ws).reason
-            ray.kill(blocker)
+            release_head()
             cluster.kill_worker()
             # Released: placed again on the head, the trial goes on from its latest checkpoint
             # (before the gate, or after it where the lost node's stop let it finish the batch).
             gate.release()
         finally:
             out = finish(coordinator, timeout=300)
-    finally:
-        ray.shutdown()
     assert coordinator.returncode == 0, out[-4000:]
     assert "its node was lost" in out, out[-4000:]
     job = _job(ws)

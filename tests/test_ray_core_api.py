@@ -20,6 +20,7 @@ from tests._ray_cluster import (  # noqa: F401 - fixtures
     RayCluster,
     _ray,
     fresh_ray_cluster_fixture,
+    head_held,
     ray_cluster_fixture,
 )
 from tests.test_ray import _live_actors
@@ -77,23 +78,13 @@ def test_a_drained_node_preempts_the_script_which_continues_on_the_other_node(
     `should_preempt()` turns true, the script checkpoints at its next boundary (8) and exits,
     and the launcher places it on the head, where it continues from that checkpoint to the
     uninterrupted local run's weights."""
-    import ray
 
     plain = core_folder(tmp_path, "plain")
     run_to_end(on_local(plain, tmp_path / "ws-plain"), tmp_path)
     (uninterrupted,) = seen_runs(trial_dir(tmp_path / "ws-plain"))
 
     cluster = fresh_ray_cluster
-    ray.init(address=cluster.address, logging_level="ERROR", namespace="test-blocker")
-    try:
-
-        @ray.remote(num_cpus=2, resources={"node-a": 1})
-        class Blocker:
-            def ready(self) -> bool:
-                return True
-
-        blocker = Blocker.remote()  # type: ignore[attr-defined]
-        ray.get(blocker.ready.remote())
+    with head_held(cluster) as release_head:
         gate = sf.Gate.at(tmp_path / "gate")
         folder = core_folder(tmp_path, "drained", hyperparameters=gate.hparams(5))
         ws = tmp_path / "ws"
@@ -102,7 +93,7 @@ def test_a_drained_node_preempts_the_script_which_continues_on_the_other_node(
             gate.wait(seen=lambda: _seen(ws))
             worker = cluster.node_ids()["worker"]
             assert worker[:12] in _job(ws).reason, _job(ws)
-            ray.kill(blocker)
+            release_head()
             drain = [
                 _ray(), "drain-node", "--address", cluster.address, "--node-id", worker,
                 "--reason", "DRAIN_NODE_REASON_PREEMPTION", "--reason-message", "spot reclaim",
@@ -119,8 +110,6 @@ def test_a_drained_node_preempts_the_script_which_continues_on_the_other_node(
             assert drained.returncode == 0, drained.stdout + drained.stderr
         finally:
             out = finish(coordinator, timeout=300)
-    finally:
-        ray.shutdown()
     assert coordinator.returncode == 0, out[-4000:]
     assert f"its node {worker[:12]} is being drained" in out, out[-4000:]
     job = _job(ws)
