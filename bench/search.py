@@ -460,15 +460,20 @@ def main_per_trial(args: argparse.Namespace) -> int:
             f"per batch, tiny model, {args.per_batch_batches} batches, medians of "
             f"{args.rounds} round(s); ratios: paired medians over the raw loop"
         )
-        print(f"{'variant':<10}{'ms/batch':>10}{'x raw':>8}{'run s':>8}{'x raw':>8}")
+        print(
+            f"{'variant':<10}{'ms/batch':>10}{'x raw':>8}{'run s':>8}{'x raw':>8}"
+            f"{'run CPU s':>11}{'x raw':>8}"
+        )
         for variant, runs in batches.items():
             steady = [r["ms_per_batch"] for r in runs]
             total = [r["total_s"] for r in runs]
             steady_x = h.paired_median(steady, [r["ms_per_batch"] for r in raw])
             total_x = h.paired_median(total, [r["total_s"] for r in raw])
+            cpu = [r["cpu_total_s"] for r in runs]
+            cpu_x = h.paired_median(cpu, [r["cpu_total_s"] for r in raw])
             print(
                 f"{variant:<10}{_median(steady):>10.3f}{steady_x:>8.2f}"
-                f"{_median(total):>8.3f}{total_x:>8.2f}"
+                f"{_median(total):>8.3f}{total_x:>8.2f}{_median(cpu):>11.3f}{cpu_x:>8.2f}"
             )
         bridge_x = h.paired_median(
             [r["ms_per_batch"] for r in batches["bridge"]], [r["ms_per_batch"] for r in raw]
