@@ -493,8 +493,8 @@ def main_per_trial(args: argparse.Namespace) -> int:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--trials", type=int, default=5)
-    parser.add_argument("--batches", type=int, default=60)
+    parser.add_argument("--trials", type=int, default=None, help="5; --per-trial: 6")
+    parser.add_argument("--batches", type=int, default=None, help="60; --per-trial: 6")
     parser.add_argument("--delay", type=float, default=0.05)
     parser.add_argument("--digits", action="store_true", help="also the digits search")
     parser.add_argument("--dir", type=pathlib.Path, default=None)
@@ -515,11 +515,11 @@ def main() -> int:
         help="--per-trial: batches per per-batch run (0: skip)",
     )
     args = parser.parse_args()
+    if args.trials is None:
+        args.trials = 6 if args.per_trial else 5
+    if args.batches is None:
+        args.batches = 6 if args.per_trial else 60
     if args.per_trial:
-        if "--trials" not in sys.argv:
-            args.trials = 6
-        if "--batches" not in sys.argv:
-            args.batches = 6
         return main_per_trial(args)
     versions = package_versions(["lightning-bridge", "optuna", "lightning", "torch"])
     print("versions: " + ", ".join(f"{k} {v}" for k, v in versions.items()))
