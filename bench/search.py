@@ -32,19 +32,38 @@ median <= 1 s, wind-down median <= 0.5 s. `--digits` adds the digits example's
 `adaptive_asha` search end to end (9 trials, 2 at a time), warm and cold; target warm <= 0.5x
 cold. The load average is printed with the figures (the machine may be shared).
 
+``--per-trial`` measures instead what a short trial costs in a search, and the per-batch cost
+under it:
+
+* **per trial**: a random search of ``--trials`` (6) trials of ``--batches`` (6) batches that do
+  not sleep, one at a time, each with its validation and checkpoint at its end, warm; the
+  search's wall time (the command's start to its exit) over the trials, split into the
+  command's start to the first batch, each trial's first batch to its close in the search,
+  one trial's close to the next one's first batch, and the last close to the command's exit.
+  ``--baseline PATH`` runs the same search, interleaved, with another checkout of the package
+  first on ``PYTHONPATH`` (before / after figures in one invocation).
+* **per batch**: the tiny model of ``overhead.py`` (its workers: a raw PyTorch loop, the
+  bridge, and Determined where it is installed; ``--per-batch-batches`` batches each, fresh
+  processes, rounds interleaved): steady milliseconds per batch, and the whole run (start-up
+  and the final validation and checkpoint included), each over the raw loop's.
+
 Usage::
 
     python bench/search.py [--trials 5] [--batches 60] [--delay 0.05] [--digits] [--dir DIR]
         [--json FILE]
+    python bench/search.py --per-trial [--trials 6] [--batches 6] [--rounds 3]
+        [--baseline /path/to/other/checkout] [--per-batch-batches 300]
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import json
 import os
 import pathlib
+import resource
 import shutil
 import statistics
 import subprocess
@@ -54,6 +73,7 @@ import time
 from typing import Any
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import _harness as h  # noqa: E402
 from _harness import package_versions, verdict  # noqa: E402
 
 MODEL_DEF = """
@@ -302,16 +322,205 @@ def _print_run(name: str, result: dict[str, Any]) -> None:
     )
 
 
+HERE = pathlib.Path(__file__).resolve().parent
+ROOT = HERE.parent
+
+
+def per_trial(args: argparse.Namespace, work: pathlib.Path, repo: pathlib.Path) -> dict[str, Any]:
+    """One warm search of short trials with `repo` first on PYTHONPATH: its wall time and
+    where it went (see the module docstring)."""
+    folder = work / "folder"
+    folder.mkdir(parents=True)
+    (folder / "model_def.py").write_text(MODEL_DEF)
+    config = CONFIG.format(delay=0.0, trials=args.trials, batches=args.batches)
+    (folder / "search.yaml").write_text(config)
+    workspace = work / "workspace"
+    env = _environment(cold=False)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    env["PYTHONPATH"] = os.pathsep.join([str(repo), *filter(None, [os.environ.get("PYTHONPATH")])])
+    command = [sys.executable, "-m", "lightning_bridge", "run", "search.yaml"]
+    command += ["--workspace", str(workspace)]
+    with (work / "run.log").open("w") as log:
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        begin = time.time()
+        done = subprocess.run(command, cwd=folder, env=env, stdout=log, stderr=log)
+        end = time.time()
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if done.returncode != 0:
+        raise RuntimeError(f"the search failed:\n{(work / 'run.log').read_text()[-3000:]}")
+    firsts = sorted(
+        float(path.read_text())
+        for path in (workspace / "experiments").glob("*/trials/*/first_batch")
+    )
+    closed = _closed(workspace)
+    if not len(firsts) == len(closed) == args.trials:
+        raise RuntimeError(f"expected {args.trials} trials, saw {len(firsts)} / {len(closed)}")
+    return {
+        "wall_s": end - begin,
+        # The whole search's CPU (the command, its warm process, the trials it reaped): a
+        # figure the machine's load moves far less than the wall time.
+        "cpu_s": (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime),
+        "per_trial_s": (end - begin) / args.trials,
+        "to_first_batch_s": firsts[0] - begin,
+        "trial_s": [c - f for f, c in zip(firsts, closed, strict=True)],
+        "between_s": [f - c for c, f in zip(closed, firsts[1:], strict=False)],
+        "after_last_s": end - closed[-1],
+    }
+
+
+def per_batch(args: argparse.Namespace, work: pathlib.Path, repo: pathlib.Path) -> dict[str, Any]:
+    """The tiny model under overhead.py's workers (raw loop, bridge, Determined where
+    installed), interleaved rounds: each run's steady ms per batch and whole run seconds."""
+    variants = ["raw", "bridge"]
+    if importlib.util.find_spec("determined") is not None:
+        variants.append("reference")
+    env = {"PYTHONPATH": os.pathsep.join([str(repo), str(HERE)])}
+    runs: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
+    work.mkdir(parents=True, exist_ok=True)
+    for _, variant in h.interleaved(args.rounds, variants):
+        worker = ["--worker", variant, "--model", "tiny", "--threads", "1"]
+        worker += ["--batches", str(args.per_batch_batches)]
+        runs[variant].append(
+            h.launch(HERE / "overhead.py", worker, label=variant, work_dir=work, env=env)
+        )
+    return runs
+
+
+def _median(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+def main_per_trial(args: argparse.Namespace) -> int:
+    """--per-trial: the per-trial and per-batch figures (see the module docstring)."""
+    versions = package_versions(["lightning-bridge", "optuna", "lightning", "torch", "determined"])
+    print("versions: " + ", ".join(f"{k} {v}" for k, v in versions.items()))
+    repos = {"this": ROOT}
+    if args.baseline is not None:
+        repos = {"baseline": args.baseline.resolve(), **repos}
+    for repo in repos.values():
+        # Each checkout's bytecode written first (as an installed package has it), so that
+        # neither pays for compiling its modules in the rounds.
+        subprocess.run([sys.executable, "-m", "compileall", "-q", str(repo / "lightning_bridge")])
+    load = [os.getloadavg()[0]]
+    results: dict[str, list[dict[str, Any]]] = {name: [] for name in repos}
+    with tempfile.TemporaryDirectory() as tmp:
+        root = args.dir or pathlib.Path(tmp)
+        for rnd, name in h.interleaved(args.rounds, list(repos)):
+            run_ = per_trial(args, root / f"{name}-{rnd}", repos[name])
+            results[name].append(run_)
+            print(
+                f"  round {rnd + 1} {name:<8} {run_['wall_s']:6.2f} s, "
+                f"{run_['per_trial_s']:.2f} s a trial",
+                flush=True,
+            )
+        load.append(os.getloadavg()[0])
+        batches = per_batch(args, root / "per-batch", ROOT) if args.per_batch_batches else {}
+        load.append(os.getloadavg()[0])
+    print(
+        f"1-minute load average: {' -> '.join(f'{x:.2f}' for x in load)} (cores: {os.cpu_count()})"
+    )
+    print(
+        f"random search of {args.trials} trials x {args.batches} batches, one at a time, "
+        f"a validation and a checkpoint per trial, warm; medians of {args.rounds} round(s), s"
+    )
+    print(
+        f"{'checkout':<10}{'per trial':>10}{'wall':>8}{'CPU':>8}{'to 1st batch':>14}{'trial':>8}"
+        f"{'between':>9}{'after last':>12}"
+    )
+    for name, runs in results.items():
+        row = [
+            _median([r["per_trial_s"] for r in runs]),
+            _median([r["wall_s"] for r in runs]),
+            _median([r["cpu_s"] for r in runs]),
+            _median([r["to_first_batch_s"] for r in runs]),
+            _median([x for r in runs for x in r["trial_s"]]),
+            _median([x for r in runs for x in r["between_s"]]),
+            _median([r["after_last_s"] for r in runs]),
+        ]
+        print(
+            f"{name:<10}"
+            + "".join(f"{v:>{w}.2f}" for v, w in zip(row, (10, 8, 8, 14, 8, 9, 12), strict=True))
+        )
+    if "baseline" in results:
+        ratio = h.paired_median(
+            [r["wall_s"] for r in results["this"]], [r["wall_s"] for r in results["baseline"]]
+        )
+        cpu = h.paired_median(
+            [r["cpu_s"] for r in results["this"]], [r["cpu_s"] for r in results["baseline"]]
+        )
+        print(f"this / baseline (paired medians): wall time {ratio:.3f}, CPU {cpu:.3f}")
+    ok = True
+    this = _median([r["per_trial_s"] for r in results["this"]])
+    passed, text = verdict(this, 1.0)
+    ok = ok and passed
+    print(f"per trial (this checkout) {this:.2f} s (target <= 1 s): {text}")
+    if batches:
+        raw = batches["raw"]
+        print(
+            f"per batch, tiny model, {args.per_batch_batches} batches, medians of "
+            f"{args.rounds} round(s); ratios: paired medians over the raw loop"
+        )
+        print(
+            f"{'variant':<10}{'ms/batch':>10}{'x raw':>8}{'run s':>8}{'x raw':>8}"
+            f"{'run CPU s':>11}{'x raw':>8}"
+        )
+        for variant, runs in batches.items():
+            steady = [r["ms_per_batch"] for r in runs]
+            total = [r["total_s"] for r in runs]
+            steady_x = h.paired_median(steady, [r["ms_per_batch"] for r in raw])
+            total_x = h.paired_median(total, [r["total_s"] for r in raw])
+            cpu = [r["cpu_total_s"] for r in runs]
+            cpu_x = h.paired_median(cpu, [r["cpu_total_s"] for r in raw])
+            print(
+                f"{variant:<10}{_median(steady):>10.3f}{steady_x:>8.2f}"
+                f"{_median(total):>8.3f}{total_x:>8.2f}{_median(cpu):>11.3f}{cpu_x:>8.2f}"
+            )
+        bridge_x = h.paired_median(
+            [r["ms_per_batch"] for r in batches["bridge"]], [r["ms_per_batch"] for r in raw]
+        )
+        passed, text = verdict(bridge_x, 1.5)
+        ok = ok and passed
+        print(f"per batch bridge / raw loop {bridge_x:.2f} (target <= 1.5): {text}")
+    if args.json is not None:
+        args.json.write_text(
+            json.dumps(
+                {"versions": versions, "load": load, "per_trial": results, "per_batch": batches},
+                indent=1,
+            )
+        )
+    return 0 if ok or not args.strict else 1
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--trials", type=int, default=5)
-    parser.add_argument("--batches", type=int, default=60)
+    parser.add_argument("--trials", type=int, default=None, help="5; --per-trial: 6")
+    parser.add_argument("--batches", type=int, default=None, help="60; --per-trial: 6")
     parser.add_argument("--delay", type=float, default=0.05)
     parser.add_argument("--digits", action="store_true", help="also the digits search")
     parser.add_argument("--dir", type=pathlib.Path, default=None)
     parser.add_argument("--json", type=pathlib.Path, default=None)
     parser.add_argument("--strict", action="store_true", help="exit 1 on a missed target")
+    parser.add_argument("--per-trial", action="store_true", help="short trials' cost instead")
+    parser.add_argument("--rounds", type=int, default=3, help="--per-trial: interleaved rounds")
+    parser.add_argument(
+        "--baseline",
+        type=pathlib.Path,
+        default=None,
+        help="--per-trial: another checkout to compare, run interleaved",
+    )
+    parser.add_argument(
+        "--per-batch-batches",
+        type=int,
+        default=300,
+        help="--per-trial: batches per per-batch run (0: skip)",
+    )
     args = parser.parse_args()
+    if args.trials is None:
+        args.trials = 6 if args.per_trial else 5
+    if args.batches is None:
+        args.batches = 6 if args.per_trial else 60
+    if args.per_trial:
+        return main_per_trial(args)
     versions = package_versions(["lightning-bridge", "optuna", "lightning", "torch"])
     print("versions: " + ", ".join(f"{k} {v}" for k, v in versions.items()))
     print(f"load average before: {os.getloadavg()[0]:.2f} (cores: {os.cpu_count()})")

@@ -287,6 +287,38 @@ def test_an_optional_preload_missing_still_forks(
         starter.close()
 
 
+# A preloaded module with an exit handler: it appends the pid of the process that exits.
+AT_EXIT = (
+    "import atexit, os\n"
+    "def _mark():\n"
+    "    with open(os.environ['PROBE_AT_EXIT'], 'a') as out:\n"
+    "        out.write(f'{os.getpid()}\\n')\n"
+    "atexit.register(_mark)\n"
+)
+
+
+def test_the_warm_process_ends_with_its_worker_s_input_running_exit_handlers(
+    folder: pathlib.Path, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Closed by its worker, the warm process exits with code 0 (skipping only the module
+    teardown): what its modules registered to run at exit still runs, in it and in a trial
+    it forked."""
+    (folder / "at_exit.py").write_text(AT_EXIT)
+    marks = tmp_path / "exits.txt"
+    monkeypatch.setenv("PROBE_AT_EXIT", str(marks))
+    starter = _warm.WarmStarter(preload=("stateful", "at_exit"))
+    try:
+        process = _start(starter, folder, tmp_path / "out.log", "exit", "0")
+        assert process.wait() == 0
+        trial = _seen(tmp_path / "out.log")["pid"]
+        warm = starter._proc
+        assert warm is not None and trial != warm.pid
+    finally:
+        starter.close()
+    assert warm.returncode == 0
+    assert sorted(int(line) for line in marks.read_text().split()) == sorted([trial, warm.pid])
+
+
 def test_a_thread_in_the_warm_process_starts_trials_cold(
     folder: pathlib.Path, tmp_path: pathlib.Path, caplog: pytest.LogCaptureFixture
 ) -> None:
