@@ -145,7 +145,9 @@ def _pytest(session: nox.Session, *args: str) -> None:
 
 
 # Tests that have sessions of their own (their own installs or servers).
-OWN_SESSIONS = "not interop and not examples and not mlflow and not slurm and not ray"
+OWN_SESSIONS = (
+    "not interop and not examples and not mlflow and not slurm and not ray and not transformers"
+)
 
 
 @nox.session(python=PYTHON)
@@ -329,3 +331,13 @@ def ray(session: nox.Session) -> None:
     session.run(
         "python", "-m", "pytest", "-q", "-m", "ray", "-rs", "-n", "0", *session.posargs, env=env
     )
+
+
+@nox.session(python=PYTHON)
+def transformers(session: nox.Session) -> None:
+    """Tests marked ``transformers``: Hugging Face's Trainer with ``determined.transformers``'
+    DetCallback under ``lightning-bridge run`` (tiny GPT-2 models built from a config, no
+    download). transformers and accelerate are the ``[transformers]`` extra. The module's runs
+    are spread over the workers one test at a time (each is a few trial processes)."""
+    _install(session, *_extra("test"), *_extra("transformers"))
+    _pytest(session, "-m", "transformers", "-rs", "-n", "auto", "--dist", "load")
