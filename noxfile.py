@@ -250,7 +250,8 @@ def examples(session: nox.Session) -> None:
             f"examples/{', examples/'.join(missing)}: no const.yaml; prefix a folder that is "
             "not an example with '_'."
         )
-    _install(session)
+    # hf_trainer trains with Hugging Face's Trainer: the [transformers] extra.
+    _install(session, *_extra("transformers"))
     # The session's environment as `session.run` gives it: its bin first on PATH (the bridge
     # puts its interpreter's folder first on the PATH of a startup hook itself, so the ported
     # example's hook finds the session's python3 either way).
