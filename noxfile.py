@@ -192,7 +192,8 @@ def interop(session: nox.Session) -> None:
     """Tests marked ``interop``: lightning_bridge and determined==0.38.1 side by side (a module
     that maps determined onto the bridge puts Determined's own modules back when it ends, so
     modules share a worker in any order)."""
-    _install(session, *_extra("interop"), *_extra("test"))
+    # The [transformers] extra: DetCallback against Determined's own on one Trainer script.
+    _install(session, *_extra("interop"), *_extra("test"), *_extra("transformers"))
     session.run("python", "-m", "pip", "check")
     _pytest(session, "-m", "interop", *XDIST)
 

@@ -163,3 +163,35 @@ def seen_runs(run_dir: pathlib.Path, rank: int = 0) -> list[dict[str, Any]]:
     """What each run of the script's process `rank` saw, in order."""
     path = run_dir / f"seen.{rank}.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+# `python3 det_offcluster.py TRAINING_ARGS` beside `HF_TRAIN`'s `train.py`: the same script with
+# Determined 0.38.1's own `determined.transformers.DetCallback`, off-cluster. The callback needs
+# a trial's `ClusterInfo`, which only Determined's master hands out, so this sets one (from the
+# JSON in `HF_PARITY_INFO`: hparams, config, checkpoint storage) where `get_cluster_info()`
+# reads it, and `det.core.init()` is Determined's own off-cluster Core API (`_dummy_init`):
+# reports are logged, checkpoints go to the storage folder.
+DET_OFFCLUSTER = """
+import json
+import os
+import runpy
+import sys
+
+import determined as det
+from determined import _info
+
+spec = json.loads(os.environ["HF_PARITY_INFO"])
+trial = _info.TrialInfo(
+    trial_id=1, experiment_id=1, trial_seed=0, hparams=spec["hparams"], config=spec["config"],
+    steps_completed=0, trial_run_id=1, debug=False, inter_node_network_interface=None,
+)
+_info._info = _info.ClusterInfo(
+    master_url="http://127.0.0.1:8080", cluster_id="off-cluster", agent_id="local",
+    slot_ids=[0], task_id="1", allocation_id="1", session_token="", task_type="TRIAL",
+    trial_info=trial,
+)
+offcluster = det.core._dummy_init
+det.core.init = lambda **kw: offcluster(checkpoint_storage=spec["storage"], **kw)
+sys.argv = ["train.py", *sys.argv[1:]]
+runpy.run_path("train.py", run_name="__main__")
+"""
