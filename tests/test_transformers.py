@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import pathlib
 import shutil
 import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -35,6 +37,65 @@ def test_without_transformers_the_import_names_the_extra() -> None:
     finally:
         _import_map.uninstall()
     assert "pip install 'lightning-bridge[transformers]'" in str(info.value), info.value
+
+
+@pytest.mark.transformers
+def test_the_module_answers_with_determineds_names_and_rules() -> None:
+    _import_map.install(force=True)
+    try:
+        import determined.transformers as det_transformers
+        from determined.transformers import DetCallback
+    finally:
+        _import_map.uninstall()
+    import transformers
+
+    assert issubclass(DetCallback, transformers.TrainerCallback)
+    assert sorted(det_transformers.__all__) == [
+        "DetCallback",
+        "get_ds_config_path_from_args",
+        "get_metric_type",
+    ]
+    get_metric_type = det_transformers.get_metric_type
+    assert get_metric_type({"loss": 1.0, "epoch": 0.5}) == "train_"
+    assert get_metric_type({"eval_loss": 1.0, "test_loss": 2.0}) == "eval_"
+    assert get_metric_type({"test_loss": 2.0, "epoch": 1}) == "test_"
+    get_path = det_transformers.get_ds_config_path_from_args
+    assert get_path(["--deepspeed", "ds_configs/ds_config_stage_1.json", "--do_train"]) == (
+        "ds_configs/ds_config_stage_1.json"
+    )
+    assert get_path(["--do_train"]) is None
+    with pytest.raises(ValueError, match="give the DeepSpeed config path"):
+        get_path(["--do_train", "--deepspeed"])
+
+
+@pytest.mark.transformers
+def test_detcallback_outside_a_trial_says_how_to_run_it(tmp_path: pathlib.Path) -> None:
+    """Run directly (no `lightning-bridge run`), the callback refuses with the command to use."""
+    script = tmp_path / "direct.py"
+    script.write_text(
+        "import transformers\n"
+        "import determined as det\n"
+        "from determined.transformers import DetCallback\n"
+        "args = transformers.TrainingArguments(output_dir='out', use_cpu=True)\n"
+        "with det.core.init() as core_context:\n"
+        "    DetCallback(core_context, args)\n"
+    )
+    env = cli_env()
+    env["PYTHONPATH"] = os.pathsep.join([str(_import_map.shim_dir(tmp_path)), env["PYTHONPATH"]])
+    env["XDG_DATA_HOME"] = str(tmp_path / "xdg")
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "DetCallback needs a trial: run the script with `lightning-bridge run" in done.stderr, (
+        done.stderr[-3000:]
+    )
 
 
 def lb(folder: pathlib.Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -173,6 +234,7 @@ def test_paused_and_continued_the_trainer_resumes_from_the_uploaded_checkpoint(
     # model, optimizer, scheduler and RNG states; the data order of the resumed epoch is
     # replayed by skipping batches).
     difference = max_difference(weights(folder, 1), weights(plain, 0))
+    print(f"pause / continue: largest weight difference to the uninterrupted run {difference}")
     assert difference < 1e-5, difference
     plain_trial = described(plain)["trials"][0]
     for ours, theirs in zip(trial["validation"], plain_trial["validation"], strict=True):
