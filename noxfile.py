@@ -151,7 +151,9 @@ def _pytest(session: nox.Session, *args: str) -> None:
 
 
 # Tests that have sessions of their own (their own installs or servers).
-OWN_SESSIONS = "not interop and not examples and not mlflow and not slurm and not ray"
+OWN_SESSIONS = (
+    "not interop and not examples and not mlflow and not slurm and not ray and not transformers"
+)
 
 
 @nox.session(python=PYTHON)
@@ -196,7 +198,8 @@ def interop(session: nox.Session) -> None:
     """Tests marked ``interop``: lightning_bridge and determined==0.38.1 side by side (a module
     that maps determined onto the bridge puts Determined's own modules back when it ends, so
     modules share a worker in any order)."""
-    _install(session, *_extra("interop"), *_extra("test"))
+    # The [transformers] extra: DetCallback against Determined's own on one Trainer script.
+    _install(session, *_extra("interop"), *_extra("test"), *_extra("transformers"))
     session.run("python", "-m", "pip", "check")
     _pytest(session, "-m", "interop", *XDIST)
 
@@ -254,7 +257,8 @@ def examples(session: nox.Session) -> None:
             f"examples/{', examples/'.join(missing)}: no const.yaml; prefix a folder that is "
             "not an example with '_'."
         )
-    _install(session)
+    # hf_trainer trains with Hugging Face's Trainer: the [transformers] extra.
+    _install(session, *_extra("transformers"))
     # The session's environment as `session.run` gives it: its bin first on PATH (the bridge
     # puts its interpreter's folder first on the PATH of a startup hook itself, so the ported
     # example's hook finds the session's python3 either way).
@@ -357,3 +361,13 @@ def ray(session: nox.Session) -> None:
         *session.posargs,
         env=env,
     )
+
+
+@nox.session(python=PYTHON)
+def transformers(session: nox.Session) -> None:
+    """Tests marked ``transformers``: Hugging Face's Trainer with ``determined.transformers``'
+    DetCallback under ``lightning-bridge run`` (tiny GPT-2 models built from a config, no
+    download). transformers and accelerate are the ``[transformers]`` extra. The module's runs
+    are spread over the workers one test at a time (each is a few trial processes)."""
+    _install(session, *_extra("test"), *_extra("transformers"))
+    _pytest(session, "-m", "transformers", "-rs", "-n", "auto", "--dist", "load")

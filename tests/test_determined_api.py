@@ -110,7 +110,6 @@ def test_log_format_logs_as_on_determined(mapped: None, capsys: pytest.CaptureFi
         ("import determined.pytorch.dsat", ImportError, "DeepSpeed autotuning"),
         ("import determined.launch.torch_distributed", ImportError, "torchrun"),
         ("import determined.keras", ImportError, "TensorFlow trials run only"),
-        ("from determined.transformers import DetCallback", ImportError, "Core API"),
         ("import determined as det; det.util", AttributeError, "it holds ClusterInfo"),
     ],
 )

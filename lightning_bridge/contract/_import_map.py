@@ -4,9 +4,10 @@
 `PROVIDED` with modules holding the bridge's answers to Determined's names:
 `determined.pytorch` has exactly Determined's public `pytorch` names (`PYTORCH_NAMES`),
 the top-level package what scripts read from it (`LOG_FORMAT`,
-`get_cluster_info`, `InvalidHP`, `import_from_path`), and `determined.core` (with the private
+`get_cluster_info`, `InvalidHP`, `import_from_path`), `determined.core` (with the private
 `_context` and `_tensorboard_mode` modules public code imports) the bridge's Core API in
-`lightning_bridge.core`. Parts of Determined that need its cluster (`determined.experimental`,
+`lightning_bridge.core`, and `determined.transformers` its Hugging Face `DetCallback`. Parts of
+Determined that need its cluster (`determined.experimental`,
 DeepSpeed trials, batch inference, ...) are refused by name, each with what to do instead.
 
 `shim_dir()` writes a folder holding a `determined` package that installs the same mapping; on
@@ -41,6 +42,7 @@ PROVIDED = (
     "determined.lightning.experimental",
     "determined.launch",
     "determined.launch.wrap_rank",
+    "determined.transformers",
 )
 
 # Where Determined's Core API lives on the bridge (a layer above this one: named, not imported).
@@ -56,6 +58,7 @@ _CORE_PRIVATE = {
 _PROXIED = {
     "determined.experimental.core_v2": "lightning_bridge.core._core_v2",
     "determined.lightning.experimental": "lightning_bridge.core._lightning",
+    "determined.transformers": "lightning_bridge.core._transformers",
 }
 _PARENTS = {
     "determined.experimental": "core_v2",
@@ -120,10 +123,6 @@ REFUSED = {
     ),
     "determined.keras": "TensorFlow trials run " + _CLUSTER,
     "determined.estimator": "TensorFlow trials run " + _CLUSTER,
-    "determined.transformers": (
-        "Hugging Face's DetCallback is not mapped yet; a script can report from its own "
-        "callback through the Core API (det.core.init())"
-    ),
 }
 
 
