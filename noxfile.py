@@ -145,7 +145,9 @@ def _pytest(session: nox.Session, *args: str) -> None:
 
 
 # Tests that have sessions of their own (their own installs or servers).
-OWN_SESSIONS = "not interop and not examples and not mlflow and not slurm and not ray"
+OWN_SESSIONS = (
+    "not interop and not examples and not mlflow and not slurm and not ray and not deepspeed"
+)
 
 
 @nox.session(python=PYTHON)
@@ -289,6 +291,30 @@ def _apt_install(session: nox.Session, package: str, command: str) -> None:
             except nox.command.CommandFailed:
                 session.log(f"{' '.join(step)} failed: the tests that need {command} will skip")
                 return
+
+
+# DeepSpeed releases the deepspeed session tests: the oldest supported (Determined's era) and
+# the newest.
+DEEPSPEED_RELEASES = ["0.16.9", "0.19.8"]
+
+
+@nox.session(python=PYTHON)
+@nox.parametrize("release", DEEPSPEED_RELEASES, ids=DEEPSPEED_RELEASES)
+def deepspeed(session: nox.Session, release: str) -> None:
+    """Tests marked ``deepspeed``: DeepSpeedTrial on DeepSpeed's own engine, on the CPU with
+    gloo (``DS_ACCELERATOR=cpu``), against one DeepSpeed release. DeepSpeed is an sdist; it
+    builds with its ops disabled (``DS_BUILD_OPS=0``), and builds the few it needs on the CPU
+    when first used, into the session's own folder (two releases' builds of an op share its
+    name, and would rebuild each other's in torch's default ``~/.cache/torch_extensions``)."""
+    extensions = Path(session.create_tmp()).resolve() / "torch_extensions"
+    session.env.update(
+        {"DS_BUILD_OPS": "0", "DS_ACCELERATOR": "cpu", "TORCH_EXTENSIONS_DIR": str(extensions)}
+    )
+    _install(session, *_extra("test"), f"deepspeed=={release}")
+    session.run(
+        "python", "-m", "pytest", "-q", "-rs", "-m", "deepspeed", "-n", "0", *session.posargs,
+        env=_env(session),
+    )  # fmt: skip
 
 
 @nox.session(python=PYTHON)

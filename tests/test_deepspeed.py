@@ -1,0 +1,210 @@
+"""DeepSpeedTrial: Determined's `determined.pytorch.deepspeed` names answered by the bridge,
+and trials trained on DeepSpeed's own engine (the ``deepspeed`` marker: the deepspeed session,
+which installs DeepSpeed; on the CPU with gloo, ``DS_ACCELERATOR=cpu``)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from lightning_bridge.contract import _import_map
+
+FIXTURE = pathlib.Path(__file__).parent / "fixtures" / "deepspeed" / "linear_trial.py"
+HAS_DEEPSPEED = importlib.util.find_spec("deepspeed") is not None
+
+# The public names of Determined 0.38.1's `determined.pytorch.deepspeed` (its __init__),
+# less DeepSpeedTrialController, its harness's own runner.
+DETERMINED_DEEPSPEED_NAMES = {
+    "DeepSpeedTrial",
+    "DeepSpeedTrialContext",
+    "ModelParallelUnit",
+    "Trainer",
+    "init",
+    "make_data_parallel_mpu",
+    "make_deepspeed_mpu",
+    "overwrite_deepspeed_config",
+}
+
+
+@pytest.fixture
+def mapped():
+    _import_map.install(force=True)
+    try:
+        yield
+    finally:
+        _import_map.uninstall()
+
+
+def test_determined_deepspeed_names_are_answered(mapped) -> None:
+    from determined.pytorch import deepspeed as det_ds
+
+    import lightning_bridge.contract._deepspeed as bridge
+
+    assert set(dir(det_ds)) == DETERMINED_DEEPSPEED_NAMES
+    assert det_ds.DeepSpeedTrial is bridge.DeepSpeedTrial
+    assert det_ds.overwrite_deepspeed_config is bridge.overwrite_deepspeed_config
+    with pytest.raises(AttributeError, match="DeepSpeedTrialController"):
+        det_ds.DeepSpeedTrialController  # noqa: B018
+
+
+def test_overwrite_deepspeed_config_merges_depth_first(tmp_path: pathlib.Path) -> None:
+    from lightning_bridge.contract._deepspeed import overwrite_deepspeed_config
+
+    base = {"zero_optimization": {"stage": 1, "overlap_comm": True}, "gradient_clipping": 1.0}
+    over = {"zero_optimization": {"stage": 3}, "bf16": {"enabled": True}}
+    merged = overwrite_deepspeed_config(base, over)
+    assert merged == {
+        "zero_optimization": {"stage": 3, "overlap_comm": True},
+        "gradient_clipping": 1.0,
+        "bf16": {"enabled": True},
+    }
+    assert base["zero_optimization"]["stage"] == 1  # the inputs are unchanged
+    path = tmp_path / "ds_config.json"
+    path.write_text(json.dumps(base))
+    assert overwrite_deepspeed_config(str(path), over) == merged
+    path.write_text('{"gradient_clipping": 1.0, "gradient_clipping": 2.0}')
+    with pytest.raises(Exception, match=r"repeats the key\(s\) \['gradient_clipping'\]"):
+        overwrite_deepspeed_config(str(path), {})
+    with pytest.raises(Exception, match="Cannot read the DeepSpeed config"):
+        overwrite_deepspeed_config(str(tmp_path / "missing.json"), {})
+
+
+@pytest.mark.skipif(HAS_DEEPSPEED, reason="DeepSpeed is installed here")
+def test_without_deepspeed_one_message_names_the_extra(mapped) -> None:
+    from determined.pytorch import deepspeed as det_ds
+
+    with pytest.raises(ImportError, match=r"pip install 'lightning-bridge\[deepspeed\]'"):
+        with det_ds.init(hparams={}):
+            pass
+
+
+def _run(entries: list[list], tmp_path: pathlib.Path, processes: int = 1) -> list[list[dict]]:
+    """Run the fixture's entries ([hyperparameters, fit arguments, checkpoint folder]) in one
+    process group; the chief's results (and, with several processes, the other ranks')."""
+    shim = _import_map.shim_dir(tmp_path)
+    out = tmp_path / "out.json"
+    env = {
+        **os.environ,
+        "DS_ACCELERATOR": "cpu",
+        "PYTHONPATH": os.pathsep.join([str(shim), os.environ.get("PYTHONPATH", "")]),
+    }
+    launch = [sys.executable]
+    if processes > 1:
+        launch += ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}"]
+    proc = subprocess.run(
+        [*launch, str(FIXTURE), json.dumps(entries), str(out)],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    ranks = [json.loads(out.read_text())]
+    ranks += [
+        json.loads(out.with_name(f"out.json.rank{r}").read_text()) for r in range(1, processes)
+    ]
+    return ranks
+
+
+def _close(a: list[list[float]], b: list[list[float]], tol: float) -> bool:
+    return all(
+        abs(x - y) <= tol for pa, pb in zip(a, b, strict=True) for x, y in zip(pa, pb, strict=True)
+    )
+
+
+def _ds(**overrides) -> dict:
+    return {"overwrite_deepspeed_args": overrides}
+
+
+@pytest.mark.deepspeed
+def test_fit_loop_trains_like_a_plain_deepspeed_loop(tmp_path: pathlib.Path) -> None:
+    """The fit's loop on DeepSpeed's engine: the same weights and losses as a hand-written
+    DeepSpeed loop over the same batches; ZeRO 0-3 (and CPU offload) in fp32 train the same
+    weights; bf16 close to them; accumulation of 2 calls train_batch twice per batch and steps
+    the engine once per batch; checkpoints in Determined's layout after each validation."""
+    plain = {**_ds(), "shuffle": False}
+    fit = {"max_length": 6}
+    ck = str(tmp_path / "ck")
+    entries = [[plain, fit, ck], [plain, {**fit, "hand": True}, None]]
+    entries += [[_ds(zero_optimization={"stage": s}), fit, f"{ck}{s}"] for s in (0, 1, 2, 3)]
+    entries += [
+        [_ds(bf16={"enabled": True}), fit, f"{ck}bf16"],
+        [_ds(gradient_accumulation_steps=2), fit, f"{ck}acc"],
+        [
+            _ds(zero_optimization={"stage": 2, "offload_optimizer": {"device": "cpu"}}),
+            fit,
+            f"{ck}o",
+        ],
+    ]
+    (results,) = _run(entries, tmp_path)
+    bridge, hand = results[0], results[1]
+    assert _close(bridge["weights"], hand["weights"], 0.0)
+    losses = hand["losses"]
+    assert [t["loss"] for t in bridge["training"]] == pytest.approx(
+        [sum(losses[:3]) / 3, sum(losses[3:]) / 3],
+        rel=1e-6,  # float32 means
+    )
+    stage0 = results[2]
+    for r in results[2:6] + [results[8]]:
+        assert r["calls"] == [0, 1, 2, 3, 4, 5]
+        assert (r["micro_steps"], r["global_steps"]) == (6, 6)
+        assert _close(r["weights"], stage0["weights"], 1e-6), r["weights"]
+        for mine, theirs in zip(
+            r["training"] + r["validation"], stage0["training"] + stage0["validation"], strict=True
+        ):
+            assert mine == pytest.approx(theirs, abs=1e-5)
+    assert [v["batches"] for v in stage0["validation"]] == [3, 6]
+    assert [t["batches"] for t in stage0["training"]] == [3, 6]
+    assert stage0["validation"][1]["val_loss"] < stage0["validation"][0]["val_loss"]
+    assert stage0["data"] == {"rows": 64}
+    bf16 = results[6]
+    assert not _close(bf16["weights"], stage0["weights"], 1e-6)
+    assert _close(bf16["weights"], stage0["weights"], 0.05)
+    accumulated = results[7]
+    assert accumulated["calls"] == [0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5]
+    assert (accumulated["micro_steps"], accumulated["global_steps"]) == (12, 6)
+    # Determined's DeepSpeedTrial layout, one checkpoint per validation.
+    assert len(stage0["checkpoints"]) == 2
+    last = pathlib.Path(stage0["checkpoints"][-1])
+    assert (last.parent / "latest").read_text().strip() == last.name
+    names = {p.name for p in last.iterdir()}
+    assert {"det_state_dict_rank0.pth", "trial_state.pkl", "load_data.json", "model0"} <= names
+    assert (last / "latest").read_text().strip() == "model0"  # DeepSpeed's own
+    assert json.loads((last / "load_data.json").read_text())["trial_type"] == "DeepSpeedTrial"
+
+
+@pytest.mark.deepspeed
+@pytest.mark.parametrize("processes", [1, 2])
+def test_stopped_and_continued_runs_end_as_the_uninterrupted_one(
+    tmp_path: pathlib.Path, processes: int
+) -> None:
+    """A run stopped mid-epoch (4 of 6 batches, after a validation) and continued from its
+    latest checkpoint ends with the uninterrupted run's weights and last metrics: ZeRO 0 and
+    3, shuffled data; with 2 processes (gloo) every rank holds the same weights."""
+    entries = []
+    for stage in (0, 3):
+        hp = _ds(zero_optimization={"stage": stage})
+        whole, part = str(tmp_path / f"whole{stage}"), str(tmp_path / f"part{stage}")
+        entries += [
+            [hp, {"max_length": 6}, whole],
+            [hp, {"max_length": 4}, part],
+            [hp, {"max_length": 6, "latest_checkpoint": "latest"}, part],
+        ]
+    ranks = _run(entries, tmp_path, processes=processes)
+    for results in ranks:
+        for i in (0, 3):
+            whole, first, second = results[i : i + 3]
+            assert _close(second["weights"], whole["weights"], 0.0)
+            assert second["calls"] == [4, 5]
+            # DeepSpeed restores the optimizer steps; its micro-step count restarts.
+            assert (second["micro_steps"], second["global_steps"]) == (2, 6)
+    chief = ranks[0]
+    for i in (0, 3):
+        whole, second = chief[i], chief[i + 2]
+        assert second["validation"][-1] == whole["validation"][-1]
+        assert second["training"][-1]["batches"] == 6
+    for other in ranks[1:]:
+        assert _close(other[0]["weights"], chief[0]["weights"], 0.0)
