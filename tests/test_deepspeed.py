@@ -208,3 +208,57 @@ def test_stopped_and_continued_runs_end_as_the_uninterrupted_one(
         assert second["training"][-1]["batches"] == 6
     for other in ranks[1:]:
         assert _close(other[0]["weights"], chief[0]["weights"], 0.0)
+
+
+def _bridge(*args: str, cwd: pathlib.Path) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LIGHTNING_BRIDGE_")}
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_PORT"):
+        env.pop(var, None)
+    env["DS_ACCELERATOR"] = "cpu"
+    env["PYTHONPATH"] = str(pathlib.Path(__file__).resolve().parents[1])
+    return subprocess.run(
+        [sys.executable, "-m", "lightning_bridge", *args],
+        cwd=cwd, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+
+
+RUN_CONFIG = """\
+name: deepspeed-linear
+entrypoint: model_def:LinearTrial
+hyperparameters:
+  overwrite_deepspeed_args:
+    zero_optimization: {{stage: {stage}}}
+searcher: {{name: single, metric: val_loss, max_length: {{batches: 6}}}}
+min_validation_period: {{batches: 3}}
+resources: {{slots_per_trial: {processes}}}
+"""
+
+
+@pytest.mark.deepspeed
+@pytest.mark.parametrize("processes", [1, 2])
+def test_lightning_bridge_run_records_a_deepspeed_trial(
+    tmp_path: pathlib.Path, processes: int
+) -> None:
+    """`lightning-bridge run` with a DeepSpeedTrial class entrypoint (1 process, or 2 under
+    torchrun): the record shows its validations and its checkpoints, in Determined's layout."""
+    folder = tmp_path / "exp"
+    folder.mkdir()
+    (folder / "model_def.py").write_text(FIXTURE.read_text())
+    (folder / "const.yaml").write_text(RUN_CONFIG.format(stage=2, processes=processes))
+    ws = ["--workspace", str(tmp_path / "ws")]
+    ran = _bridge("run", "const.yaml", *ws, cwd=folder)
+    assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-6000:]
+    described = _bridge("experiment", "describe", "1", "--json", *ws, cwd=folder)
+    assert described.returncode == 0, described.stderr
+    data = json.loads(described.stdout)
+    assert data["state"] == "COMPLETED"
+    text = json.dumps(data)
+    assert "val_loss" in text
+    listed = _bridge("checkpoint", "list", "--json", *ws, cwd=folder)
+    assert listed.returncode == 0, listed.stderr
+    checkpoints = json.loads(listed.stdout)
+    assert len(checkpoints) >= 1
+    location = pathlib.Path(checkpoints[-1]["location"])
+    names = {p.name for p in location.iterdir()}
+    ranks = {f"det_state_dict_rank{r}.pth" for r in range(processes)}
+    assert ranks | {"trial_state.pkl", "load_data.json", "model0"} <= names

@@ -28,6 +28,7 @@ from typing import Any
 
 from lightning_bridge._errors import InvalidArgumentError, InvalidTrialError
 from lightning_bridge.contract import _import_map
+from lightning_bridge.contract._trial import is_deepspeed_trial_class
 from lightning_bridge.contract._units import Batch
 from lightning_bridge.experiment.config._config import ResolvedConfig, load_config
 from lightning_bridge.experiment.config._entrypoint import Entrypoint, parse_entrypoint
@@ -242,6 +243,14 @@ def engine_settings(plan: Plan, processes_launched: bool) -> EngineSettings:
     return settings
 
 
+# What each of a multi-process DeepSpeedTrial's processes runs (under torchrun).
+DEEPSPEED_TRIAL_COMMAND = [
+    "python3",
+    "-m",
+    "lightning_bridge.experiment.trial_process._deepspeed_trial",
+]
+
+
 def load_trial_class(spec: str, context_dir: pathlib.Path) -> type:
     """Import `module:Class` from the context directory (first on sys.path)."""
     from lightning_bridge.contract._trial import is_trial_class
@@ -272,7 +281,8 @@ def load_trial_class(spec: str, context_dir: pathlib.Path) -> type:
     if not is_trial_class(obj):
         raise InvalidTrialError(
             f"entrypoint {spec}: {qualname} is not a PyTorchTrial subclass; a trial-class "
-            "entrypoint names a class derived from pytorch.PyTorchTrial (or use a script "
+            "entrypoint names a class derived from pytorch.PyTorchTrial or "
+            "pytorch.deepspeed.DeepSpeedTrial (or use a script "
             "entrypoint such as python3 train.py)."
         )
     return obj
@@ -281,35 +291,47 @@ def load_trial_class(spec: str, context_dir: pathlib.Path) -> type:
 def _run_trial(plan: Plan, run: RunDescription, work_dir: pathlib.Path) -> None:
     """Train a trial class in this process: `init()` takes everything from the run's
     description (named in the environment), `fit()` its schedule."""
+    assert plan.entrypoint.trial is not None
+    run_trial_class(load_trial_class(plan.entrypoint.trial, work_dir), run)
+
+
+def run_trial_class(trial_class: type, run: RunDescription) -> None:
+    """Build the trial with its API's `init()` and train it with that API's `Trainer`: a
+    `PyTorchTrial` on Lightning, a `DeepSpeedTrial` on DeepSpeed's engine (in the processes
+    torchrun started: `_deepspeed_trial`)."""
+    fit_arguments: dict[str, Any] = {
+        "max_length": run.max_length,
+        "validation_period": run.validation_period,
+        "checkpoint_period": run.checkpoint_period,
+        "reporting_period": Batch(run.reporting_period),
+        "checkpoint_policy": run.checkpoint_policy,
+        "latest_checkpoint": run.latest_checkpoint,
+        "step_zero_validation": run.step_zero_validation,
+        "test_mode": run.test_mode,
+        "profiling_enabled": run.profiling_enabled,
+        "trust_checkpoint": run.trust_checkpoint,
+        "warm_start": run.warm_start,
+    }
+    if is_deepspeed_trial_class(trial_class):
+        from lightning_bridge.translation.deepspeed import _trainer as det_ds
+
+        with det_ds.init() as ds_context:
+            det_ds.Trainer(trial_class(ds_context), ds_context).fit(**fit_arguments)
+        return
     import lightning_bridge as pytorch
 
-    assert plan.entrypoint.trial is not None
-    trial_class = load_trial_class(plan.entrypoint.trial, work_dir)
     with pytorch.init() as context:
-        trial_object = trial_class(context)
-        trainer = pytorch.Trainer(trial_object, context)
-        trainer.fit(
-            max_length=run.max_length,
-            validation_period=run.validation_period,
-            checkpoint_period=run.checkpoint_period,
-            reporting_period=Batch(run.reporting_period),
-            checkpoint_policy=run.checkpoint_policy,
-            latest_checkpoint=run.latest_checkpoint,
-            step_zero_validation=run.step_zero_validation,
-            test_mode=run.test_mode,
-            profiling_enabled=run.profiling_enabled,
-            trust_checkpoint=run.trust_checkpoint,
-            warm_start=run.warm_start,
-        )
+        pytorch.Trainer(trial_class(context), context).fit(**fit_arguments)
 
 
-def script_command(plan: Plan) -> list[str]:
-    """The command a script entrypoint runs as: this interpreter for `python`, under torchrun
-    (`--standalone --nproc_per_node N`, through `_torchrun` so that a stop signal ends the run
-    like one process's) for N > 1 processes."""
-    command = list(plan.entrypoint.command)
+def script_command(plan: Plan, command: list[str] | None = None) -> list[str]:
+    """The command a script entrypoint (or `command`, a Python command) runs as: this
+    interpreter for `python`, under torchrun (`--standalone --nproc_per_node N`, through
+    `_torchrun` so that a stop signal ends the run like one process's) for N > 1 processes."""
+    python = command is not None or plan.entrypoint.python
+    command = list(plan.entrypoint.command) if command is None else command
     n = plan.processes
-    if not plan.entrypoint.python:
+    if not python:
         if n > 1:
             raise InvalidArgumentError(
                 f"entrypoint {' '.join(command)}: {n} processes need a Python command to "
@@ -407,7 +429,7 @@ def described(plan: Plan, trial: TrialRun) -> Iterator[RunDescription]:
             os.environ[ENV_VAR] = previous
 
 
-def _run_script(plan: Plan, trial: TrialRun) -> int:
+def _run_script(plan: Plan, trial: TrialRun, command: list[str] | None = None) -> int:
     shim = _import_map.shim_dir(trial.trial_dir)
     env = dict(os.environ)
     work_dir = trial.working_dir(plan)
@@ -415,7 +437,7 @@ def _run_script(plan: Plan, trial: TrialRun) -> int:
     if env.get("PYTHONPATH"):
         path.append(env["PYTHONPATH"])
     env["PYTHONPATH"] = os.pathsep.join(path)
-    command = script_command(plan)
+    command = script_command(plan, command)
     logger.info("Running %s in %s", shlex.join(command), work_dir)
     # Under torchrun the agent enforces the timeout on the workers; the margin is its own.
     margin = 30 if plan.processes > 1 else 0
@@ -446,7 +468,12 @@ def execute(plan: Plan, trial: TrialRun) -> int:
             configured_environment(variables),
             startup_hook_environment(work_dir),
         ):
-            if plan.entrypoint.trial is not None:
+            spec = plan.entrypoint.trial
+            if spec is not None and plan.processes > 1:
+                if is_deepspeed_trial_class(load_trial_class(spec, work_dir)):
+                    # DeepSpeed's processes are torchrun's, each running the trial class.
+                    return _run_script(plan, trial, DEEPSPEED_TRIAL_COMMAND)
+            if spec is not None:
                 _run_trial(plan, run, work_dir)
                 return 0
             return _run_script(plan, trial)

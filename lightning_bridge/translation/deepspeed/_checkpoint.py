@@ -32,6 +32,7 @@ class DeepSpeedCore(Protocol):
 
     def data_state(self) -> dict[str, Any]: ...
 
+
 TRUST_HINT = "deepspeed.Trainer.fit(..., trust_checkpoint=True)"
 
 
