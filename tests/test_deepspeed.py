@@ -181,22 +181,30 @@ def test_fit_loop_trains_like_a_plain_deepspeed_loop(tmp_path: pathlib.Path) -> 
 def test_stopped_and_continued_runs_end_as_the_uninterrupted_one(
     tmp_path: pathlib.Path, processes: int
 ) -> None:
-    """A run stopped mid-epoch (4 of 6 batches, after a validation) and continued from its
-    latest checkpoint ends with the uninterrupted run's weights and last metrics: ZeRO 0 and
-    3, shuffled data; with 2 processes (gloo) every rank holds the same weights."""
+    """A run paused mid-epoch after batch 4 of 6 (after a validation: by SIGTERM with one
+    process; by its length with two) and continued from its latest checkpoint ends with the
+    uninterrupted run's weights and last metrics: ZeRO 0 and 3, shuffled data; with 2
+    processes (gloo) every rank holds the same weights."""
     entries = []
     for stage in (0, 3):
         hp = _ds(zero_optimization={"stage": stage})
         whole, part = str(tmp_path / f"whole{stage}"), str(tmp_path / f"part{stage}")
         entries += [
             [hp, {"max_length": 6}, whole],
-            [hp, {"max_length": 4}, part],
+            # One process stops on SIGTERM after the batch it came in; several agree on a
+            # batch some batches later (the fit's spaced agreement): there the run is cut
+            # at batch 4 by its length instead, which exercises the same checkpoint.
+            [{**hp, "sigterm_at": 3}, {"max_length": 6}, part]
+            if processes == 1
+            else [hp, {"max_length": 4}, part],
             [hp, {"max_length": 6, "latest_checkpoint": "latest"}, part],
         ]
     ranks = _run(entries, tmp_path, processes=processes)
     for results in ranks:
         for i in (0, 3):
             whole, first, second = results[i : i + 3]
+            assert first["stopped"] == (processes == 1) and first["calls"] == [0, 1, 2, 3]
+            assert not whole["stopped"] and not second["stopped"]
             assert _close(second["weights"], whole["weights"], 0.0)
             assert second["calls"] == [4, 5]
             # DeepSpeed restores the optimizer steps; its micro-step count restarts.
