@@ -270,3 +270,22 @@ def test_lightning_bridge_run_records_a_deepspeed_trial(
     names = {p.name for p in location.iterdir()}
     ranks = {f"det_state_dict_rank{r}.pth" for r in range(processes)}
     assert ranks | {"trial_state.pkl", "load_data.json", "model0"} <= names
+
+
+def test_a_deepspeed_trial_class_is_a_trial_entrypoint(mapped) -> None:
+    """`lightning-bridge run` accepts a DeepSpeedTrial class as its entrypoint and tells it
+    from a PyTorchTrial (it is trained on DeepSpeed's engine)."""
+    from determined import pytorch
+    from determined.pytorch import deepspeed as det_ds
+
+    from lightning_bridge.contract._trial import is_deepspeed_trial_class, is_trial_class
+
+    class Ds(det_ds.DeepSpeedTrial):
+        pass
+
+    class Pt(pytorch.PyTorchTrial):
+        pass
+
+    assert is_trial_class(Ds) and is_deepspeed_trial_class(Ds)
+    assert is_trial_class(Pt) and not is_deepspeed_trial_class(Pt)
+    assert not is_trial_class(object) and not is_deepspeed_trial_class(int)
