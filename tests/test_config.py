@@ -391,8 +391,15 @@ def test_entrypoint_forms(entrypoint: Any, expected: Entrypoint) -> None:
 
 
 def test_unsupported_launchers_and_missing_entrypoint() -> None:
-    with pytest.raises(InvalidArgumentError, match="determined.launch.deepspeed is not supported"):
-        parse_entrypoint("python3 -m determined.launch.deepspeed python3 train.py")
+    # DeepSpeed's launcher is the bridge's process launch (torchrun), as torch_distributed's.
+    assert parse_entrypoint("python3 -m determined.launch.deepspeed python3 train.py") == (
+        Entrypoint(command=["python3", "train.py"], python=True)
+    )
+    assert parse_entrypoint(
+        "python3 -m determined.launch.deepspeed --trial model_def:Trial"
+    ) == Entrypoint(trial="model_def:Trial")
+    with pytest.raises(InvalidArgumentError, match="determined.launch.horovod is not supported"):
+        parse_entrypoint("python3 -m determined.launch.horovod python3 train.py")
     with pytest.raises(InvalidArgumentError, match="entrypoint: required"):
         parse_entrypoint(None)
 

@@ -232,7 +232,7 @@ def _bridge(*args: str, cwd: pathlib.Path) -> subprocess.CompletedProcess[str]:
 
 RUN_CONFIG = """\
 name: deepspeed-linear
-entrypoint: model_def:LinearTrial
+entrypoint: {entrypoint}
 hyperparameters:
   overwrite_deepspeed_args:
     zero_optimization: {{stage: {stage}}}
@@ -248,11 +248,17 @@ def test_lightning_bridge_run_records_a_deepspeed_trial(
     tmp_path: pathlib.Path, processes: int
 ) -> None:
     """`lightning-bridge run` with a DeepSpeedTrial class entrypoint (1 process, or 2 under
-    torchrun): the record shows its validations and its checkpoints, in Determined's layout."""
+    torchrun, behind `python3 -m determined.launch.deepspeed`): the record shows its
+    validations and its checkpoints, in Determined's layout."""
     folder = tmp_path / "exp"
     folder.mkdir()
     (folder / "model_def.py").write_text(FIXTURE.read_text())
-    (folder / "const.yaml").write_text(RUN_CONFIG.format(stage=2, processes=processes))
+    # Two processes through Determined's DeepSpeed launcher word (the bridge's torchrun).
+    entrypoint = "model_def:LinearTrial"
+    if processes > 1:
+        entrypoint = "python3 -m determined.launch.deepspeed --trial " + entrypoint
+    config = RUN_CONFIG.format(stage=2, processes=processes, entrypoint=entrypoint)
+    (folder / "const.yaml").write_text(config)
     ws = ["--workspace", str(tmp_path / "ws")]
     ran = _bridge("run", "const.yaml", *ws, cwd=folder)
     assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-6000:]
