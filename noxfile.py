@@ -310,7 +310,9 @@ def deepspeed(session: nox.Session, release: str) -> None:
     session.env.update(
         {"DS_BUILD_OPS": "0", "DS_ACCELERATOR": "cpu", "TORCH_EXTENSIONS_DIR": str(extensions)}
     )
-    _install(session, *_extra("test"), f"deepspeed=={release}")
+    # Determined's own DeepSpeedTrial runner, the parity reference, beside its era's DeepSpeed.
+    reference = ["determined==0.38.1"] if release == DEEPSPEED_RELEASES[0] else []
+    _install(session, *_extra("test"), f"deepspeed=={release}", *reference)
     session.run(
         "python", "-m", "pytest", "-q", "-rs", "-m", "deepspeed", "-n", "0", *session.posargs,
         env=_env(session),

@@ -295,3 +295,52 @@ def test_a_deepspeed_trial_class_is_a_trial_entrypoint(mapped) -> None:
     assert is_trial_class(Ds) and is_deepspeed_trial_class(Ds)
     assert is_trial_class(Pt) and not is_deepspeed_trial_class(Pt)
     assert not is_trial_class(object) and not is_deepspeed_trial_class(int)
+
+
+@pytest.mark.deepspeed
+def test_parity_with_determined_runner_and_its_checkpoints(tmp_path: pathlib.Path) -> None:
+    """Determined 0.38.1's own DeepSpeedTrial runner (on the CPU, its device check replaced in
+    the fixture) and the bridge train the same trial to the same weights; the bridge continues
+    Determined's mid-run checkpoint to the same weights. Needs determined==0.38.1 beside
+    DeepSpeed (the deepspeed session of DeepSpeed 0.16.9, Determined's era)."""
+    if importlib.util.find_spec("determined") is None:
+        pytest.skip("determined==0.38.1 is not installed beside DeepSpeed here")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LIGHTNING_BRIDGE_")}
+    env.update(
+        {
+            "DS_ACCELERATOR": "cpu",
+            "XDG_DATA_HOME": str(tmp_path / "xdg"),  # Determined's local checkpoint storage
+            "RANK": "0",
+            "WORLD_SIZE": "1",
+            "LOCAL_RANK": "0",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": "29631",
+        }
+    )
+    runner = FIXTURE.with_name("determined_runner.py")
+    det_out = tmp_path / "det.json"
+    # Determined copies its working folder into each checkpoint: one apart from its storage.
+    det_cwd = tmp_path / "determined"
+    det_cwd.mkdir()
+    proc = subprocess.run(
+        [sys.executable, str(runner), str(det_out)],
+        cwd=det_cwd, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    determined_weights = json.loads(det_out.read_text())
+    import pickle
+
+    saved = {
+        pickle.loads((p.parent / "trial_state.pkl").read_bytes())["batches_trained"]: p.parent
+        for p in (tmp_path / "xdg").rglob("det_state_dict_rank0.pth")
+    }
+    assert sorted(saved) == [3, 6]
+    plain = {**_ds(), "shuffle": False}
+    entries = [
+        [plain, {"max_length": 6}, str(tmp_path / "ck")],
+        [plain, {"max_length": 6, "latest_checkpoint": str(saved[3])}, str(tmp_path / "ck2")],
+    ]
+    (results,) = _run(entries, tmp_path)
+    assert _close(results[0]["weights"], determined_weights, 1e-6)
+    assert results[1]["calls"] == [3, 4, 5]
+    assert _close(results[1]["weights"], determined_weights, 1e-6)
