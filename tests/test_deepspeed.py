@@ -205,7 +205,7 @@ def test_stopped_and_continued_runs_end_as_the_uninterrupted_one(
             whole, first, second = results[i : i + 3]
             assert first["stopped"] == (processes == 1) and first["calls"] == [0, 1, 2, 3]
             assert not whole["stopped"] and not second["stopped"]
-            assert _close(second["weights"], whole["weights"], 0.0)
+            assert _close(second["weights"], whole["weights"], 0.0), f"entries {i}"
             assert second["calls"] == [4, 5]
             # DeepSpeed restores the optimizer steps; its micro-step count restarts.
             assert (second["micro_steps"], second["global_steps"]) == (2, 6)
