@@ -140,8 +140,14 @@ def _env(session: nox.Session) -> dict[str, str]:
     return {"XDG_DATA_HOME": str(data_home), "MPLBACKEND": "Agg"}
 
 
+# Every session prints its slowest tests: CI's log is where the run's minutes are measured.
+DURATIONS = "--durations=15"
+
+
 def _pytest(session: nox.Session, *args: str) -> None:
-    session.run("python", "-m", "pytest", "-q", *args, *session.posargs, env=_env(session))
+    session.run(
+        "python", "-m", "pytest", "-q", DURATIONS, *args, *session.posargs, env=_env(session)
+    )
 
 
 # Tests that have sessions of their own (their own installs or servers).
@@ -332,7 +338,18 @@ def mlflow(session: nox.Session) -> None:
     artifacts.mkdir(parents=True, exist_ok=True)
     env = {**_env(session), "LIGHTNING_BRIDGE_TEST_ARTIFACTS": str(artifacts)}
     session.run(
-        "python", "-m", "pytest", "-q", "-rs", "-m", "mlflow", "-n", "0", *session.posargs, env=env
+        "python",
+        "-m",
+        "pytest",
+        "-q",
+        DURATIONS,
+        "-rs",
+        "-m",
+        "mlflow",
+        "-n",
+        "0",
+        *session.posargs,
+        env=env,
     )
 
 
@@ -355,5 +372,16 @@ def ray(session: nox.Session) -> None:
     _install(session, *_extra("test"), *_extra("ray"))
     env = {**_env(session), "LIGHTNING_BRIDGE_RAY_REQUIRED": "1"}  # no cluster: a failure
     session.run(
-        "python", "-m", "pytest", "-q", "-m", "ray", "-rs", "-n", "0", *session.posargs, env=env
+        "python",
+        "-m",
+        "pytest",
+        "-q",
+        DURATIONS,
+        "-m",
+        "ray",
+        "-rs",
+        "-n",
+        "0",
+        *session.posargs,
+        env=env,
     )

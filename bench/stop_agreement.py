@@ -29,7 +29,7 @@ def _worker(rank: int, port: int, steps: int, rounds: int, out: Any) -> None:
     import torch
     import torch.distributed as dist
 
-    from lightning_bridge.translation.fit._stop_request import StopRequest
+    from lightning_bridge.translation.services._stop_request import StopRequest
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=2)

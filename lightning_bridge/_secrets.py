@@ -16,6 +16,8 @@ import os
 import urllib.parse
 from typing import Any
 
+import yaml
+
 MASK = "***"
 STORAGE_SECRET_KEYS = ("access_key", "secret_key", "credential", "connection_string")
 SECRET_NAME_PARTS = ("TOKEN", "KEY", "SECRET", "PASSWORD", "CREDENTIAL")
@@ -74,3 +76,58 @@ def redact_config(config: dict[str, Any]) -> dict[str, Any]:
             for kind, entries in variables.items()
         }
     return shown
+
+
+def _variable_entries(config: dict[str, Any]) -> list[Any]:
+    environment = config.get("environment")
+    if not isinstance(environment, dict):
+        return []
+    variables = environment.get("environment_variables")
+    if isinstance(variables, list):
+        return variables
+    if isinstance(variables, dict):
+        return [e for entries in variables.values() if isinstance(entries, list) for e in entries]
+    return []
+
+
+def secret_values(config: dict[str, Any]) -> list[str]:
+    """The secret values an experiment config holds (what `redact_config` masks), longest
+    first so that masking one never leaves part of another."""
+    found: set[str] = set()
+    storage = config.get("checkpoint_storage")
+    if isinstance(storage, dict):
+        for key in STORAGE_SECRET_KEYS:
+            value = storage.get(key)
+            if isinstance(value, str) and value:
+                found.add(value)
+    for entry in _variable_entries(config):
+        if isinstance(entry, str) and "=" in entry:
+            name, _, value = entry.partition("=")
+            if value and is_secret_name(name):
+                found.add(value)
+    return sorted(found, key=lambda v: (-len(v), v))
+
+
+def redact_text(text: str, values: list[str]) -> str:
+    """`text` with each of `values` (secrets) masked."""
+    for value in values:
+        text = text.replace(value, MASK)
+    return text
+
+
+def redact_config_file(data: bytes, values: list[str]) -> bytes:
+    """A copy of a file as it may be shared (a checkpoint's `code/`): unchanged unless it
+    holds one of `values`; a YAML config is then written again from `redact_config` (still a
+    valid config, `'***'` quoted), and any other file has each value masked."""
+    needles = [v.encode() for v in values]
+    if not any(n in data for n in needles):
+        return data
+    try:
+        loaded = yaml.safe_load(data)
+    except yaml.YAMLError:  # not YAML: masked as text below
+        loaded = None
+    if isinstance(loaded, dict):
+        data = yaml.safe_dump(redact_config(loaded), sort_keys=False).encode()
+    for needle in needles:
+        data = data.replace(needle, MASK.encode())
+    return data

@@ -373,11 +373,11 @@ def test_load_config_file_errors(tmp_path: pathlib.Path) -> None:
         ),
         (
             "python3 -m determined.launch.torch_distributed python3 train.py",
-            Entrypoint(command=["python3", "train.py"], python=True),
+            Entrypoint(command=["python3", "train.py"], python=True, launched=True),
         ),
         (
             "python3 -m determined.launch.torch_distributed --max_restarts 1 -- python3 t.py",
-            Entrypoint(command=["python3", "t.py"], python=True),
+            Entrypoint(command=["python3", "t.py"], python=True, launched=True),
         ),
         (
             "python3 -m determined.launch.torch_distributed --trial model_def:T",
@@ -393,7 +393,7 @@ def test_entrypoint_forms(entrypoint: Any, expected: Entrypoint) -> None:
 def test_unsupported_launchers_and_missing_entrypoint() -> None:
     # DeepSpeed's launcher is the bridge's process launch (torchrun), as torch_distributed's.
     assert parse_entrypoint("python3 -m determined.launch.deepspeed python3 train.py") == (
-        Entrypoint(command=["python3", "train.py"], python=True)
+        Entrypoint(command=["python3", "train.py"], python=True, launched=True)
     )
     assert parse_entrypoint(
         "python3 -m determined.launch.deepspeed --trial model_def:Trial"
@@ -423,8 +423,13 @@ def test_determined_imports_resolve_to_the_bridge(mapped: None) -> None:
     assert det_torch.PyTorchTrial is lightning_bridge.PyTorchTrial
     assert samplers.RepeatSampler is RepeatSampler is lightning_bridge.samplers.RepeatSampler
     assert determined.get_cluster_info() is None  # not started by the runner
-    with pytest.raises(ModuleNotFoundError, match="determined.experimental is not mapped"):
-        import determined.experimental  # type: ignore[import-not-found]  # noqa: F401
+    with pytest.raises(ModuleNotFoundError, match="determined.pytorch.dsat is not mapped"):
+        import determined.pytorch.dsat  # type: ignore[import-not-found]  # noqa: F401
+    # determined.experimental holds core_v2 alone; the SDK is refused by name.
+    import determined.experimental  # type: ignore[import-not-found]
+
+    with pytest.raises(ImportError, match="talks to a Determined master"):
+        determined.experimental.client  # noqa: B018
 
 
 def test_shim_folder_maps_determined_in_a_subprocess(tmp_path: pathlib.Path) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+import re
 
 import pytest
 
@@ -86,6 +87,34 @@ def test_a_bad_checkpoint_storage_is_refused_by_name(
     assert "checkpoint_storage" in str(info.value)
 
 
+@pytest.mark.parametrize(
+    ("metadata", "says"),
+    [
+        ({"a.b": 1}, "can not contain the following character(s): $ . [ ]"),
+        ({"k" * 51: 1}, "key exceeds maximum length of 50"),
+        ({"a": list(range(101))}, "array exceeds maximum length of 101/100"),
+        ({"a": "x" * 5001}, "value exceeds maximum length of 5000"),
+        ({f"k{i}": i for i in range(1001)}, "key count limit of 1000"),
+        ({"a": {"b": {"c": {"d": {"e": {"f": {"g": {"h": {"i": {"j": {"k": 1}}}}}}}}}}}, "depth"),
+        ({"a": object()}, "must be JSON"),
+    ],
+)
+def test_run_metadata_beyond_determineds_limits_is_refused(
+    tmp_path: pathlib.Path, mapped: None, metadata: dict[str, object], says: str
+) -> None:
+    """Off `lightning-bridge run`, the process keeps its run metadata; what Determined's master
+    would refuse is refused with its reason, and the metadata set before stays."""
+    import determined as det
+
+    with det.core.init(checkpoint_storage=str(tmp_path)) as core_context:
+        assert core_context.train.get_metadata() is None
+        kept = {"a": {"b": [1, {"x.y": 2}]}, "c": "d"}  # an array's object is one value
+        assert core_context.train.set_metadata(kept) == kept
+        with pytest.raises(ValueError, match=re.escape(says)):
+            core_context.train.set_metadata(metadata)
+        assert core_context.train.get_metadata() == kept
+
+
 def test_the_core_names_and_private_paths_are_the_bridges(mapped: None) -> None:
     import determined as det
     from determined.core._context import Context  # type: ignore[import-not-found]
@@ -107,29 +136,123 @@ def test_the_core_names_and_private_paths_are_the_bridges(mapped: None) -> None:
         det.core.NoSuchName  # noqa: B018
 
 
-def test_under_lightning_bridge_run_it_is_refused_with_one_message(tmp_path: pathlib.Path) -> None:
+# Two processes sharing objects through `core_context.distributed` with no process group, as
+# Determined's DistributedContext allowed: under torchrun (its store), or started by the script
+# itself with the chief's address (`chief_ip`, the store the chief serves).
+_COLLECTIVES = """
+import json, os, sys
+import torch.distributed as dist
+import determined as det
+from determined import core
+
+if sys.argv[1] == "torchrun":
+    distributed = core.DistributedContext.from_torch_distributed()
+else:
+    rank = int(sys.argv[2])
+    distributed = core.DistributedContext(
+        rank=rank, size=2, local_rank=rank, local_size=2, cross_rank=0, cross_size=1,
+        chief_ip="127.0.0.1", port_offset=int(sys.argv[3]),
+    )
+with det.core.init(distributed=distributed) as core_context:
+    d = core_context.distributed
+    seen = {
+        "rank": d.rank,
+        "allgather": d.allgather(d.rank * 10),
+        "broadcast": d.broadcast({"from": d.rank}),
+        "gather": d.gather(d.rank + 1),
+        "local": d.allgather_local(d.local_rank),
+        "preempt": core_context.preempt.should_preempt(),
+        "group": dist.is_initialized(),
+    }
+with open(f"seen.{seen['rank']}.json", "w") as f:
+    json.dump(seen, f)
+"""
+
+
+def _collectives_env(work: pathlib.Path) -> dict[str, str]:
     import os
+
+    from tests._core_api_runs import REPO
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DET_", "LIGHTNING_BRIDGE"))}
+    env["PYTHONPATH"] = os.pathsep.join([str(_import_map.shim_dir(work)), str(REPO)])
+    env["XDG_DATA_HOME"] = str(work / "xdg")
+    return env
+
+
+def _check_collectives(work: pathlib.Path) -> None:
+    seen = [json.loads((work / f"seen.{r}.json").read_text()) for r in (0, 1)]
+    for rank, s in enumerate(seen):
+        assert s["rank"] == rank and s["group"] is False
+        assert s["allgather"] == [0, 10] and s["local"] == [0, 1]
+        assert s["broadcast"] == {"from": 0} and s["preempt"] is False
+    assert seen[0]["gather"] == [1, 2] and seen[1]["gather"] is None
+
+
+def test_collectives_without_a_process_group_under_torchrun(tmp_path: pathlib.Path) -> None:
     import subprocess
     import sys
 
-    (tmp_path / "train.py").write_text(
-        "import determined as det\n"
-        "with det.core.init() as core_context:\n"
-        "    core_context.train.report_training_metrics(steps_completed=1, metrics={'x': 1})\n"
-    )
-    (tmp_path / "const.yaml").write_text(
-        "name: core\nsearcher: {name: single, metric: x, max_length: 1}\n"
-        "max_restarts: 0\nentrypoint: python3 train.py\n"
-    )
-    env = dict(os.environ, XDG_DATA_HOME=str(tmp_path / "xdg"))
-    result = subprocess.run(
-        [sys.executable, "-m", "lightning_bridge", "run", "const.yaml", "."],
+    (tmp_path / "share.py").write_text(_COLLECTIVES)
+    done = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+        + ["share.py", "torchrun"],
         cwd=tmp_path,
-        env=env,
+        env=_collectives_env(tmp_path),
         capture_output=True,
         text=True,
         timeout=300,
+        check=False,
     )
-    output = result.stdout + result.stderr
-    assert result.returncode != 0, output
-    assert "det.core.init() under `lightning-bridge run` is not supported yet" in output
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    _check_collectives(tmp_path)
+
+
+def test_collectives_of_workers_a_script_starts_itself_through_chief_ip(
+    tmp_path: pathlib.Path,
+) -> None:
+    import socket
+    import subprocess
+    import sys
+
+    from lightning_bridge.contract._distributed import CHIEF_PORT
+
+    (tmp_path / "share.py").write_text(_COLLECTIVES)
+    with socket.socket() as s:  # a free port for the chief's store
+        s.bind(("127.0.0.1", 0))
+        offset = s.getsockname()[1] - CHIEF_PORT
+    workers = [
+        subprocess.Popen(
+            [sys.executable, "share.py", "worker", str(rank), str(offset)],
+            cwd=tmp_path,
+            env=_collectives_env(tmp_path),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for rank in (0, 1)
+    ]
+    for worker in workers:
+        out, _ = worker.communicate(timeout=300)
+        assert worker.returncode == 0, out[-3000:]
+    _check_collectives(tmp_path)
+
+
+def test_the_rank_of_a_process_lightnings_launcher_started(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Lightning's launcher names a process's LOCAL_RANK and NODE_RANK, not its RANK: before
+    its process group exists and after it is gone, the process still knows its rank."""
+    from lightning_bridge.contract._distributed import DistributedContext
+
+    for name in ("RANK", "GROUP_RANK", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("NODE_RANK", "0")
+    assert DistributedContext().rank == 1
+    monkeypatch.setenv("NODE_RANK", "1")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    assert DistributedContext().rank == 3
+    monkeypatch.setenv("RANK", "2")  # torchrun's, where it is given
+    assert DistributedContext().rank == 2

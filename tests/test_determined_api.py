@@ -99,8 +99,12 @@ def test_log_format_logs_as_on_determined(mapped: None, capsys: pytest.CaptureFi
 @pytest.mark.parametrize(
     ("statement", "error", "says"),
     [
-        ("from determined.experimental import client", ImportError, "talk to a Determined master"),
-        ("from determined import experimental", ImportError, "lightning-bridge experiment"),
+        ("from determined.experimental import client", ImportError, "talks to a Determined master"),
+        (
+            "from determined.experimental import Determined",
+            ImportError,
+            "lightning-bridge experiment",
+        ),
         ("from determined.pytorch import experimental", ImportError, "torch_batch_process"),
         ("import determined.pytorch.dsat", ImportError, "DeepSpeed autotuning"),
         ("import determined.launch.torch_distributed", ImportError, "torchrun"),

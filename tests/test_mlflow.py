@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from typing import Any
 
 import pytest
@@ -125,6 +126,10 @@ def recorded(
         return [(m.batches, float(m.values[key])) for m in registry.metrics(trial_id, kind)]
 
 
+# A secret of the mirrored run's config: never in MLflow.
+TOKEN = f"s{uuid.uuid4().hex}"
+
+
 @dataclasses.dataclass
 class Registered:
     """A run mirrored into the server, its best checkpoint registered as `linear` version 1
@@ -141,7 +146,8 @@ class Registered:
 def registered(mlflow_server: MlflowServer, tmp_path_factory: pytest.TempPathFactory) -> Registered:
     tmp_path = tmp_path_factory.mktemp("registered")
     uri, ws = mlflow_server.uri, tmp_path / "ws"
-    config = write_folder(tmp_path, BASE_CONFIG)
+    environment = {"environment_variables": [f"HF_TOKEN={TOKEN}"]}
+    config = write_folder(tmp_path, dict(BASE_CONFIG, environment=environment))
     run = bridge("run", str(config), workspace=ws, uri=uri, cwd=config.parent)
     with Registry(ws) as registry:
         best = registry.best_checkpoints(1)[0]
@@ -154,7 +160,7 @@ def registered(mlflow_server: MlflowServer, tmp_path_factory: pytest.TempPathFac
 
 
 def test_a_run_is_mirrored_and_its_checkpoint_registered(
-    registered: Registered, tmp_path: pathlib.Path
+    registered: Registered, mlflow_server: MlflowServer, tmp_path: pathlib.Path
 ) -> None:
     uri, ws, run = registered.uri, registered.workspace, registered.run
     assert f"MLflow: {uri}" in run.stdout
@@ -181,6 +187,11 @@ def test_a_run_is_mirrored_and_its_checkpoint_registered(
     assert same(history(uri, trial_run, "loss"), recorded(ws, 1, "training", "loss"))
     artifacts = {a.path for a in client(uri).list_artifacts(trial_run.info.run_id)}
     assert {"config.json", "trial.log", "checkpoints"} <= artifacts
+    shown = client(uri).download_artifacts(trial_run.info.run_id, "config.json", str(tmp_path))
+    config = json.loads(pathlib.Path(shown).read_text())
+    assert config["environment"]["environment_variables"] == ["HF_TOKEN=***"]
+    stored = [p for p in mlflow_server.root.rglob("*") if p.is_file()]
+    assert stored and not [p for p in stored if TOKEN.encode() in p.read_bytes()]
 
     # sync is idempotent: nothing is sent twice.
     cli("experiment", "sync", "1", workspace=ws, uri=uri)
@@ -254,6 +265,36 @@ ASHA: dict[str, Any] = {
     },
     "min_validation_period": {"batches": 4},
 }  # fmt: skip
+
+
+def test_a_core_api_script_is_mirrored(mlflow_server: MlflowServer, tmp_path: pathlib.Path) -> None:
+    """A Core API script under `lightning-bridge run`: what it reports through
+    `core_context.train` reaches MLflow as it reaches the record."""
+    from tests._core_api_runs import core_folder
+
+    uri, ws = mlflow_server.uri, tmp_path / "ws"
+    folder = core_folder(tmp_path)
+    bridge("run", str(folder / "const.yaml"), workspace=ws, uri=uri, cwd=folder)
+    (run,) = runs_of(uri, experiment_of(uri, ws, 1)).values()
+    assert run.info.status == "FINISHED"
+    assert [b for b, _ in history(uri, run, "val_loss")] == [4, 8, 12]
+    assert same(history(uri, run, "val_loss"), recorded(ws, 1, "validation", "val_loss"))
+    assert same(history(uri, run, "loss"), recorded(ws, 1, "training", "loss"))
+
+    # Its checkpoint (the script's own files) registered as a model version and fetched back.
+    with Registry(ws) as registry:
+        best = registry.best_checkpoints(1)[0]
+    cli("model", "create", "core", workspace=ws, uri=uri)
+    out = cli("model", "register-version", "core", best.uuid, "--json", workspace=ws, uri=uri)
+    version = json.loads(out.stdout)
+    assert version["run_id"] == run.info.run_id
+    assert version["tags"]["lightning_bridge.checkpoint_uuid"] == best.uuid
+    back = tmp_path / "core-1"
+    cli("checkpoint", "download", "models:/core/1", "--out", str(back), workspace=ws, uri=uri)
+    kept = pathlib.Path(best.location)
+    assert sorted(p.name for p in back.iterdir()) == ["metadata.json", "shard.0", "state.pt"]
+    for name in ("metadata.json", "state.pt"):
+        assert (back / name).read_bytes() == (kept / name).read_bytes()
 
 
 @pytest.mark.search

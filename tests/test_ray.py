@@ -382,7 +382,8 @@ def test_experiment_kill_ends_a_search_on_ray(
 ) -> None:
     """`experiment kill` ends the running trials at once (their actors and processes gone),
     records them stopped, and the coordinator ends. Every trial is held after 2 batches (of
-    its first rung's 4) and never released: none can complete before the kill."""
+    its first rung's 4) and never released: none can complete before the kill, and both of
+    the search's concurrent trials are held when it comes."""
     gate = sf.Gate.at(tmp_path / "gate")
     config = copy.deepcopy(sf.ASHA_CONFIG)
     config["hyperparameters"].update(gate.hparams(2))
@@ -390,7 +391,7 @@ def test_experiment_kill_ends_a_search_on_ray(
     ws = tmp_path / "ws"
     coordinator = lb_start(*on_ray(path, ws, "--address", ray_cluster.address), cwd=tmp_path)
     try:
-        gate.wait(seen=lambda: _search_trials(ws))
+        gate.wait(2, seen=lambda: _search_trials(ws))
         killed = lb("experiment", "kill", "1", "--workspace", str(ws), cwd=tmp_path)
         assert killed.returncode == 0, _shown(killed)
     finally:

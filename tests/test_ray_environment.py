@@ -15,6 +15,8 @@ from lightning_bridge.record._registry import Registry
 from tests._env_probes import TRIAL_PROBE
 from tests._folders import BASE_CONFIG, write_folder
 from tests._ray_cluster import RayCluster, ray_cluster_fixture  # noqa: F401 - fixture
+from tests._servers import moto_server, s3_filesystem
+from tests.test_secrets import BUCKET, RECORD_FILES, SecretRun
 from tests.test_slurm import lb
 
 pytestmark = pytest.mark.ray
@@ -56,3 +58,16 @@ def test_both_nodes_processes_see_the_configs_variables(
     describe = lb("experiment", "describe", "1", "--workspace", str(ws), cwd=folder)
     assert describe.returncode == 0 and "COMPLETED" in describe.stdout
     assert VALUE not in done.stdout + done.stderr
+
+
+def test_secrets_reach_the_ray_trial_and_nobody_else(
+    tmp_path: pathlib.Path, ray_cluster: RayCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The local launcher's secrets sweep (`test_secrets.py`) on Ray: no actor's or worker's
+    argument list holds a secret, nor the files, the record's commands or the bucket."""
+    monkeypatch.setenv("RAY_ADDRESS", ray_cluster.address)
+    with moto_server() as endpoint:
+        s3_filesystem(endpoint).mkdir(BUCKET)
+        run = SecretRun.at(tmp_path, endpoint)
+        printed = run.run("--launcher", "ray", "--accelerator", "cpu")
+        run.check_nobody_else(printed, endpoint, RECORD_FILES)

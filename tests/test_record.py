@@ -203,7 +203,7 @@ def test_a_tensorboard_folder_does_not_pass_for_the_package(
     package; with the real package absent the run logs CSV instead of crashing."""
     import importlib.machinery
 
-    from lightning_bridge.translation.fit import _init
+    from lightning_bridge.translation.services import _logger_reports as _init
 
     (tmp_path / "tensorboard" / "events").mkdir(parents=True)
 

@@ -287,3 +287,29 @@ def test_a_grid_over_constants_alone_runs_their_one_trial(tmp_path: pathlib.Path
     [trial] = search.trials
     assert (trial.state, trial.batches_trained, trial.hparams) == ("COMPLETED", 4, hparams)
     assert search.validations[trial.id] == [4]
+
+
+def test_experiment_kill_ends_a_search_on_this_machine(tmp_path: pathlib.Path) -> None:
+    """`experiment kill` on a local search: both running trials end at once, recorded
+    STOPPED ("killed"), and the search's worker starts none of the other two and ends. Both
+    trials are held after 2 batches (of their first rung's 4) and never released: none can
+    complete, and without the kill the search could not end."""
+    gate = sf.Gate.at(tmp_path / "gate")
+    config = copy.deepcopy(ASHA)
+    config["hyperparameters"].update(gate.hparams(2))
+    path = sf.write_folder(tmp_path, config, "folder", sf.TINY)
+    workspace = tmp_path / "workspace"
+    log = tmp_path / "run.log"
+    run = sf.start(["run", str(path), "--workspace", str(workspace)], tmp_path, log)
+    sf.wait_for(lambda: gate.reached() == 2, run, 240, "both trials held", log)
+    killed = sf.start(["experiment", "kill", "1", "--workspace", str(workspace)], tmp_path,
+                      tmp_path / "kill.log")  # fmt: skip
+    assert killed.wait(timeout=120) == 0, (tmp_path / "kill.log").read_text()
+    out = sf.finish_logged(run, log)
+    with Registry(workspace) as registry:
+        trials = registry.trials(1)
+    assert [(t.state, t.message.split(" (")[0]) for t in trials] == [("STOPPED", "killed")] * 2, (
+        trials,
+        out,
+    )
+    assert "The experiment is paused: no other trial starts" in out, out

@@ -286,9 +286,16 @@ def test_a_task_of_a_job_across_nodes_knows_its_node_and_its_neighbours(
         "SLURM_NODEID": "1",
         "SLURM_NTASKS": "4",
         "SLURM_STEP_TASKS_PER_NODE": "2(x2)",
+        "SLURM_JOB_ID": "104321",
     }
     env = task_environment(slurm)
-    assert env == {"RANK": "3", "LOCAL_RANK": "1", "NODE_RANK": "1", "LOCAL_WORLD_SIZE": "2"}
+    assert env == {
+        "RANK": "3",
+        "LOCAL_RANK": "1",
+        "NODE_RANK": "1",
+        "LOCAL_WORLD_SIZE": "2",
+        "MASTER_PORT": "19321",  # Lightning's Slurm environment's port of job 104321
+    }
     assert "GROUP_RANK" not in env  # Lightning keeps its Slurm environment
     uneven = task_environment({**slurm, "SLURM_STEP_TASKS_PER_NODE": "3,1"})
     assert uneven["LOCAL_WORLD_SIZE"] == "1"  # node 1 runs one of the four

@@ -11,10 +11,13 @@ import pathlib
 
 import pytest
 
+from lightning_bridge.experiment.launch.slurm._launcher import HOOK_ENV
 from lightning_bridge.record._registry import Registry
 from tests._env_probes import HOOK, TRIAL_PROBE
-from tests._folders import BASE_CONFIG, write_folder
+from tests._folders import BASE_CONFIG, workspace, write_folder
+from tests._servers import moto_server, s3_filesystem
 from tests._slurm_cluster import SlurmCluster, slurm_cluster_fixture  # noqa: F401 - fixture
+from tests.test_secrets import BUCKET, RECORD_FILES, SecretRun
 from tests.test_slurm import lb
 
 VALUE = "value-only-in-the-config-7d1f"
@@ -58,3 +61,18 @@ def test_every_task_of_a_two_node_job_sees_the_configs_variables(
     script = (ws / "experiments/1/trials/1/job.sh").read_text()
     assert "srun" in script and VALUE not in script
     assert VALUE not in done.stdout + done.stderr
+
+
+@pytest.mark.slurm
+def test_secrets_reach_the_slurm_trial_and_nobody_else(
+    tmp_path: pathlib.Path, slurm_cluster: SlurmCluster
+) -> None:
+    """The local launcher's secrets sweep (`test_secrets.py`) on Slurm: the job's sbatch and
+    srun lines hold no secret; its script and the startup hook's exports, which hold the
+    token, are 0600."""
+    with moto_server() as endpoint:
+        s3_filesystem(endpoint).mkdir(BUCKET)
+        run = SecretRun.at(tmp_path, endpoint)
+        printed = run.run("--launcher", "slurm", "--accelerator", "cpu")
+        assert (workspace(run.folder) / "experiments/1/trials/1/job.sh").is_file()
+        run.check_nobody_else(printed, endpoint, (*RECORD_FILES, HOOK_ENV))

@@ -28,6 +28,7 @@ from collections.abc import Iterable
 import pathspec
 
 from lightning_bridge._errors import InvalidArgumentError
+from lightning_bridge._secrets import redact_config_file
 
 logger = logging.getLogger("lightning_bridge")
 
@@ -175,8 +176,11 @@ def copy_code(
     dest: pathlib.Path,
     exclude: Iterable[pathlib.Path] = (),
     max_bytes: int = MAX_CODE_BYTES,
+    secrets: list[str] | None = None,
 ) -> bool:
-    """Copy `root`'s code files into `dest`; False (and one warning) when over `max_bytes`."""
+    """Copy `root`'s code files into `dest`; False (and one warning) when over `max_bytes`.
+    A file holding one of `secrets` (the config's secret values) is copied with them masked
+    (`_secrets.redact_config_file`): a checkpoint is shared, its config is not."""
     exclude = [p.resolve() for p in exclude]
     listed = _snapshots.get(root.resolve())
     if listed is not None and root.resolve() in _warned:
@@ -211,6 +215,12 @@ def copy_code(
     for rel in files:
         target = dest / rel
         target.parent.mkdir(parents=True, exist_ok=True)
+        if secrets:
+            data = (root / rel).read_bytes()
+            shown = redact_config_file(data, secrets)
+            if shown != data:
+                target.write_bytes(shown)
+                continue
         shutil.copy2(root / rel, target)
     dest.mkdir(parents=True, exist_ok=True)
     return True

@@ -34,6 +34,7 @@ from typing import IO, Any
 import torch
 
 from lightning_bridge._errors import InvalidArgumentError
+from lightning_bridge._private import dir_mode, group_shared, make_dir
 from lightning_bridge._version import __version__
 from lightning_bridge.checkpoint._code import CODE_DIR, copy_code
 from lightning_bridge.checkpoint._writable import tensor_bytes, write_failure
@@ -200,6 +201,7 @@ def write_checkpoint(
     code_dir: pathlib.Path | None = None,
     code_exclude: tuple[pathlib.Path, ...] = (),
     storage_id: str | None = None,
+    code_secrets: list[str] | None = None,
 ) -> tuple[pathlib.Path, str]:
     """Write one checkpoint under `base_dir/<storage_id>` (a new uuid by default) atomically;
     returns its path and id.
@@ -207,13 +209,15 @@ def write_checkpoint(
     The files go to `.<uuid>.partial`, are fsynced, and the directory is renamed into place
     before `latest` is moved to it; an interrupted save leaves only the `.partial` directory.
     `code_dir` (the experiment folder) is copied into the checkpoint's `code/` (see `_code`),
-    leaving out `base_dir` and `code_exclude`.
+    leaving out `base_dir` and `code_exclude`, with `code_secrets` masked in it.
     """
     storage_id = storage_id or str(uuid_lib.uuid4())
     tmp = partial_dir(base_dir, storage_id)
     try:
-        base_dir.mkdir(parents=True, exist_ok=True)
-        tmp.mkdir()
+        make_dir(base_dir)
+        tmp.mkdir(mode=dir_mode())
+        if group_shared():
+            os.chmod(tmp, dir_mode())
         # Through a Python file, so a failed write raises OSError with its errno (a full disk
         # is ENOSPC), not torch's "unexpected pos" RuntimeError.
         with open(tmp / STATE_FILE, "wb") as state_file:
@@ -226,7 +230,14 @@ def write_checkpoint(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     final = seal_checkpoint(
-        base_dir, storage_id, trial_state, load_data, code_dir, code_exclude, tensor_bytes(payload)
+        base_dir,
+        storage_id,
+        trial_state,
+        load_data,
+        code_dir,
+        code_exclude,
+        tensor_bytes(payload),
+        code_secrets,
     )
     return final, storage_id
 
@@ -244,10 +255,12 @@ def seal_checkpoint(
     code_dir: pathlib.Path | None = None,
     code_exclude: tuple[pathlib.Path, ...] = (),
     size: int = 0,
+    code_secrets: list[str] | None = None,
 ) -> pathlib.Path:
     """Complete a checkpoint whose state files are in its `partial_dir` (written by this
     process, or by every process of a sharded save): the progress, load data, metadata and
-    code, fsynced, renamed into place, then `latest`. `size` (bytes) is named if it fails."""
+    code (`code_secrets` masked in it), fsynced, renamed into place, then `latest`. `size`
+    (bytes) is named if it fails."""
     final = base_dir / storage_id
     tmp = partial_dir(base_dir, storage_id)
     try:
@@ -269,7 +282,12 @@ def seal_checkpoint(
                 indent=2,
             )
         if code_dir is not None:
-            copy_code(code_dir, tmp / CODE_DIR, exclude=(base_dir, *code_exclude))
+            copy_code(
+                code_dir,
+                tmp / CODE_DIR,
+                exclude=(base_dir, *code_exclude),
+                secrets=code_secrets,
+            )
         _fsync_tree(tmp)
         os.replace(tmp, final)
         _fsync_dir(base_dir)

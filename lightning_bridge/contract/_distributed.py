@@ -4,16 +4,28 @@
 Backed by `torch.distributed` once a process group exists (Lightning's strategies create it,
 or the user did before `init()`); before that, and in a single process, it answers from the
 launcher's environment (torchrun / Lightning set RANK, WORLD_SIZE, LOCAL_RANK, ...).
+
+A Core API script may share objects before (or without) any process group, as Determined's
+`DistributedContext` allowed: its collectives then go through a `torch.distributed` key-value
+store, torchrun's own (under torchrun) or one the chief serves at `chief_ip` (a script that
+starts its own workers, Determined's default port).
 """
 
 from __future__ import annotations
 
+import datetime
 import os
+import pickle
 from typing import Any
 
 import torch.distributed as dist
 
 from lightning_bridge._errors import InvalidArgumentError
+
+# Determined's default port for the chief's inter-process communication, and how long a
+# process waits for the others at a collective.
+CHIEF_PORT = 12360
+_STORE_TIMEOUT_S = 1800
 
 
 def _env_int(*names: str, default: int) -> int:
@@ -35,7 +47,15 @@ class DistributedContext:
         local_size: int | None = None,
         cross_rank: int | None = None,
         cross_size: int | None = None,
+        chief_ip: str | None = None,
+        pub_port: int = CHIEF_PORT,
+        pull_port: int = CHIEF_PORT + 16,
+        port_offset: int = 0,
+        force_tcp: bool = False,
     ) -> None:
+        self._chief_ip = chief_ip
+        self._port = pub_port + port_offset
+        self._store: _StoreCollectives | None = None
         self._fixed = {
             "rank": rank,
             "size": size,
@@ -46,14 +66,40 @@ class DistributedContext:
         }
 
     @classmethod
-    def from_torch_distributed(cls) -> DistributedContext:
-        """The context of an initialised `torch.distributed` process group (e.g. under torchrun)."""
-        if not (dist.is_available() and dist.is_initialized()):
+    def from_torch_distributed(cls, chief_ip: str | None = None) -> DistributedContext:
+        """The context of processes torchrun started (RANK, WORLD_SIZE, LOCAL_RANK,
+        LOCAL_WORLD_SIZE, GROUP_RANK), or of an initialised `torch.distributed` process group."""
+        if not (dist.is_available() and dist.is_initialized()) and "RANK" not in os.environ:
             raise RuntimeError(
-                "DistributedContext.from_torch_distributed() needs an initialised process group: "
-                "call torch.distributed.init_process_group(...) first, or launch with torchrun."
+                "DistributedContext.from_torch_distributed() needs torchrun's environment (RANK, "
+                "WORLD_SIZE, ...) or an initialised process group: launch with torchrun "
+                "(python3 -m determined.launch.torch_distributed in the entrypoint)."
             )
-        return cls()
+        return cls(chief_ip=chief_ip or os.environ.get("DET_CHIEF_IP"))
+
+    @classmethod
+    def from_deepspeed(cls, chief_ip: str | None = None) -> DistributedContext:
+        """The context of processes DeepSpeed's launcher started (RANK, WORLD_SIZE,
+        LOCAL_RANK, LOCAL_SIZE, CROSS_RANK, CROSS_SIZE)."""
+        try:
+            return cls(
+                rank=int(os.environ["RANK"]),
+                size=int(os.environ["WORLD_SIZE"]),
+                local_rank=int(os.environ["LOCAL_RANK"]),
+                local_size=int(os.environ.get("LOCAL_SIZE") or os.environ["LOCAL_WORLD_SIZE"]),
+                cross_rank=int(os.environ.get("CROSS_RANK") or os.environ.get("GROUP_RANK") or 0),
+                cross_size=int(os.environ.get("CROSS_SIZE") or os.environ.get("NUM_NODES") or 1),
+                chief_ip=chief_ip or os.environ.get("DET_CHIEF_IP"),
+            )
+        except KeyError as exc:
+            raise RuntimeError(
+                f"DistributedContext.from_deepspeed() needs DeepSpeed's launcher's environment "
+                f"({exc.args[0]} is not set): launch with deepspeed or torchrun."
+            ) from None
+
+    def close(self) -> None:
+        """Let go of the key-value store the collectives used (if any)."""
+        self._store = None
 
     def _get(self, key: str) -> int:
         fixed = self._fixed[key]
@@ -61,7 +107,14 @@ class DistributedContext:
             return fixed
         initialised = dist.is_available() and dist.is_initialized()
         if key == "rank":
-            return dist.get_rank() if initialised else _env_int("RANK", default=0)
+            if initialised:
+                return dist.get_rank()
+            if "RANK" not in os.environ and "LOCAL_RANK" in os.environ:
+                # Lightning's launcher names a process's node and local rank, not its rank.
+                node = _env_int("NODE_RANK", "GROUP_RANK", default=0)
+                per_node = _env_int("LOCAL_WORLD_SIZE", default=1) if node else 0
+                return node * per_node + _env_int("LOCAL_RANK", default=0)
+            return _env_int("RANK", default=0)
         if key == "size":
             return dist.get_world_size() if initialised else _env_int("WORLD_SIZE", default=1)
         if key == "local_rank":
@@ -128,8 +181,36 @@ class DistributedContext:
     def _collective(self) -> bool:
         return self.size > 1 and dist.is_available() and dist.is_initialized()
 
+    def _without_group(self) -> _StoreCollectives | None:
+        """The store-backed collectives of several processes with no process group (see the
+        module docstring); None for one process, or where a group exists (or may yet: the
+        context answers from the environment and no store is named)."""
+        if self.size <= 1 or self._collective():
+            return None
+        if self._store is None:
+            store = _agent_store() if self._chief_ip is None else None
+            if store is None and self._chief_ip is None and self._fixed["size"] is None:
+                return None
+            if store is None:
+                if self._chief_ip is None:
+                    raise RuntimeError(
+                        f"DistributedContext of {self.size} processes without a process group: "
+                        "give chief_ip (the chief's address) or launch with torchrun."
+                    )
+                store = dist.TCPStore(
+                    self._chief_ip,
+                    self._port,
+                    world_size=self.size,
+                    is_master=self.rank == 0,
+                    timeout=datetime.timedelta(seconds=_STORE_TIMEOUT_S),
+                )
+            self._store = _StoreCollectives(self.rank, self.size, store)
+        return self._store
+
     def broadcast(self, obj: Any) -> Any:
         """The chief's `obj` on every process."""
+        if (store := self._without_group()) is not None:
+            return store.broadcast(obj)
         if not self._collective():
             return obj
         box = [obj]
@@ -138,6 +219,8 @@ class DistributedContext:
 
     def allgather(self, obj: Any) -> list:
         """Every process's `obj`, in rank order, on every process."""
+        if (store := self._without_group()) is not None:
+            return store.allgather(obj)
         if not self._collective():
             return [obj]
         out: list = [None] * self.size
@@ -146,6 +229,9 @@ class DistributedContext:
 
     def gather(self, obj: Any) -> list | None:
         """Every process's `obj` on the chief (rank 0); None elsewhere."""
+        if (store := self._without_group()) is not None:
+            everyone = store.allgather(obj)
+            return everyone if self.rank == 0 else None
         if not self._collective():
             return [obj]
         out: list | None = [None] * self.size if self.rank == 0 else None
@@ -163,6 +249,42 @@ class DistributedContext:
     def gather_local(self, obj: Any) -> list | None:
         """Single-node form of `gather`."""
         return self.gather(obj)
+
+
+def _agent_store() -> Any:
+    """torchrun's key-value store (its agent's, named in the workers' environment), under a
+    prefix of its own; None outside torchrun."""
+    addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+    if not (addr and port and os.environ.get("TORCHELASTIC_RUN_ID")):
+        return None
+    store = dist.TCPStore(
+        addr,
+        int(port),
+        is_master=False,
+        timeout=datetime.timedelta(seconds=_STORE_TIMEOUT_S),
+    )
+    return dist.PrefixStore(f"lightning_bridge.core/{os.environ['TORCHELASTIC_RUN_ID']}", store)
+
+
+class _StoreCollectives:
+    """Object collectives over a key-value store: each call a numbered round, every process
+    writing its object under the round and reading the others' (a read waits for the write)."""
+
+    def __init__(self, rank: int, size: int, store: Any) -> None:
+        self._rank, self._size, self._store = rank, size, store
+        self._round = 0
+
+    def allgather(self, obj: Any) -> list:
+        self._round += 1
+        self._store.set(f"{self._round}/{self._rank}", pickle.dumps(obj))
+        return [pickle.loads(self._store.get(f"{self._round}/{r}")) for r in range(self._size)]
+
+    def broadcast(self, obj: Any) -> Any:
+        self._round += 1
+        if self._rank == 0:
+            self._store.set(f"{self._round}/0", pickle.dumps(obj))
+            return obj
+        return pickle.loads(self._store.get(f"{self._round}/0"))
 
 
 def split_batch_size(hparams: dict[str, Any] | None, slots: int) -> tuple[int | None, int | None]:

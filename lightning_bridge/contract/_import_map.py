@@ -38,6 +38,12 @@ PROVIDED = (
     "determined.core",
     "determined.core._context",
     "determined.core._tensorboard_mode",
+    "determined.experimental",
+    "determined.experimental.core_v2",
+    "determined.lightning",
+    "determined.lightning.experimental",
+    "determined.launch",
+    "determined.launch.wrap_rank",
 )
 
 # Where Determined's Core API lives on the bridge (a layer above this one: named, not imported).
@@ -47,6 +53,21 @@ _CORE_PRIVATE = {
     "determined.core._context": "lightning_bridge.core._context",
     "determined.core._tensorboard_mode": "lightning_bridge.core._tensorboard_mode",
 }
+
+# Determined modules answered by a bridge module as it is at each access (`core_v2`'s contexts
+# are module attributes that `init()` sets), and the packages that hold only them.
+_PROXIED = {
+    "determined.experimental.core_v2": "lightning_bridge.core._core_v2",
+    "determined.lightning.experimental": "lightning_bridge.core._lightning",
+}
+_PARENTS = {
+    "determined.experimental": "core_v2",
+    "determined.lightning": "experimental",
+    "determined.launch": "wrap_rank",
+}
+# Determined modules run as programs (`python3 -m determined.launch.wrap_rank`): the bridge's
+# module file, loaded under Determined's name.
+_PROGRAMS = {"determined.launch.wrap_rank": "_wrap_rank.py"}
 
 # Determined's `logging` format (`logging.basicConfig(format=det.LOG_FORMAT)`), the same string.
 LOG_FORMAT = "%(levelname)s: [%(process)s] %(name)s: %(message)s"
@@ -96,16 +117,17 @@ _CLUSTER = "only on a Determined cluster (`det e create`)"
 # Determined's modules (and attributes naming them) the mapping refuses, with the fix.
 REFUSED = {
     "determined.experimental": (
-        "the Python SDK and unmanaged runs (client, core_v2, Checkpoint, Model) talk to a "
-        "Determined master; lightning-bridge keeps experiments, checkpoints and models in its "
-        "workspace (`lightning-bridge experiment / checkpoint / model`)"
+        "the Python SDK (client, Determined, Checkpoint, Model) talks to a Determined master; "
+        "lightning-bridge keeps experiments, checkpoints and models in its workspace "
+        "(`lightning-bridge experiment / checkpoint / model`); determined.experimental.core_v2 "
+        "is mapped"
     ),
     "determined.pytorch.experimental": (
         "batch inference (torch_batch_process, TorchBatchProcessor) runs " + _CLUSTER
     ),
     "determined.pytorch.dsat": "DeepSpeed autotuning (dsat) runs " + _CLUSTER,
     "determined.launch": (
-        "Determined's launchers are entrypoint words: write `python3 -m "
+        "Determined's launchers (but wrap_rank) are entrypoint words: write `python3 -m "
         "determined.launch.torch_distributed python3 train.py` as the config's entrypoint and "
         "`lightning-bridge run` starts the processes with torchrun (or run `torchrun "
         "--nproc_per_node=N train.py` yourself)"
@@ -195,6 +217,27 @@ def _build(name: str) -> types.ModuleType:
         module.__all__ = list(PYTORCH_NAMES)  # type: ignore[attr-defined]
         setattr(module, "__dir__", lambda: sorted(PYTORCH_NAMES))  # noqa: B010
         return _with_getattr(module, pytorch_attr)
+    if name in _PROXIED:
+        source_name = _PROXIED[name]
+
+        def proxied_attr(attr: str) -> Any:
+            return getattr(importlib.import_module(source_name), attr)
+
+        module.__all__ = list(  # type: ignore[attr-defined]
+            getattr(importlib.import_module(source_name), "__all__", [])
+        )
+        return _with_getattr(module, proxied_attr)
+    if name in _PARENTS:
+        child = _PARENTS[name]
+
+        def parent_attr(attr: str) -> Any:
+            if attr == child:
+                return importlib.import_module(f"{name}.{child}")
+            if attr.startswith("__"):
+                raise AttributeError(attr)
+            raise _refused_attribute(name, attr)
+
+        return _with_getattr(module, parent_attr)
     if name in _CORE_PRIVATE:
         source = importlib.import_module(_CORE_PRIVATE[name])
         for attr in dir(source):
@@ -234,7 +277,12 @@ def _build(name: str) -> types.ModuleType:
     return _with_getattr(module, determined_attr)
 
 
-_LEAVES = ("determined.pytorch.samplers", "determined.pytorch.deepspeed", *_CORE_PRIVATE)
+_LEAVES = (
+    "determined.pytorch.samplers",
+    "determined.pytorch.deepspeed",
+    *_CORE_PRIVATE,
+    *_PROXIED,
+)
 
 
 class DeterminedFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
@@ -250,6 +298,9 @@ class DeterminedFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
             return None
         if fullname not in PROVIDED:
             raise ModuleNotFoundError(_refusal(fullname), name=fullname)
+        if fullname in _PROGRAMS:
+            source = pathlib.Path(__file__).with_name(_PROGRAMS[fullname])
+            return importlib.util.spec_from_file_location(fullname, source)
         return importlib.util.spec_from_loader(fullname, self, is_package=fullname not in _LEAVES)
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:

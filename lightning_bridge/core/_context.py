@@ -2,22 +2,31 @@
 
 Off `lightning-bridge run` (a plain `python3 train.py`) it answers as Determined 0.38.1's
 off-cluster mode does: metrics are logged, the searcher yields one operation of length 1,
-nothing preempts, and checkpoints go to `checkpoint_storage` (the bridge's storage).
+nothing preempts, and checkpoints go to `checkpoint_storage` (the bridge's storage). Under the
+command it answers as a Determined cluster does, through the trial's services (`CoreRun`): the
+record, the config's checkpoint storage and retention, a search, TensorBoard, the MLflow
+mirror, and the stop signals the launchers send.
 """
 
 from __future__ import annotations
 
 import logging
+import types
 from typing import Any
 
-from lightning_bridge._errors import InvalidArgumentError
+from lightning_bridge._errors import is_invalid_hp
 from lightning_bridge.contract._distributed import DistributedContext
 from lightning_bridge.core._checkpoint import CheckpointContext, storage_from_argument
 from lightning_bridge.core._preempt import PreemptContext, PreemptMode
-from lightning_bridge.core._searcher import SearcherContext
+from lightning_bridge.core._run import CoreRun
+from lightning_bridge.core._searcher import (
+    SearcherContext,
+    SearcherContextMissing,
+    configured_length,
+)
 from lightning_bridge.core._tensorboard_mode import TensorboardMode
-from lightning_bridge.core._train import TrainContext
-from lightning_bridge.translation.services._cluster_info import get_cluster_info
+from lightning_bridge.core._train import EarlyExitReason, TrainContext
+from lightning_bridge.translation.services._run_description import RunDescription
 
 logger = logging.getLogger("lightning_bridge.core")
 
@@ -74,6 +83,7 @@ class Context:
         searcher: SearcherContext,
         profiler: ProfilerContext | None = None,
         experimental: ExperimentalCoreContext | None = None,
+        run: CoreRun | None = None,
     ) -> None:
         self.checkpoint = checkpoint
         self.distributed = distributed
@@ -82,9 +92,12 @@ class Context:
         self.searcher = searcher
         self.profiler = profiler or ProfilerContext()
         self.experimental = experimental or ExperimentalCoreContext()
+        self._run = run
 
     def start(self) -> None:
         self.preempt.start()
+        if self._run is not None:
+            self._run.start()
 
     def __enter__(self) -> Context:
         self.start()
@@ -96,12 +109,26 @@ class Context:
         """Determined sends alerts through its master's webhooks; here they are logged."""
         logger.warning("alert (%s): %s: %s", level, title or "", description or "")
 
-    def close(self, exc: BaseException | None = None) -> None:
+    def close(
+        self,
+        exc_type: type | None = None,
+        exc_val: BaseException | None = None,
+        exc_tb: types.TracebackType | None = None,
+    ) -> None:
+        """Stop the contexts; under a run, record how the trial ended (`exc_val`: the
+        exception leaving the script's `with`, if any)."""
         self.preempt.close()
         self.profiler.close()
+        if self._run is not None:
+            self._run.close(exc_val)
 
     def __exit__(self, typ: Any, value: BaseException | None, tb: Any) -> None:
-        self.close(value)
+        if value is not None and is_invalid_hp(value):
+            self.train.report_early_exit(EarlyExitReason.INVALID_HP)
+            self.close(typ, value, tb)
+            logger.info("InvalidHP detected during Trial init, converting InvalidHP to exit(0)")
+            raise SystemExit(0)
+        self.close(typ, value, tb)
 
 
 def init(
@@ -112,21 +139,50 @@ def init(
     tensorboard_mode: TensorboardMode = TensorboardMode.AUTO,
 ) -> Context:
     """Determined's `core.init()`: the contexts of a Core API script (see the module docstring)."""
-    if get_cluster_info() is not None:
-        raise InvalidArgumentError(
-            "det.core.init() under `lightning-bridge run` is not supported yet: run the script "
-            "directly (`python3 train.py`, off-cluster mode), or write it with the Trainer API "
-            "(pytorch.init() and Trainer.fit()) to have it recorded."
-        )
     distributed = distributed or DummyDistributedContext()
-    TensorboardMode(tensorboard_mode)
-    storage = storage_from_argument(checkpoint_storage)
-    if checkpoint_storage is None:
-        logger.info("no checkpoint_storage given; storing checkpoints in %s", storage.root)
+    tensorboard_mode = TensorboardMode(tensorboard_mode)
+    described = RunDescription.current()
+    if described is None:
+        storage = storage_from_argument(checkpoint_storage)
+        if checkpoint_storage is None:
+            logger.info("no checkpoint_storage given; storing checkpoints in %s", storage.root)
+        return Context(
+            checkpoint=CheckpointContext(distributed, storage),
+            distributed=distributed,
+            preempt=PreemptContext(distributed, preempt_mode),
+            train=TrainContext(None),
+            searcher=SearcherContext(distributed),
+        )
+    return context_for_run(
+        described, distributed, checkpoint_storage, preempt_mode, tensorboard_mode
+    )
+
+
+def context_for_run(
+    described: RunDescription,
+    distributed: DistributedContext,
+    checkpoint_storage: str | dict[str, Any] | None = None,
+    preempt_mode: PreemptMode = PreemptMode.WorkersAskChief,
+    tensorboard_mode: TensorboardMode = TensorboardMode.AUTO,
+) -> Context:
+    """The contexts of a recorded trial's script (`described`): its services (`CoreRun`)."""
+    run = CoreRun(described, distributed, tensorboard_mode == TensorboardMode.AUTO)
+    if checkpoint_storage is not None and described.options.get("unmanaged") is None:
+        logger.warning(
+            "core.init(checkpoint_storage=...) is not used under lightning-bridge run: the "
+            "trial's checkpoints go to the config's checkpoint_storage (%s), where `experiment "
+            "continue` and `checkpoint list` find them.",
+            run.storage.root,
+        )
+    length, units = configured_length(described.config)
+    searcher = SearcherContext(distributed, length, units) if length else SearcherContextMissing()
     return Context(
-        checkpoint=CheckpointContext(distributed, storage),
+        checkpoint=CheckpointContext(distributed, run.storage, run),
         distributed=distributed,
-        preempt=PreemptContext(distributed, preempt_mode),
-        train=TrainContext(None),
-        searcher=SearcherContext(distributed),
+        preempt=PreemptContext(distributed, preempt_mode, run),
+        train=TrainContext(
+            run.tensorboard_dir, run, manual_tensorboard=tensorboard_mode == TensorboardMode.MANUAL
+        ),
+        searcher=searcher,
+        run=run,
     )

@@ -1,12 +1,15 @@
-"""`core_context.searcher`: the training length a script is asked for (one operation off a
-run, of length 1, as Determined's off-cluster mode yields)."""
+"""`core_context.searcher`: the training length a script is asked for. As on Determined 0.38
+the searcher yields one operation: of length 1 off a run (the off-cluster answer), of the
+config's `searcher.max_length` under `lightning-bridge run`. A search stops a trial early
+through the preemption signal, not through operations."""
 
 from __future__ import annotations
 
 import enum
 import logging
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 from lightning_bridge.contract._distributed import DistributedContext
 
@@ -22,6 +25,9 @@ class Unit(enum.Enum):
     EPOCHS = "EPOCHS"
     RECORDS = "RECORDS"
     BATCHES = "BATCHES"
+
+
+_UNITS = {"epochs": Unit.EPOCHS, "records": Unit.RECORDS, "batches": Unit.BATCHES}
 
 
 class SearcherOperation:
@@ -52,12 +58,30 @@ class SearcherOperation:
         logger.info("SearcherOperation Complete: searcher_metric=%s", searcher_metric)
 
 
-class SearcherContext:
-    """One operation of length 1 (Determined's off-cluster answer), agreed across ranks."""
+def configured_length(config: Mapping[str, Any]) -> tuple[int | None, Unit | None]:
+    """`searcher.max_length` of an experiment config and its unit (None: not given; a bare
+    number has no unit), as Determined's Core API reads them."""
+    searcher = config.get("searcher") or {}
+    length = searcher.get("max_length")
+    unit = None
+    if isinstance(length, Mapping):
+        if len(length) == 1:
+            unit = _UNITS.get(str(next(iter(length))))
+        length = next(iter(length.values()), None)
+    if "unit" in searcher:
+        unit = _UNITS.get(str(searcher["unit"]))
+    return (int(length) if isinstance(length, int) and length else None), unit
 
-    def __init__(self, dist: DistributedContext, length: int = 1) -> None:
+
+class SearcherContext:
+    """One operation (see the module docstring), agreed across ranks."""
+
+    def __init__(
+        self, dist: DistributedContext, length: int = 1, units: Unit | None = Unit.EPOCHS
+    ) -> None:
         self._dist = dist
         self._length = length
+        self._units = units
 
     def operations(
         self, searcher_mode: SearcherMode = SearcherMode.WorkersAskChief, auto_ack: bool = True
@@ -88,4 +112,30 @@ class SearcherContext:
         """Nothing to acknowledge off a run."""
 
     def get_configured_units(self) -> Unit | None:
-        return Unit.EPOCHS
+        return self._units
+
+
+_MISSING = (
+    "SearcherContext was not created because your experiment config does not have the "
+    "searcher.max_length set. Both searcher.max_length and the SearcherContext are deprecated "
+    "(Determined 0.38): set the training length in the training code instead and avoid "
+    "core_context.searcher."
+)
+
+
+class SearcherContextMissing(SearcherContext):
+    """A run whose config has no `searcher.max_length`: every call says so (as Determined)."""
+
+    def __init__(self) -> None:
+        pass
+
+    def operations(
+        self, searcher_mode: SearcherMode = SearcherMode.WorkersAskChief, auto_ack: bool = True
+    ) -> Iterator[SearcherOperation]:
+        raise ValueError(_MISSING)
+
+    def acknowledge_out_of_ops(self) -> None:
+        raise ValueError(_MISSING)
+
+    def get_configured_units(self) -> Unit | None:
+        raise ValueError(_MISSING)

@@ -14,20 +14,18 @@ import hashlib
 from typing import Any
 
 from sqlalchemy import create_engine, event
-from sqlalchemy.engine import Engine, make_url
+from sqlalchemy.engine import Engine
 
 from lightning_bridge import _postgres as _driver
+from lightning_bridge._secrets import redact_url
 
 _KEY = int.from_bytes(hashlib.sha256(b"lightning-bridge:record").digest()[:8], "big", signed=True)
 CONNECT_TIMEOUT_S = 10
 
 
 def shown(url: str) -> str:
-    """The URL as messages show it (the password hidden)."""
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:  # noqa: BLE001 - a URL SQLAlchemy cannot parse is shown as given
-        return url
+    """The URL as messages show it (the password hidden: `_secrets.redact_url`)."""
+    return redact_url(url)
 
 
 def with_driver(url: str) -> str:

@@ -10,6 +10,7 @@ from lightning_bridge.record._schema import (
     ExperimentRow,
     JobRow,
     MetricRow,
+    RunReportRow,
     TrialRow,
 )
 
@@ -131,3 +132,21 @@ class Job:
 def as_dict(record: Any) -> dict[str, Any]:
     """A record as a JSON-ready dict (for `--json`)."""
     return dataclasses.asdict(record)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunReport:
+    """A trial's last progress (0 to 1), status line and run metadata, as its script
+    reported them (None: not reported)."""
+
+    trial_id: int
+    progress: float | None
+    status: str | None
+    run_metadata: dict[str, Any] | None
+
+    @classmethod
+    def of(cls, row: RunReportRow) -> RunReport:
+        metadata = row.run_metadata
+        return cls(
+            row.trial_id, row.progress, row.status, None if metadata is None else dict(metadata)
+        )

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import numbers
 import os
+import re
 import socket
 import time
 from collections.abc import Iterable, Iterator
@@ -26,7 +27,7 @@ from sqlalchemy.orm import Session
 from lightning_bridge._errors import InvalidArgumentError
 from lightning_bridge._process import pid_alive
 from lightning_bridge.record._postgres import postgres_engine, shown
-from lightning_bridge.record._records import Checkpoint, Experiment, Job, Metric, Trial
+from lightning_bridge.record._records import Checkpoint, Experiment, Job, Metric, RunReport, Trial
 from lightning_bridge.record._schema import (
     SCHEMA_VERSION,
     Base,
@@ -36,6 +37,7 @@ from lightning_bridge.record._schema import (
     JobRow,
     Meta,
     MetricRow,
+    RunReportRow,
     TrialRow,
     TrialState,
 )
@@ -43,6 +45,9 @@ from lightning_bridge.record._settings import WorkspaceSettings
 from lightning_bridge.record._sqlite import BUSY_TIMEOUT_S, sqlite_engine
 from lightning_bridge.record._unusable import record_unreachable, unusable_registry
 from lightning_bridge.record._workspace import Workspace
+
+# A metric group's name (Determined forbids "." in one; the record keeps 16 characters).
+_GROUP = re.compile(r"[A-Za-z0-9_-]{1,16}")
 
 # A scheduler job in one of these states may still run the trial (Slurm's names). A running
 # job passes through SIGNALING (its `--signal` being sent before the time limit), STAGE_OUT and
@@ -259,15 +264,49 @@ class Registry:
         with self._session() as session:
             return [Job.of(r) for r in session.scalars(query)]
 
+    # ----- what a trial's script says of itself (the Core API) -----
+
+    def report_run(self, trial_id: int, **fields: Any) -> None:
+        """Replace the trial's last `progress`, `status` or `run_metadata` (the fields given)."""
+        with self._session() as session:
+            self._trial_row(session, trial_id)
+            row = session.get(RunReportRow, int(trial_id))
+            if row is None:
+                row = RunReportRow(trial_id=int(trial_id))
+                session.add(row)
+            for name, value in fields.items():
+                setattr(row, name, value)
+            row.updated_at = time.time()
+
+    def run_reports(self, experiment_id: int) -> dict[int, RunReport]:
+        """The experiment's trials' last reports, by trial id (a trial that reported none is
+        left out)."""
+        query = (
+            select(RunReportRow)
+            .join(TrialRow, TrialRow.id == RunReportRow.trial_id)
+            .where(TrialRow.experiment_id == int(experiment_id))
+        )
+        with self._session() as session:
+            return {r.trial_id: RunReport.of(r) for r in session.scalars(query)}
+
+    def run_report(self, trial_id: int) -> RunReport | None:
+        with self._session() as session:
+            row = session.get(RunReportRow, int(trial_id))
+            return None if row is None else RunReport.of(row)
+
     # ----- metrics -----
 
     def add_metrics(
         self, trial_id: int, kind: str, batches: int, epochs: int, values: dict[str, Any]
     ) -> None:
-        """Record one report: `kind` "training" (a reporting window's averages) or
-        "validation", at the batch count it belongs to."""
-        if kind not in ("training", "validation"):
-            raise ValueError(f"kind must be 'training' or 'validation', not {kind!r}")
+        """Record one report: `kind` "training" (a reporting window's averages),
+        "validation", or another group a Core API script names (`report_metrics`), at the
+        batch count it belongs to."""
+        if not _GROUP.fullmatch(kind):
+            raise ValueError(
+                f"metric group {kind!r}: a group is 1 to 16 letters, digits, '_' or '-' "
+                "(training, validation, or a name of your own without '.')"
+            )
         with self._session() as session:
             session.add(
                 MetricRow(

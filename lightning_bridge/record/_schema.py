@@ -141,3 +141,17 @@ class JobRow(Base):
     output: Mapped[str] = mapped_column(Text, default="")  # the job's output file
     restarts: Mapped[int] = mapped_column(Integer, default=0)
     updated_at: Mapped[float] = mapped_column(Float)
+
+
+class RunReportRow(Base):
+    """What a trial's script said of itself beyond metrics (the Core API's `report_progress`,
+    `set_status` and `set_metadata`): one row per trial, each report replacing the last. A
+    table of its own, so that a registry written before has it added on open."""
+
+    __tablename__ = "run_reports"
+    trial_id: Mapped[int] = mapped_column(ForeignKey("trials.id"), primary_key=True)
+    progress: Mapped[float | None] = mapped_column(Float, nullable=True)
+    status: Mapped[str | None] = mapped_column(Text, nullable=True)
+    # Run metadata as `set_metadata` last gave it (None: never set).
+    run_metadata: Mapped[dict[str, Any] | None] = mapped_column(JSON_DOC, nullable=True)
+    updated_at: Mapped[float] = mapped_column(Float)

@@ -18,6 +18,8 @@ from typing import Any
 from sqlalchemy import create_engine, event
 from sqlalchemy.engine import Engine
 
+from lightning_bridge._private import create_file, make_dir
+
 BUSY_TIMEOUT_S = 120
 _RETRY_PAUSE_S = 0.05
 
@@ -37,8 +39,11 @@ def _use_wal(connection: sqlite3.Connection, timeout_s: float = BUSY_TIMEOUT_S) 
 
 def sqlite_engine(path: pathlib.Path, busy_timeout_s: float = BUSY_TIMEOUT_S) -> Engine:
     """An engine on the database file `path` (created with its folder when missing); a
-    writer waits up to `busy_timeout_s` for another's lock."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    writer waits up to `busy_timeout_s` for another's lock. A new folder and file are private
+    (`_private`): the record holds the configs, secrets included; SQLite gives its journal
+    files the database's mode."""
+    make_dir(path.parent)
+    create_file(path)
     engine = create_engine(
         f"sqlite:///{path}",
         connect_args={"timeout": busy_timeout_s, "isolation_level": None},

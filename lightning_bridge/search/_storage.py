@@ -33,6 +33,8 @@ from typing import Any
 
 from lightning_bridge._errors import InvalidArgumentError
 from lightning_bridge._postgres import with_driver
+from lightning_bridge._private import create_file, make_dir
+from lightning_bridge._secrets import redact_url
 from lightning_bridge.search._views import SearchSpec
 
 EXTRA = "search"
@@ -122,7 +124,7 @@ def _parse(url: str) -> tuple[str, str, pathlib.Path | None]:
     if scheme in ("postgresql", "postgres"):
         return "postgresql", postgresql_url(url), None
     raise InvalidArgumentError(
-        f"--storage {url!r}: expected a journal file path, sqlite:///FILE or "
+        f"--storage {redact_url(url)!r}: expected a journal file path, sqlite:///FILE or "
         "postgresql://USER:PASSWORD@HOST/DATABASE"
     )
 
@@ -136,6 +138,9 @@ def open_storage(url: str, name: str) -> tuple[Any, SearchLock]:
     else:
         lock = SearchLock(url=url, name=name)
     with lock.hold():
+        if path is not None:
+            make_dir(path.parent)
+            create_file(path)  # private, before Optuna creates it
         if scheme == "journal":
             assert path is not None
             backend = optuna.storages.journal.JournalFileBackend(str(path))

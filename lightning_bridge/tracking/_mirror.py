@@ -15,9 +15,10 @@ Every call sends what MLflow does not have yet, read from the record (the source
   validation metric named like a training one gets `validation_`), with the report's time as
   the timestamp; the run's tag `lightning_bridge.metrics_through` is the time of the last
   report sent, so a report is sent once;
-- artifacts: the experiment config (`config.json`) and, once the trial ended, its log
-  (`trial.log`); each checkpoint as a reference (tag `lightning_bridge.checkpoint.<uuid>`) to
-  its remote location, or, stored locally, logged once under `checkpoints/<uuid>`;
+- artifacts: the experiment config (`config.json`, its secrets masked) and, once the trial
+  ended, its log (`trial.log`); each checkpoint as a reference (tag
+  `lightning_bridge.checkpoint.<uuid>`) to its remote location, or, stored locally, logged
+  once under `checkpoints/<uuid>`;
 - the run's state: RUNNING, FINISHED (COMPLETED), KILLED (STOPPED), FAILED (ERROR).
 
 Creation is serialized by a lock file in the experiment's folder, so the trials of a search
@@ -37,6 +38,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from lightning_bridge._errors import InvalidArgumentError
+from lightning_bridge._private import write_file
+from lightning_bridge._secrets import redact_config
 from lightning_bridge.record._records import Experiment, Trial
 from lightning_bridge.record._registry import Registry
 from lightning_bridge.record._schema import CheckpointState, TrialState
@@ -199,9 +202,7 @@ class Mirror:
         merged = {**data, **values, "runs": {**data.get("runs", {}), **values.get("runs", {})}}
         if merged == data:
             return
-        partial = path.with_name(f".{LINK_FILE}.{os.getpid()}")
-        partial.write_text(json.dumps(merged, indent=1))
-        os.replace(partial, path)
+        write_file(path, json.dumps(merged, indent=1))  # its URI may hold a password
 
     # ----- experiments and runs -----
 
@@ -368,7 +369,7 @@ class Mirror:
         if searcher_stopped(experiment, trial):
             tags[f"{TAG}searcher_stopped"] = f"true (at batch {trial.batches_trained})"
         if f"{TAG}config" not in have_tags:
-            self.client.log_dict(run_id, experiment.config, "config.json")
+            self.client.log_dict(run_id, redact_config(experiment.config), "config.json")
             tags[f"{TAG}config"] = "config.json"
         final = trial.state != TrialState.ACTIVE.value
         log = pathlib.Path(trial.log_file) if trial.log_file else None

@@ -13,7 +13,6 @@ reduced at the end, or the chief's `evaluate_full_dataset` metrics, shared with 
 
 from __future__ import annotations
 
-import numbers
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -25,6 +24,9 @@ from torchmetrics.aggregation import BaseAggregator, MaxMetric, MeanMetric, MinM
 from lightning_bridge._errors import InvalidTrialError, TrialRuntimeError, TrialTypeError
 from lightning_bridge.contract._distributed import DistributedContext
 from lightning_bridge.contract._reducer import Reducer, reducers_for_keys
+from lightning_bridge.translation._values import scalar_items, searcher_value
+
+__all__ = ["scalar_items", "searcher_value"]
 
 
 def _check_names(where: str, out: Mapping[Any, Any]) -> None:
@@ -165,34 +167,6 @@ def reduce_validation_metrics(
             ) from None
         out[key] = _aggregate(reducers[key], values, device)
     return out
-
-
-def scalar_items(metrics: Mapping[str, Any]) -> dict[str, float]:
-    """The metrics that are single numbers, as floats (for loggers and the progress bar)."""
-    out: dict[str, float] = {}
-    for key, value in metrics.items():
-        if isinstance(value, bool):
-            continue
-        if isinstance(value, numbers.Number):
-            out[key] = float(value)  # type: ignore[arg-type]
-        elif isinstance(value, (np.ndarray, np.generic, torch.Tensor)) and np.size(value) == 1:
-            out[key] = float(np.asarray(value).reshape(()))
-    return out
-
-
-def searcher_value(name: str, value: Any) -> float:
-    """The searcher metric as a number to compare validations by (a scalar is required)."""
-    if isinstance(value, (bool, np.bool_)) or np.size(value) != 1:
-        raise TrialRuntimeError(
-            f"The searcher metric {name!r} returned a non-scalar value: {value!r}; the "
-            "searcher compares single numbers."
-        )
-    try:
-        return float(np.asarray(value).reshape(()))
-    except (TypeError, ValueError):
-        raise TrialRuntimeError(
-            f"The searcher metric {name!r} returned a non-numeric value: {value!r}."
-        ) from None
 
 
 class ValidationPass:

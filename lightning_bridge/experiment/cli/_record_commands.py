@@ -127,6 +127,7 @@ def experiment_describe(args: argparse.Namespace) -> int:
         # Where each running trial runs, as its launcher's handle says (as pause/kill reach it).
         handles = {t.id: running_trial(t, recorded_jobs.get(t.id)) for t in trials}
         running = {i: h.describe() for i, h in handles.items() if h is not None}
+        reports = registry.run_reports(exp.id)  # a Core API script's own word on its trial
         data = {
             **as_dict(exp),
             "config": redact_config(exp.config),
@@ -136,8 +137,13 @@ def experiment_describe(args: argparse.Namespace) -> int:
                     **as_dict(t),
                     "validation": [as_dict(m) for m in registry.metrics(t.id, "validation")],
                     "training": [as_dict(m) for m in registry.metrics(t.id, "training")],
+                    # Other groups a Core API script reported (`report_metrics(group, ...)`).
+                    "groups": _other_groups(registry, t.id),
                     "job": jobs.get(t.id),
                     "running": running.get(t.id),
+                    "progress": getattr(reports.get(t.id), "progress", None),
+                    "status": getattr(reports.get(t.id), "status", None),
+                    "metadata": getattr(reports.get(t.id), "run_metadata", None),
                 }
                 for t in trials
             ],
@@ -201,6 +207,15 @@ def experiment_describe(args: argparse.Namespace) -> int:
             print(f"  trial {t['id']}: {t['message']}")
         if t["running"]:
             print(f"  trial {t['id']}: runs now: {t['running']}")
+        if t["progress"] is not None:
+            print(f"  trial {t['id']}: progress {t['progress']:.0%}")
+        if t["status"]:
+            print(f"  trial {t['id']}: status: {t['status']}")
+        if t["metadata"] is not None:
+            shown_metadata = json.dumps(t["metadata"], sort_keys=True)
+            if len(shown_metadata) > 200:
+                shown_metadata = shown_metadata[:197] + "..."
+            print(f"  trial {t['id']}: metadata: {shown_metadata}")
         job = t["job"]
         if job is not None:
             reason = f", {job['reason']}" if job["reason"] else ""
@@ -303,6 +318,8 @@ def _stop_trials(args: argparse.Namespace, kill: bool) -> int:
             running = running_trial(trial, jobs.get(trial.id))
             if running is None:
                 continue
+            if kill:  # recorded first: whatever follows the trial takes its end for a kill
+                registry.trial_ended(trial.id, TrialState.STOPPED, "killed", if_active=True)
             where = running.stop(registry, trial.id, kill, running.key not in signalled)
             signalled.add(running.key)
             done.append({"trial_id": trial.id, "where": where})
@@ -431,3 +448,12 @@ def checkpoint_download(args: argparse.Namespace) -> int:
     else:
         print(f"Downloaded checkpoint {checkpoint.uuid} from {checkpoint.location} to {out}")
     return 0
+
+
+def _other_groups(registry: Registry, trial_id: int) -> dict[str, list[dict[str, Any]]]:
+    """A trial's reports in groups other than training and validation, by group."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for m in registry.metrics(trial_id):
+        if m.kind not in ("training", "validation"):
+            groups.setdefault(m.kind, []).append(as_dict(m))
+    return groups

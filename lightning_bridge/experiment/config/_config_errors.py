@@ -13,6 +13,7 @@ import pydantic
 import yaml
 
 from lightning_bridge._errors import InvalidArgumentError
+from lightning_bridge._secrets import STORAGE_SECRET_KEYS, redact_config
 from lightning_bridge.search import HP_TYPES, SEARCHER_NAMES
 
 Section = TypeVar("Section", bound=pydantic.BaseModel)
@@ -105,8 +106,13 @@ def config_errors(
         message = f"{path}: {_expected(err)}"
         if err["type"] == "missing" and path in _REQUIRED_HINTS:
             message += f" ({_REQUIRED_HINTS[path]})"
-        # An environment variable's value may be a secret: its line names the entry instead.
-        shown = not path.startswith("environment.environment_variables")
+        # An environment variable's value or a storage key may be a secret (`_secrets`): its
+        # line names the entry instead.
+        shown = not path.startswith("environment.environment_variables") and not (
+            path.startswith("checkpoint_storage") and loc and loc[-1] in STORAGE_SECRET_KEYS
+        )
+        if path.startswith("checkpoint_storage") and isinstance(value, dict):
+            value = redact_config({"checkpoint_storage": value})["checkpoint_storage"]
         if shown and err["type"] not in ("missing", "extra_forbidden"):
             message += f", got {as_yaml(value)}"
         lines.append(message)

@@ -24,11 +24,14 @@ _LAUNCHERS = {
 @dataclasses.dataclass
 class Entrypoint:
     """A trial class (`trial="module:Class"`) or a command line (`command`, `python`: whether
-    it starts a Python interpreter, `module`: whether it is `python -m ...`)."""
+    it starts a Python interpreter; `launched`: whether it was behind Determined's
+    `torch_distributed` launcher, which starts one process per slot, where a command alone
+    runs once per node)."""
 
     trial: str | None = None
     command: list[str] = dataclasses.field(default_factory=list)
     python: bool = False
+    launched: bool = False
 
 
 def parse_entrypoint(value: str | list[str] | None) -> Entrypoint:
@@ -92,4 +95,4 @@ def _unwrap_launcher(launcher: str, args: list[str]) -> Entrypoint:
             f"entrypoint: determined.launch.{launcher} needs the training command after "
             f"it, e.g. python3 -m determined.launch.{launcher} python3 train.py"
         )
-    return Entrypoint(command=command, python=bool(_PYTHON.match(command[0])))
+    return Entrypoint(command=command, python=bool(_PYTHON.match(command[0])), launched=True)

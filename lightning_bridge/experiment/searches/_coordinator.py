@@ -232,6 +232,16 @@ class SearchCoordinator:
             except ProcessLookupError:
                 pass
 
+    def _kill_others(self, trial_id: int) -> None:
+        """The experiment was killed from outside: this worker's other trials end too.
+        `experiment kill` kills the trials the record shows running; one this worker started
+        meanwhile (its job or process not yet recorded) would otherwise train on, alone in a
+        killed experiment. A second SIGKILL to a trial the command reached changes nothing."""
+        for other, launched in list(self.running.items()):
+            if other != trial_id:
+                with contextlib.suppress(ProcessLookupError):
+                    launched.process.send_signal(signal.SIGKILL)
+
     def on_signal(self, signum: int, frame: Any) -> None:
         self._signals += 1
         force = self._signals > 1
@@ -376,12 +386,15 @@ class SearchCoordinator:
 
     def _ended(self, trial_id: int, code: int) -> None:
         launched = self.running[trial_id]  # removed once handled: a retry finds it
-        paused = self.registry.trial(trial_id).state == TrialState.STOPPED.value
+        ended = self.registry.trial(trial_id)
+        paused = ended.state == TrialState.STOPPED.value
         if paused and not self._stopping:
-            # It checkpointed and stopped on a signal not this worker's (`experiment pause`):
-            # the experiment is paused; the trial is given back, to go on when continued.
+            # It stopped on a signal not this worker's (`experiment pause` or `kill`): the
+            # experiment is paused; the trial is given back, to go on when continued.
             self.say("The experiment is paused: no other trial starts")
             self._paused = True
+            if ended.message.startswith("killed"):  # `experiment kill` records it first
+                self._kill_others(trial_id)
         stopping = bool(self._signals) or paused
         crashed = self.driver.lost(launched.spec, give_back=stopping)
         recorded = self.registry.trial(trial_id)

@@ -23,6 +23,7 @@ import sys
 from typing import Any
 
 from lightning_bridge._errors import BridgeError, InvalidArgumentError
+from lightning_bridge._secrets import redact_url
 from lightning_bridge.experiment.config._config import ResolvedConfig, parse_config
 from lightning_bridge.experiment.launch._preflight import preflight
 from lightning_bridge.experiment.searches._coordinator import (
@@ -58,15 +59,8 @@ def _error(problem: object) -> int:
 
 
 def shown_storage(url: str) -> str:
-    """A storage URL as printed: a password hidden."""
-    if "://" not in url:
-        return url
-    try:
-        import sqlalchemy
-
-        return str(sqlalchemy.engine.make_url(url).render_as_string(hide_password=True))
-    except Exception:  # noqa: BLE001 (an unparsable URL is shown as given)
-        return url
+    """A storage URL as printed: a password hidden (`_secrets.redact_url`)."""
+    return redact_url(url)
 
 
 def _absolute(storage: str) -> str:

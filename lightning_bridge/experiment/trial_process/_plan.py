@@ -37,7 +37,10 @@ from lightning_bridge.experiment.trial_process._environment import (
     configured_environment,
     trial_variables,
 )
-from lightning_bridge.experiment.trial_process._startup_hook import startup_hook_environment
+from lightning_bridge.experiment.trial_process._startup_hook import (
+    interpreter_first,
+    startup_hook_environment,
+)
 from lightning_bridge.experiment.trial_process._workdir import WORKDIR
 from lightning_bridge.search._space import trial_draw
 from lightning_bridge.translation._engine_settings import EngineSettings
@@ -251,6 +254,13 @@ DEEPSPEED_TRIAL_COMMAND = [
 ]
 
 
+def _deepspeed_processes(plan: Plan) -> Plan:
+    """The plan of a multi-process DeepSpeedTrial: its processes are torchrun's (as behind
+    Determined's launcher), each running `DEEPSPEED_TRIAL_COMMAND`."""
+    entrypoint = Entrypoint(command=list(DEEPSPEED_TRIAL_COMMAND), python=True, launched=True)
+    return dataclasses.replace(plan, entrypoint=entrypoint)
+
+
 def load_trial_class(spec: str, context_dir: pathlib.Path) -> type:
     """Import `module:Class` from the context directory (first on sys.path)."""
     from lightning_bridge.contract._trial import is_trial_class
@@ -324,27 +334,45 @@ def run_trial_class(trial_class: type, run: RunDescription) -> None:
         pytorch.Trainer(trial_class(context), context).fit(**fit_arguments)
 
 
-def script_command(plan: Plan, command: list[str] | None = None) -> list[str]:
-    """The command a script entrypoint (or `command`, a Python command) runs as: this
-    interpreter for `python`, under torchrun (`--standalone --nproc_per_node N`, through
-    `_torchrun` so that a stop signal ends the run like one process's) for N > 1 processes."""
-    python = command is not None or plan.entrypoint.python
-    command = list(plan.entrypoint.command) if command is None else command
+def torchrun_launched(plan: Plan) -> bool:
+    """Whether a script entrypoint's processes are started by a launcher rather than by the
+    script (`script_command`): several, behind Determined's launcher or across nodes."""
+    many_nodes = (plan.options.num_nodes or 1) > 1
+    return plan.processes > 1 and (plan.entrypoint.launched or many_nodes)
+
+
+def launched_rank() -> bool:
+    """Whether this process is already one rank of the trial's processes, started one per
+    process by its launcher (a Slurm job's tasks: their environment names their RANK). A
+    script entrypoint then runs once here, as that rank, not under a torchrun of its own."""
+    return "RANK" in os.environ
+
+
+def script_command(plan: Plan) -> list[str]:
+    """The command a script entrypoint runs as: this interpreter for `python`; under torchrun
+    (`--standalone --nproc_per_node N`, through `_torchrun` so that a stop signal ends the run
+    like one process's) for N > 1 processes behind Determined's launcher, or on each of
+    several nodes; alone where the launcher started each rank; once otherwise, as Determined
+    runs a command."""
+    command = list(plan.entrypoint.command)
     n = plan.processes
-    if not python:
-        if n > 1:
+    if not plan.entrypoint.python:
+        if n > 1 and plan.entrypoint.launched:
             raise InvalidArgumentError(
                 f"entrypoint {' '.join(command)}: {n} processes need a Python command to "
                 "launch with torchrun (python3 train.py); set resources.slots_per_trial: 1 or "
                 "use a python3 entrypoint."
             )
         return command
-    if n <= 1:
+    nodes = plan.options.num_nodes or 1
+    if n <= 1 or launched_rank() or (not plan.entrypoint.launched and nodes <= 1):
+        # As on Determined, a command not behind its launcher runs once on its node, with the
+        # node's slots to use: it starts its own processes (a Trainer-API script's, through
+        # Lightning's launcher), or trains in one.
         return [sys.executable, *command[1:]]
     rest = command[1:]
     torchrun = [sys.executable, "-m", "lightning_bridge.experiment.trial_process._torchrun"]
     torchrun += [f"--stop-timeout={plan.stop_timeout}", "--"]
-    nodes = plan.options.num_nodes or 1
     if nodes > 1 and "NODE_RANK" in os.environ and "RANK" not in os.environ:
         # One process per node of a trial across nodes (the Ray launcher's): torchrun starts
         # this node's processes, its rendezvous at rank 0's node.
@@ -391,7 +419,7 @@ def describe_run(plan: Plan, trial: TrialRun) -> RunDescription:
         raw_config=conf.raw,
         hparams=conf.hparams,
         trial_seed=trial_seed(plan, trial),
-        engine=engine_settings(plan, processes_launched=script and plan.processes > 1),
+        engine=engine_settings(plan, processes_launched=script and torchrun_launched(plan)),
         aggregation_frequency=conf.model.optimizations.aggregation_frequency,
         max_length=conf.length("max_length"),
         validation_period=conf.length("min_validation_period"),
@@ -429,7 +457,7 @@ def described(plan: Plan, trial: TrialRun) -> Iterator[RunDescription]:
             os.environ[ENV_VAR] = previous
 
 
-def _run_script(plan: Plan, trial: TrialRun, command: list[str] | None = None) -> int:
+def _run_script(plan: Plan, trial: TrialRun) -> int:
     shim = _import_map.shim_dir(trial.trial_dir)
     env = dict(os.environ)
     work_dir = trial.working_dir(plan)
@@ -437,10 +465,18 @@ def _run_script(plan: Plan, trial: TrialRun, command: list[str] | None = None) -
     if env.get("PYTHONPATH"):
         path.append(env["PYTHONPATH"])
     env["PYTHONPATH"] = os.pathsep.join(path)
-    command = script_command(plan, command)
+    # The `python3` the script starts (its own workers) is the interpreter its entrypoint's
+    # `python3` became, as a container's python3 is the one Determined runs it with.
+    env["PATH"] = interpreter_first(env.get("PATH"))
+    command = script_command(plan)
+    under_torchrun = torchrun_launched(plan) and not launched_rank()
+    if plan.processes > 1 and launched_rank():
+        # One rank of a world its launcher started: torchrun's variables, as its ranks see
+        # them (the launcher gives RANK, LOCAL_RANK, MASTER_ADDR and MASTER_PORT).
+        env.setdefault("WORLD_SIZE", str(plan.processes))
     logger.info("Running %s in %s", shlex.join(command), work_dir)
     # Under torchrun the agent enforces the timeout on the workers; the margin is its own.
-    margin = 30 if plan.processes > 1 else 0
+    margin = 30 if under_torchrun else 0
     try:
         ended = run_child(command, cwd=work_dir, env=env, timeout=plan.stop_timeout, margin=margin)
     except FileNotFoundError as exc:
@@ -472,7 +508,7 @@ def execute(plan: Plan, trial: TrialRun) -> int:
             if spec is not None and plan.processes > 1:
                 if is_deepspeed_trial_class(load_trial_class(spec, work_dir)):
                     # DeepSpeed's processes are torchrun's, each running the trial class.
-                    return _run_script(plan, trial, DEEPSPEED_TRIAL_COMMAND)
+                    return _run_script(_deepspeed_processes(plan), trial)
             if spec is not None:
                 _run_trial(plan, run, work_dir)
                 return 0

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from lightning_bridge._errors import InvalidArgumentError
+from lightning_bridge._secrets import redact_url
 from lightning_bridge.search._storage import import_optuna
 
 _FORMS = "a journal file path, sqlite:///FILE or postgresql://USER:PASSWORD@HOST/DATABASE"
@@ -33,7 +34,7 @@ def _reason(exc: BaseException) -> str:
 
 
 def _refuse(url: str, problem: str, fix: str) -> InvalidArgumentError:
-    return InvalidArgumentError(f"--storage {url}: {problem}; {fix}")
+    return InvalidArgumentError(f"--storage {redact_url(url)}: {problem}; {fix}")
 
 
 def _study_names(url: str, storage: Any) -> list[str]:

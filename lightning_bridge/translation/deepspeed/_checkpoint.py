@@ -15,6 +15,7 @@ from __future__ import annotations
 import pathlib
 from typing import Any, Protocol
 
+from lightning_bridge._secrets import redact_config
 from lightning_bridge.checkpoint._layout import EXTRAS_KEY, save_state
 from lightning_bridge.checkpoint._safe_load import load_state_file
 from lightning_bridge.contract._deepspeed import DeepSpeedTrialContext
@@ -57,12 +58,14 @@ def write_part(core: DeepSpeedCore, directory: pathlib.Path, entries: dict[str, 
 
 
 def load_data(core: DeepSpeedCore) -> dict[str, Any]:
-    """`load_data.json` as Determined writes it for a DeepSpeedTrial."""
+    """`load_data.json` as Determined writes it for a DeepSpeedTrial (shared with the
+    checkpoint: the config's secrets masked)."""
     ctx = core.ds_context
     cls = type(core.trial)
+    config = ctx._exp_conf
     return {
         "trial_type": "DeepSpeedTrial",
-        "experiment_config": ctx._exp_conf,
+        "experiment_config": redact_config(config) if config is not None else None,
         "hparams": ctx._hparams,
         "trial_cls_spec": f"{cls.__module__}:{cls.__qualname__}",
     }

@@ -19,13 +19,14 @@ import uuid
 from typing import Any
 
 from lightning_bridge._errors import CheckpointWriteError, InvalidArgumentError, TrialRuntimeError
+from lightning_bridge._private import dir_mode, make_dir
 from lightning_bridge.checkpoint._async import CheckpointWriter
 from lightning_bridge.checkpoint._claim import DirectoryClaim
 from lightning_bridge.checkpoint._layout import EXTRAS_KEY, partial_dir, seal_checkpoint
 from lightning_bridge.checkpoint._retention import CheckpointRetention
 from lightning_bridge.checkpoint._writable import space_shortfall
-from lightning_bridge.translation._metrics import searcher_value
 from lightning_bridge.translation._observer import FitObserver, Progress, SavedCheckpoint
+from lightning_bridge.translation._values import searcher_value
 from lightning_bridge.translation.fit._core import TrialCore
 from lightning_bridge.translation.fit._payload import (
     capture_rng_state,
@@ -193,7 +194,8 @@ class Checkpointer:
             if self._retention is not None:
                 entries = {RETENTION_KEY: [self._retention.history(), value]}
             try:
-                partial_dir(self.directory, storage_id).mkdir(parents=True)
+                make_dir(self.directory)
+                partial_dir(self.directory, storage_id).mkdir(mode=dir_mode())
             except OSError as exc:
                 problem = f"checkpoint directory {self.directory}: {exc}"
         storage_id, problem = dist.broadcast((storage_id, problem))

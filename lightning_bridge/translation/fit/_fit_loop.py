@@ -35,8 +35,8 @@ from lightning_bridge.translation.fit._launch import ENGINE_WARNINGS
 from lightning_bridge.translation.fit._loop_engine import LoopEngine
 from lightning_bridge.translation.fit._metric_reports import ProgressBar
 from lightning_bridge.translation.fit._schedule import Boundary, Schedule
-from lightning_bridge.translation.fit._stop_request import StopRequest
 from lightning_bridge.translation.fit._trial_data import FullDatasetPass
+from lightning_bridge.translation.services._stop_request import StopRequest
 
 logger = logging.getLogger("lightning_bridge")
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import importlib.util
 import os
 import pathlib
 import random
@@ -44,6 +43,7 @@ from lightning_bridge.contract._determined_compat import is_determined_object
 from lightning_bridge.contract._distributed import DistributedContext
 from lightning_bridge.translation._engine_settings import EngineSettings
 from lightning_bridge.translation.fit._launch import launch_processes
+from lightning_bridge.translation.services._logger_reports import run_loggers
 from lightning_bridge.translation.services._run_description import RunDescription
 
 
@@ -251,25 +251,8 @@ def checkpoint_dir(context: PyTorchTrialContext, explicit: Any) -> pathlib.Path:
     return host_dir if host_dir is not None else context_setup(context).run_dir / "checkpoints"
 
 
-def tensorboard_installed() -> bool:
-    """Whether the tensorboard package is installed. A folder named `tensorboard` on
-    `sys.path` (old logs beside a script) imports as an empty namespace package and must not
-    count: Lightning's TensorBoard logger would then fail."""
-    try:
-        spec = importlib.util.find_spec("tensorboard")
-    except (ImportError, ValueError):
-        return False
-    return spec is not None and spec.origin not in (None, "namespace")
-
-
 def _loggers(context: PyTorchTrialContext) -> list[Any]:
-    from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
-
-    if not tensorboard_installed():
-        return [
-            CSVLogger(save_dir=str(context_setup(context).run_dir), name="csv_logs", version="")
-        ]
-    return [TensorBoardLogger(save_dir=str(context.get_tensorboard_path()), name="", version="")]
+    return run_loggers(context_setup(context).run_dir, context.get_tensorboard_path())
 
 
 def _strategy(ctx: PyTorchTrialContext, strategy: Any) -> Any:

@@ -20,80 +20,28 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 from tqdm.auto import tqdm
 
-from lightning_bridge.translation._metrics import scalar_items
 from lightning_bridge.translation._observer import FitObserver, Progress
+from lightning_bridge.translation.services._logger_reports import (
+    LoggerReports,
+    log_training,
+    log_validation,
+    training_values,
+    validation_values,
+)
 
-TAG_PREFIX = "Determined/"
-
-
-def _tagged(values: dict[str, float]) -> dict[str, float]:
-    return {f"{TAG_PREFIX}{k}": v for k, v in values.items()}
-
-
-def training_values(avg: dict[str, Any]) -> dict[str, float]:
-    """A training window's averages that are single numbers."""
-    return scalar_items(avg)
-
-
-def validation_values(metrics: dict[str, Any]) -> dict[str, float]:
-    """Validation metrics that are single numbers, named `val_<name>`."""
-    return {(k if k.startswith("val") else f"val_{k}"): v for k, v in scalar_items(metrics).items()}
-
-
-def log_training(
-    loggers: Iterable[Any],
-    avg: dict[str, Any],
-    batch_metrics: list[dict[str, Any]],
-    batches_trained: int,
-) -> None:
-    """Log a closed training window to Lightning `loggers`."""
-    first = batches_trained - len(batch_metrics)
-    seen: set[str] = set()
-    for metrics in batch_metrics:
-        seen.update(metrics)
-    rest = scalar_items({k: v for k, v in avg.items() if k not in seen})
-    for logger in loggers:
-        for i, metrics in enumerate(batch_metrics):
-            values = scalar_items(metrics)
-            if values:
-                logger.log_metrics(_tagged(values), step=first + i)
-        if rest:
-            logger.log_metrics(_tagged(rest), step=batches_trained)
-
-
-def log_validation(loggers: Iterable[Any], metrics: dict[str, Any], batches_trained: int) -> None:
-    """Log reduced validation metrics to Lightning `loggers`."""
-    named = validation_values(metrics)
-    if named:
-        for logger in loggers:
-            logger.log_metrics(_tagged(named), step=batches_trained)
-
-
-class LoggerReports(FitObserver):
-    """Writes the fit's reports to Lightning loggers and closes them when it ends."""
-
-    def __init__(self, loggers: list[Any], enabled: Callable[[], bool]) -> None:
-        self._loggers = loggers
-        self._enabled = enabled  # the trial's TensorBoard logging switch
-
-    def on_training_report(
-        self, progress: Progress, metrics: dict[str, Any], batch_metrics: list[dict[str, Any]]
-    ) -> None:
-        if self._enabled():
-            log_training(self._loggers, metrics, batch_metrics, progress.batches)
-
-    def on_validation(self, progress: Progress, metrics: dict[str, Any]) -> None:
-        if self._enabled():
-            log_validation(self._loggers, metrics, progress.batches)
-
-    def teardown(self, status: str) -> None:
-        for fit_logger in self._loggers:
-            fit_logger.finalize(status)
+__all__ = [
+    "LoggerReports",
+    "ProgressBar",
+    "log_training",
+    "log_validation",
+    "training_values",
+    "validation_values",
+]
 
 
 class ProgressBar(FitObserver):

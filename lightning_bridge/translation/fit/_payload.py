@@ -20,6 +20,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
+from lightning_bridge._secrets import redact_config, secret_values
 from lightning_bridge.checkpoint._layout import EXTRAS_KEY, TrialState, write_checkpoint
 from lightning_bridge.checkpoint._models import check_count, entries, load_models
 from lightning_bridge.contract._callback import overrides
@@ -204,6 +205,10 @@ def prepare_save(module: PayloadSource, entries: dict[str, Any] | None = None) -
         "code_exclude": tuple(
             setup.run_dir / d for d in ("tensorboard", "csv_logs", "lightning_logs")
         ),
+        # A checkpoint is shared: the config's secrets stay out of its code/.
+        "code_secrets": secret_values(
+            checkpoint_configs(module.context)["experiment_config"] or {}
+        ),
     }
     return PreparedSave(payload, state.to_dict(), _load_data(module), options)
 
@@ -232,9 +237,12 @@ def save_checkpoint(
 
 def _load_data(module: PayloadSource) -> dict[str, Any]:
     cls = type(module.trial)
+    configs = checkpoint_configs(module.context)
+    if configs["experiment_config"] is not None:  # shared with the checkpoint: no secrets
+        configs["experiment_config"] = redact_config(configs["experiment_config"])
     return {
         "trial_type": "PyTorchTrial",
-        **checkpoint_configs(module.context),
+        **configs,
         "trial_cls_spec": f"{cls.__module__}:{cls.__qualname__}",
         "is_trainer": True,
     }

@@ -43,6 +43,7 @@ class ClusterInfo:
     def __init__(self, run: RunDescription) -> None:
         self.trial = TrialInfo(run)
         self.latest_checkpoint: str | None = run.latest_checkpoint
+        self._config: dict[str, Any] = dict(run.config)
 
     @property
     def container_rank(self) -> int:
@@ -53,6 +54,15 @@ class ClusterInfo:
     def user_data(self) -> dict[str, Any]:
         """The experiment config's `data` section (as on Determined's `ClusterInfo`)."""
         return self.trial.user_data
+
+    @property
+    def slot_ids(self) -> list[int]:
+        """The slots of this process's node: `resources.slots_per_trial` shared by the
+        trial's nodes (a command not behind Determined's launcher starts that many
+        processes itself)."""
+        resources = self._config.get("resources") or {}
+        slots = int(resources.get("slots_per_trial") or 1)
+        return list(range(max(1, slots // max(1, len(self.container_addrs)))))
 
     @property
     def container_addrs(self) -> list[str]:

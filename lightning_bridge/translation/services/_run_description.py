@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from lightning_bridge._errors import InvalidArgumentError
+from lightning_bridge._private import write_file
 from lightning_bridge.contract._units import Batch, Epoch, TrainUnit
 from lightning_bridge.translation._engine_settings import EngineSettings
 
@@ -197,13 +198,12 @@ class RunDescription:
 
     def write(self, path: pathlib.Path) -> None:
         """Write the description to `path` whole (a reader never sees half of it); an
-        unchanged file is left alone."""
+        unchanged file is left alone. It holds the config, secrets included: created private
+        (`_private`)."""
         text = json.dumps(self.to_json(), indent=1, default=str)
         if path.is_file() and path.read_text() == text:
             return
-        partial = path.with_name(f".{path.stem}.{os.getpid()}{path.suffix}")
-        partial.write_text(text)
-        os.replace(partial, path)
+        write_file(path, text)
 
     @classmethod
     def read(cls, path: str | os.PathLike[str]) -> RunDescription:

@@ -140,6 +140,20 @@ class RunRecord(FitObserver):
             lambda r: r.add_metrics(self.trial_id, "validation", batches, epochs, metrics),
         )
 
+    def group(self, group: str, batches: int, metrics: dict[str, Any]) -> None:
+        """Metrics of a group of the script's own (the Core API's `report_metrics`)."""
+        self._write(
+            f"{group} metrics at batch {batches}",
+            lambda r: r.add_metrics(self.trial_id, group, batches, 0, metrics),
+        )
+
+    def run_report(self, **fields: Any) -> None:
+        """The script's own word on the trial (progress, status line, run metadata)."""
+        self._write(
+            f"the trial's {', '.join(fields)}",
+            lambda r: r.report_run(self.trial_id, **fields),
+        )
+
     def ended(self, stopped_by: str | None) -> None:
         """A signal stopped the fit (STOPPED); otherwise the trial trained to its end (or
         asked to stop early), which Determined records as COMPLETED."""

@@ -34,8 +34,8 @@ from lightning_bridge.record._registry import Registry
 from lightning_bridge.record._schema import TrialState
 from lightning_bridge.record._workspace import Workspace
 from lightning_bridge.search import SearchDriver, TrialSpec
-from lightning_bridge.translation._metrics import searcher_value
 from lightning_bridge.translation._observer import FitObserver, FitOutcome, Progress
+from lightning_bridge.translation._values import searcher_value
 from lightning_bridge.translation.services._run_description import RunDescription
 from lightning_bridge.translation.services._trial_environment import TrialEnvironment
 
@@ -154,6 +154,33 @@ class SearchReport(FitObserver):
                     "searcher.time_metric."
                 )
             length = int(searcher_value(self._unit, metrics[self._unit]))
+        return self._report_at(length, value)
+
+    def reported(self, steps_completed: int, metrics: dict[str, Any]) -> bool:
+        """Report validation metrics a script reported itself (the Core API's
+        `report_validation_metrics`); returns whether the searcher stops the trial. As on
+        Determined, the trial's time is the metric named like the searcher's unit (its
+        `time_metric`), or the reported `steps_completed` for a length in batches."""
+        if self._metric not in metrics:
+            raise TrialRuntimeError(
+                f"the searcher ranks trials by {self._metric!r} (searcher.metric), but "
+                f"report_validation_metrics() reported {sorted(metrics)}; report that metric "
+                "or change searcher.metric."
+            )
+        value = float(searcher_value(self._metric, metrics[self._metric]))
+        if self._unit in metrics:
+            length = int(searcher_value(self._unit, metrics[self._unit]))
+        elif self._unit == "batches":
+            length = int(steps_completed)
+        else:
+            raise TrialRuntimeError(
+                f"the searcher ranks trials at {self._unit!r} (searcher.time_metric or the unit "
+                f"of searcher.max_length), but report_validation_metrics() reported "
+                f"{sorted(metrics)}; report it with the validation metrics."
+            )
+        return self._report_at(length, value)
+
+    def _report_at(self, length: int, value: float) -> bool:
         self._reports.write(
             f"{self._metric} at {length} {self._unit}", lambda: self._report(length, value)
         )

@@ -699,8 +699,9 @@ class Placement:
                     continue
                 retry = self.failures < self.settings.max_restarts
                 state = registry.trial(self.trial_id).state
-                if code < 0 and state == TrialState.ACTIVE.value:
-                    # ended by a signal from outside (`experiment kill`): stopped, not failed
+                if code < 0 and state in (TrialState.ACTIVE.value, TrialState.STOPPED.value):
+                    # ended by a signal from outside (`experiment kill`, which records the
+                    # trial killed first): stopped, not failed
                     registry.trial_ended(
                         self.trial_id,
                         TrialState.STOPPED,

@@ -59,6 +59,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from lightning_bridge._errors import BridgeError
+from lightning_bridge._private import write_file
 from lightning_bridge.experiment.config._config import parse_config
 from lightning_bridge.experiment.launch.slurm._launcher import HOOK_ENV, UNREACHABLE
 from lightning_bridge.experiment.trial_process._exit_codes import EXIT_UNREACHABLE, guarded
@@ -120,15 +121,20 @@ def task_environment(environ: Mapping[str, str]) -> dict[str, str]:
     """What a task of a job of several tasks (one per process) tells the trial of its place, in
     the names `DistributedContext` and `get_cluster_info()` read: its rank, its rank on its
     node, the processes on its node and its node's rank (Determined's local size and cross
-    rank). Not torchrun's GROUP_RANK: Lightning would take the job for a torchrun one."""
+    rank), and the rendezvous port of a script's process group (`MASTER_PORT`: the one
+    Lightning's Slurm environment derives from the job id, so a trial class's ranks meet on
+    it too). Not torchrun's GROUP_RANK: Lightning would take the job for a torchrun one."""
     node = int(environ.get("SLURM_NODEID", "0") or 0)
     counts = _tasks_per_node(
         environ.get("SLURM_STEP_TASKS_PER_NODE") or environ.get("SLURM_TASKS_PER_NODE", "")
     )
+    job_id = environ.get("SLURM_JOB_ID", "")
     out = {
         "RANK": environ.get("SLURM_PROCID", "0"),
         "LOCAL_RANK": environ.get("SLURM_LOCALID", "0"),
         "NODE_RANK": str(node),
+        "MASTER_PORT": environ.get("MASTER_PORT")
+        or str(15000 + int(job_id[-4:]) if job_id.isdigit() else 12910),
     }
     if node < len(counts):
         out["LOCAL_WORLD_SIZE"] = str(counts[node])
@@ -212,7 +218,8 @@ def run_hook_for_tasks(run: RunDescription, run_file: pathlib.Path) -> int:
         f"export {k}={shlex.quote(v)}" for k, v in sorted(exports.items()) if _NAME.fullmatch(k)
     ]
     lines.append(f"export {RAN_ENV}=1")
-    run_file.with_name(HOOK_ENV).write_text("\n".join(lines) + "\n")
+    # The trial's environment, secrets included: created private.
+    write_file(run_file.with_name(HOOK_ENV), "\n".join(lines) + "\n")
     return 0
 
 

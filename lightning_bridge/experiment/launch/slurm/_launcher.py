@@ -35,6 +35,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from lightning_bridge._errors import InvalidArgumentError
+from lightning_bridge._private import write_file
 from lightning_bridge.experiment.config._config_errors import launcher_section
 from lightning_bridge.experiment.config._config_schema import SLURM_MESSAGES, SlurmSection
 from lightning_bridge.experiment.launch._contract import Launcher, RunningTrial, settle_end
@@ -398,7 +399,7 @@ class SlurmLauncher(Launcher):
                 f"source {shlex.quote(str(trial.run_file.with_name(HOOK_ENV)))}",
                 f"exec srun --kill-on-bad-exit=1 {shlex.join(command)}",
             ]
-        script.write_text("\n".join(lines) + "\n")
+        write_file(script, "\n".join(lines) + "\n")
         return sbatch(
             script,
             name=f"lb-{trial.experiment_id}-{trial.trial_id}",
