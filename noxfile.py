@@ -309,9 +309,11 @@ DEEPSPEED_RELEASES = ["0.16.9", "0.19.8"]
 def deepspeed(session: nox.Session, release: str) -> None:
     """Tests marked ``deepspeed``: DeepSpeedTrial on DeepSpeed's own engine, on the CPU with
     gloo (``DS_ACCELERATOR=cpu``), against one DeepSpeed release. DeepSpeed is an sdist; it
-    builds with its ops disabled (``DS_BUILD_OPS=0``), and builds the few it needs on the CPU
-    when first used, into the session's own folder (two releases' builds of an op share its
-    name, and would rebuild each other's in torch's default ``~/.cache/torch_extensions``)."""
+    builds with its ops disabled (``DS_BUILD_OPS=0``) and none is compiled at run time: the
+    trials use torch's Adam (``torch_adam``) and the bridge keeps DeepSpeed from compiling its
+    CPU shared-memory all-reduce kernel (docs/deepspeed.md). Should one be compiled after all,
+    it goes into the session's own folder, not ``~/.cache/torch_extensions``, where two
+    releases' builds of an op would share a name."""
     extensions = Path(session.create_tmp()).resolve() / "torch_extensions"
     session.env.update(
         {"DS_BUILD_OPS": "0", "DS_ACCELERATOR": "cpu", "TORCH_EXTENSIONS_DIR": str(extensions)}

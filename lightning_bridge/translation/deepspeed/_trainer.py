@@ -111,6 +111,7 @@ def init(
     if "MASTER_PORT" not in os.environ:
         os.environ["MASTER_PORT"] = str(_free_port())
     if not torch.distributed.is_initialized():
+        _without_cpu_shm_kernel(deepspeed)
         deepspeed.init_distributed(
             dist_backend="nccl" if torch.cuda.is_available() else "gloo",
             auto_mpi_discovery=False,
@@ -133,6 +134,27 @@ def init(
         checkpoint_dir = host if host else "checkpoints"
     _SETUPS[context] = DeepSpeedSetup(pathlib.Path(checkpoint_dir), run)
     yield context
+
+
+# DeepSpeed's shared-memory all-reduce kernel of its CPU accelerator (`ShareMemCommBuilder`).
+SHM_KERNEL = "deepspeed_shm_comm"
+
+
+def _without_cpu_shm_kernel(deepspeed: Any) -> None:
+    """Keep DeepSpeed from compiling its CPU shared-memory all-reduce kernel when its process
+    group starts: on the CPU accelerator it builds it then (minutes of C++ compilation on
+    first use) unless it was built at install (`DS_BUILD_SHM_COMM=1`). The kernel serves only
+    `inference_all_reduce` (inference's tensor-parallel layers), which uses the process
+    group's all_reduce without it; training's collectives are the process group's either
+    way. DeepSpeed skips an op its compatibility table marks unavailable; its table is one
+    dict per process, read when the group starts."""
+    if deepspeed.accelerator.get_accelerator().device_name() != "cpu":
+        return
+    from deepspeed.git_version_info import installed_ops
+
+    if installed_ops.get(SHM_KERNEL, False):
+        return  # built at install: loading it costs nothing
+    deepspeed.ops.__compatible_ops__[SHM_KERNEL] = False
 
 
 def _free_port() -> int:
