@@ -321,10 +321,7 @@ def deepspeed(session: nox.Session, release: str) -> None:
     # Determined's own DeepSpeedTrial runner, the parity reference, beside its era's DeepSpeed.
     reference = ["determined==0.38.1"] if release == DEEPSPEED_RELEASES[0] else []
     _install(session, *_extra("test"), f"deepspeed=={release}", *reference)
-    session.run(
-        "python", "-m", "pytest", "-q", "-rs", "-m", "deepspeed", "-n", "0", *session.posargs,
-        env=_env(session),
-    )  # fmt: skip
+    _pytest(session, "-rs", "-m", "deepspeed", "-n", "0")
 
 
 @nox.session(python=PYTHON)
