@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 import os
 import pathlib
@@ -112,6 +113,7 @@ def init(
         os.environ["MASTER_PORT"] = str(_free_port())
     if not torch.distributed.is_initialized():
         _without_cpu_shm_kernel(deepspeed)
+        _complete_cpu_all_gathers(deepspeed)
         deepspeed.init_distributed(
             dist_backend="nccl" if torch.cuda.is_available() else "gloo",
             auto_mpi_discovery=False,
@@ -155,6 +157,35 @@ def _without_cpu_shm_kernel(deepspeed: Any) -> None:
     if installed_ops.get(SHM_KERNEL, False):
         return  # built at install: loading it costs nothing
     deepspeed.ops.__compatible_ops__[SHM_KERNEL] = False
+
+
+def _complete_cpu_all_gathers(deepspeed: Any) -> None:
+    """Make DeepSpeed's all-gathers complete before they return, on the CPU accelerator.
+
+    ZeRO 3 gathers a list of parameters with one asynchronous all-gather each and waits on the
+    last one only, then reads every output (`_allgather_params_coalesced`, up to DeepSpeed
+    0.19.8 at least: after every optimizer step for the persistent parameters). On a GPU the
+    gathers run in order on one stream; on gloo each runs on a worker thread of its own, so an
+    earlier one may still be writing its output when it is read: the weights then differ
+    from run to run (uninitialized values at worst). Waiting on each gather as it is started
+    keeps the order DeepSpeed assumes; the gloo all-gathers of a CPU run are not overlapped
+    with computation anyway."""
+    if deepspeed.accelerator.get_accelerator().device_name() != "cpu":
+        return
+    comm = deepspeed.comm
+    started = comm.all_gather_into_tensor
+    if getattr(started, "_lightning_bridge_completes", False):
+        return
+
+    @functools.wraps(started)
+    def all_gather_into_tensor(*args: Any, **kwargs: Any) -> Any:
+        work = started(*args, **kwargs)
+        if kwargs.get("async_op") and work is not None:
+            work.wait()
+        return work
+
+    all_gather_into_tensor._lightning_bridge_completes = True  # type: ignore[attr-defined]
+    comm.all_gather_into_tensor = all_gather_into_tensor
 
 
 def _free_port() -> int:
