@@ -153,6 +153,7 @@ def _pytest(session: nox.Session, *args: str) -> None:
 # Tests that have sessions of their own (their own installs or servers).
 OWN_SESSIONS = (
     "not interop and not examples and not mlflow and not slurm and not ray and not transformers"
+    " and not deepspeed"
 )
 
 
@@ -299,6 +300,31 @@ def _apt_install(session: nox.Session, package: str, command: str) -> None:
             except nox.command.CommandFailed:
                 session.log(f"{' '.join(step)} failed: the tests that need {command} will skip")
                 return
+
+
+# DeepSpeed releases the deepspeed session tests: the oldest supported (Determined's era) and
+# the newest.
+DEEPSPEED_RELEASES = ["0.16.9", "0.19.8"]
+
+
+@nox.session(python=PYTHON)
+@nox.parametrize("release", DEEPSPEED_RELEASES, ids=DEEPSPEED_RELEASES)
+def deepspeed(session: nox.Session, release: str) -> None:
+    """Tests marked ``deepspeed``: DeepSpeedTrial on DeepSpeed's own engine, on the CPU with
+    gloo (``DS_ACCELERATOR=cpu``), against one DeepSpeed release. DeepSpeed is an sdist; it
+    builds with its ops disabled (``DS_BUILD_OPS=0``) and none is compiled at run time: the
+    trials use torch's Adam (``torch_adam``) and the bridge keeps DeepSpeed from compiling its
+    CPU shared-memory all-reduce kernel (docs/deepspeed.md). Should one be compiled after all,
+    it goes into the session's own folder, not ``~/.cache/torch_extensions``, where two
+    releases' builds of an op would share a name."""
+    extensions = Path(session.create_tmp()).resolve() / "torch_extensions"
+    session.env.update(
+        {"DS_BUILD_OPS": "0", "DS_ACCELERATOR": "cpu", "TORCH_EXTENSIONS_DIR": str(extensions)}
+    )
+    # Determined's own DeepSpeedTrial runner, the parity reference, beside its era's DeepSpeed.
+    reference = ["determined==0.38.1"] if release == DEEPSPEED_RELEASES[0] else []
+    _install(session, *_extra("test"), f"deepspeed=={release}", *reference)
+    _pytest(session, "-rs", "-m", "deepspeed", "-n", "0")
 
 
 @nox.session(python=PYTHON)

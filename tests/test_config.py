@@ -391,8 +391,15 @@ def test_entrypoint_forms(entrypoint: Any, expected: Entrypoint) -> None:
 
 
 def test_unsupported_launchers_and_missing_entrypoint() -> None:
-    with pytest.raises(InvalidArgumentError, match="determined.launch.deepspeed is not supported"):
-        parse_entrypoint("python3 -m determined.launch.deepspeed python3 train.py")
+    # DeepSpeed's launcher is the bridge's process launch (torchrun), as torch_distributed's.
+    assert parse_entrypoint("python3 -m determined.launch.deepspeed python3 train.py") == (
+        Entrypoint(command=["python3", "train.py"], python=True, launched=True)
+    )
+    assert parse_entrypoint(
+        "python3 -m determined.launch.deepspeed --trial model_def:Trial"
+    ) == Entrypoint(trial="model_def:Trial")
+    with pytest.raises(InvalidArgumentError, match="determined.launch.horovod is not supported"):
+        parse_entrypoint("python3 -m determined.launch.horovod python3 train.py")
     with pytest.raises(InvalidArgumentError, match="entrypoint: required"):
         parse_entrypoint(None)
 
@@ -416,8 +423,8 @@ def test_determined_imports_resolve_to_the_bridge(mapped: None) -> None:
     assert det_torch.PyTorchTrial is lightning_bridge.PyTorchTrial
     assert samplers.RepeatSampler is RepeatSampler is lightning_bridge.samplers.RepeatSampler
     assert determined.get_cluster_info() is None  # not started by the runner
-    with pytest.raises(ModuleNotFoundError, match="determined.pytorch.deepspeed is not mapped"):
-        import determined.pytorch.deepspeed  # type: ignore[import-not-found]  # noqa: F401
+    with pytest.raises(ModuleNotFoundError, match="determined.pytorch.dsat is not mapped"):
+        import determined.pytorch.dsat  # type: ignore[import-not-found]  # noqa: F401
     # determined.experimental holds core_v2 alone; the SDK is refused by name.
     import determined.experimental  # type: ignore[import-not-found]
 

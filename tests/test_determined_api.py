@@ -105,7 +105,6 @@ def test_log_format_logs_as_on_determined(mapped: None, capsys: pytest.CaptureFi
             ImportError,
             "lightning-bridge experiment",
         ),
-        ("from determined.pytorch import deepspeed", ImportError, 'init(strategy="deepspeed")'),
         ("from determined.pytorch import experimental", ImportError, "torch_batch_process"),
         ("import determined.pytorch.dsat", ImportError, "DeepSpeed autotuning"),
         ("import determined.launch.torch_distributed", ImportError, "torchrun"),

@@ -212,8 +212,7 @@ def write_checkpoint(
     leaving out `base_dir` and `code_exclude`, with `code_secrets` masked in it.
     """
     storage_id = storage_id or str(uuid_lib.uuid4())
-    final = base_dir / storage_id
-    tmp = base_dir / f".{storage_id}.partial"
+    tmp = partial_dir(base_dir, storage_id)
     try:
         make_dir(base_dir)
         tmp.mkdir(mode=dir_mode())
@@ -223,6 +222,48 @@ def write_checkpoint(
         # is ENOSPC), not torch's "unexpected pos" RuntimeError.
         with open(tmp / STATE_FILE, "wb") as state_file:
             save_state(payload, state_file)
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        latest = latest_checkpoint_in(base_dir)
+        raise write_failure(base_dir, exc, tensor_bytes(payload), latest) from None
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    final = seal_checkpoint(
+        base_dir,
+        storage_id,
+        trial_state,
+        load_data,
+        code_dir,
+        code_exclude,
+        tensor_bytes(payload),
+        code_secrets,
+    )
+    return final, storage_id
+
+
+def partial_dir(base_dir: pathlib.Path, storage_id: str) -> pathlib.Path:
+    """Where checkpoint `storage_id`'s files are written before `seal_checkpoint`."""
+    return base_dir / f".{storage_id}.partial"
+
+
+def seal_checkpoint(
+    base_dir: pathlib.Path,
+    storage_id: str,
+    trial_state: dict[str, int],
+    load_data: dict[str, Any],
+    code_dir: pathlib.Path | None = None,
+    code_exclude: tuple[pathlib.Path, ...] = (),
+    size: int = 0,
+    code_secrets: list[str] | None = None,
+) -> pathlib.Path:
+    """Complete a checkpoint whose state files are in its `partial_dir` (written by this
+    process, or by every process of a sharded save): the progress, load data, metadata and
+    code (`code_secrets` masked in it), fsynced, renamed into place, then `latest`. `size`
+    (bytes) is named if it fails."""
+    final = base_dir / storage_id
+    tmp = partial_dir(base_dir, storage_id)
+    try:
         with open(tmp / "trial_state.pkl", "wb") as f:
             pickle.dump(trial_state, f)
         with open(tmp / "load_data.json", "w") as f:
@@ -254,9 +295,9 @@ def write_checkpoint(
     except OSError as exc:
         shutil.rmtree(tmp, ignore_errors=True)
         latest = latest_checkpoint_in(base_dir)
-        raise write_failure(base_dir, exc, tensor_bytes(payload), latest) from None
+        raise write_failure(base_dir, exc, size, latest) from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     logger.info("Checkpoint %s written to %s", storage_id, final)
-    return final, storage_id
+    return final

@@ -142,15 +142,22 @@ def load_state_file(
     trusted: bool = False,
     torch_load_kwargs: dict[str, Any] | None = None,
     trust_hint: str = "trusted=True",
+    name: str | None = None,
 ) -> dict[str, Any]:
-    """The `state_dict.pth` payload of a checkpoint directory.
+    """The `state_dict.pth` payload of a checkpoint directory (or its file `name`: one
+    process's part of a sharded checkpoint).
 
     Loaded weights-only: tensors, containers and the numpy RNG state Determined pickles, nothing
     that could run code. `trusted=True` (or `torch_load_kwargs={"weights_only": False}`) loads
     arbitrary pickles from files you trust, such as old checkpoints with custom objects;
     `trust_hint` is how the caller's user asks for that, named in the refusal.
     """
-    file = state_file(path)
+    file = state_file(path) if name is None else path / name
+    if not file.is_file():
+        raise InvalidCheckpointError(
+            f"{path} holds no {name}: it is not a checkpoint of this trial type, or it was "
+            "written by fewer processes than this run has (run with as many processes)."
+        )
     metadata = read_metadata(path)
     _check_metadata(path, metadata)
     kwargs: dict[str, Any] = {"map_location": "cpu", "weights_only": True}

@@ -3,12 +3,13 @@
 `install()` puts a finder on `sys.meta_path` that answers the `determined` modules in
 `PROVIDED` with modules holding the bridge's answers to Determined's names:
 `determined.pytorch` has exactly Determined's public `pytorch` names (`PYTORCH_NAMES`),
-the top-level package what scripts read from it (`LOG_FORMAT`,
+`determined.pytorch.deepspeed` its DeepSpeedTrial names (`DEEPSPEED_NAMES`, trained on
+DeepSpeed's engine), the top-level package what scripts read from it (`LOG_FORMAT`,
 `get_cluster_info`, `InvalidHP`, `import_from_path`), `determined.core` (with the private
 `_context` and `_tensorboard_mode` modules public code imports) the bridge's Core API in
 `lightning_bridge.core`, and `determined.transformers` its Hugging Face `DetCallback`. Parts of
-Determined that need its cluster (`determined.experimental`,
-DeepSpeed trials, batch inference, ...) are refused by name, each with what to do instead.
+Determined that need its cluster (`determined.experimental`, batch inference, ...) are refused
+by name, each with what to do instead.
 
 `shim_dir()` writes a folder holding a `determined` package that installs the same mapping; on
 `PYTHONPATH` it reaches subprocesses (scripts, torchrun workers, Lightning's launcher) and
@@ -33,6 +34,7 @@ PROVIDED = (
     "determined",
     "determined.pytorch",
     "determined.pytorch.samplers",
+    "determined.pytorch.deepspeed",
     "determined.core",
     "determined.core._context",
     "determined.core._tensorboard_mode",
@@ -97,6 +99,21 @@ PYTORCH_NAMES = (
     "to_device",
 )
 
+# The public names of Determined 0.38.1's `determined.pytorch.deepspeed` the bridge answers: the
+# trial contract's (`contract/_deepspeed.py`) and the runner's (`Trainer`, `init`).
+DEEPSPEED_NAMES = (
+    "DeepSpeedTrial",
+    "DeepSpeedTrialContext",
+    "ModelParallelUnit",
+    "Trainer",
+    "init",
+    "make_data_parallel_mpu",
+    "make_deepspeed_mpu",
+    "overwrite_deepspeed_config",
+)
+# Where the runner's names live: a layer above the trial contract, named, not imported.
+_DEEPSPEED_RUNNER = "lightning_bridge.translation.deepspeed._trainer"
+
 _CLUSTER = "only on a Determined cluster (`det e create`)"
 
 # Determined's modules (and attributes naming them) the mapping refuses, with the fix.
@@ -106,10 +123,6 @@ REFUSED = {
         "lightning-bridge keeps experiments, checkpoints and models in its workspace "
         "(`lightning-bridge experiment / checkpoint / model`); determined.experimental.core_v2 "
         "is mapped"
-    ),
-    "determined.pytorch.deepspeed": (
-        "DeepSpeedTrial runs " + _CLUSTER + "; a PyTorchTrial trains with DeepSpeed through "
-        'pytorch.init(strategy="deepspeed")'
     ),
     "determined.pytorch.experimental": (
         "batch inference (torch_batch_process, TorchBatchProcessor) runs " + _CLUSTER
@@ -143,7 +156,7 @@ def _with_getattr(module: types.ModuleType, answer: Callable[[str], Any]) -> typ
 
 def _refused_attribute(module: str, attr: str) -> ImportError | AttributeError:
     """The error for `module.attr` when the mapping does not answer it: an ImportError for a
-    refused submodule (so `from determined.pytorch import deepspeed` says why), else an
+    refused submodule (so `from determined.pytorch import experimental` says why), else an
     AttributeError naming what the mapped module holds."""
     fullname = f"{module}.{attr}"
     if any(fullname == name or fullname.startswith(name + ".") for name in REFUSED):
@@ -172,12 +185,27 @@ def _build(name: str) -> types.ModuleType:
             setattr(module, attr, getattr(_samplers, attr))
         module.__all__ = list(_samplers.__all__)  # type: ignore[attr-defined]
         return module
+    if name == "determined.pytorch.deepspeed":
+        from lightning_bridge.contract import _deepspeed
+
+        def deepspeed_attr(attr: str) -> Any:
+            if attr in ("Trainer", "init"):
+                value = getattr(importlib.import_module(_DEEPSPEED_RUNNER), attr)
+                setattr(module, attr, value)
+                return value
+            if attr in DEEPSPEED_NAMES:
+                return getattr(_deepspeed, attr)
+            raise _refused_attribute(name, attr)
+
+        module.__all__ = list(DEEPSPEED_NAMES)  # type: ignore[attr-defined]
+        setattr(module, "__dir__", lambda: sorted(DEEPSPEED_NAMES))  # noqa: B010
+        return _with_getattr(module, deepspeed_attr)
     if name == "determined.pytorch":
 
         def pytorch_attr(attr: str) -> Any:
             # The bridge's names load on first use, as `lightning_bridge`'s do.
-            if attr == "samplers":
-                return importlib.import_module("determined.pytorch.samplers")
+            if attr in ("samplers", "deepspeed"):
+                return importlib.import_module(f"determined.pytorch.{attr}")
             if attr in PYTORCH_NAMES:
                 value = getattr(lightning_bridge, attr)
                 setattr(module, attr, value)
@@ -247,7 +275,12 @@ def _build(name: str) -> types.ModuleType:
     return _with_getattr(module, determined_attr)
 
 
-_LEAVES = ("determined.pytorch.samplers", *_CORE_PRIVATE, *_PROXIED)
+_LEAVES = (
+    "determined.pytorch.samplers",
+    "determined.pytorch.deepspeed",
+    *_CORE_PRIVATE,
+    *_PROXIED,
+)
 
 
 class DeterminedFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):

@@ -73,8 +73,21 @@ def _is_base_trial_class(cls: type) -> bool:
 
 
 def is_trial_class(obj: Any) -> bool:
-    """A class derived from the bridge's or Determined's `PyTorchTrial`."""
-    return isinstance(obj, type) and any(_is_base_trial_class(base) for base in obj.__mro__)
+    """A class derived from the bridge's or Determined's `PyTorchTrial` or `DeepSpeedTrial`."""
+    return isinstance(obj, type) and any(
+        _is_base_trial_class(base) or _is_deepspeed_base(base) for base in obj.__mro__
+    )
+
+
+def is_deepspeed_trial_class(obj: Any) -> bool:
+    """A class derived from the bridge's or Determined's `DeepSpeedTrial`."""
+    return isinstance(obj, type) and any(_is_deepspeed_base(base) for base in obj.__mro__)
+
+
+def _is_deepspeed_base(cls: type) -> bool:
+    return cls.__name__ == "DeepSpeedTrial" and cls.__module__.startswith(
+        ("determined.", "lightning_bridge.")
+    )
 
 
 def is_overridden(obj: Any, method: str, base_name: str = "PyTorchTrial") -> bool:

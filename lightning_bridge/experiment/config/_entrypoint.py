@@ -52,9 +52,10 @@ def parse_entrypoint(value: str | list[str] | None) -> Entrypoint:
 
 
 def _unwrap_launcher(launcher: str, args: list[str]) -> Entrypoint:
-    """`python3 -m determined.launch.torch_distributed [launcher args] [--] CMD`: the bridge
-    launches CMD itself (torchrun with slots_per_trial processes); `--trial X` is a trial."""
-    if launcher != "torch_distributed":
+    """`python3 -m determined.launch.torch_distributed [launcher args] [--] CMD` (or
+    `determined.launch.deepspeed`): the bridge launches CMD itself (torchrun with
+    slots_per_trial processes; no hostfile or ssh); `--trial X` is a trial."""
+    if launcher not in ("torch_distributed", "deepspeed"):
         raise InvalidArgumentError(
             f"entrypoint: determined.launch.{launcher} is not supported (Lightning runs "
             "PyTorch trials with DDP); use python3 -m determined.launch.torch_distributed, or "
@@ -91,7 +92,7 @@ def _unwrap_launcher(launcher: str, args: list[str]) -> Entrypoint:
         )
     if not command:
         raise InvalidArgumentError(
-            "entrypoint: determined.launch.torch_distributed needs the training command after "
-            "it, e.g. python3 -m determined.launch.torch_distributed python3 train.py"
+            f"entrypoint: determined.launch.{launcher} needs the training command after "
+            f"it, e.g. python3 -m determined.launch.{launcher} python3 train.py"
         )
     return Entrypoint(command=command, python=bool(_PYTHON.match(command[0])), launched=True)

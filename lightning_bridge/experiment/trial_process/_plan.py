@@ -28,6 +28,7 @@ from typing import Any
 
 from lightning_bridge._errors import InvalidArgumentError, InvalidTrialError
 from lightning_bridge.contract import _import_map
+from lightning_bridge.contract._trial import is_deepspeed_trial_class
 from lightning_bridge.contract._units import Batch
 from lightning_bridge.experiment.config._config import ResolvedConfig, load_config
 from lightning_bridge.experiment.config._entrypoint import Entrypoint, parse_entrypoint
@@ -245,6 +246,21 @@ def engine_settings(plan: Plan, processes_launched: bool) -> EngineSettings:
     return settings
 
 
+# What each of a multi-process DeepSpeedTrial's processes runs (under torchrun).
+DEEPSPEED_TRIAL_COMMAND = [
+    "python3",
+    "-m",
+    "lightning_bridge.experiment.trial_process._deepspeed_trial",
+]
+
+
+def _deepspeed_processes(plan: Plan) -> Plan:
+    """The plan of a multi-process DeepSpeedTrial: its processes are torchrun's (as behind
+    Determined's launcher), each running `DEEPSPEED_TRIAL_COMMAND`."""
+    entrypoint = Entrypoint(command=list(DEEPSPEED_TRIAL_COMMAND), python=True, launched=True)
+    return dataclasses.replace(plan, entrypoint=entrypoint)
+
+
 def load_trial_class(spec: str, context_dir: pathlib.Path) -> type:
     """Import `module:Class` from the context directory (first on sys.path)."""
     from lightning_bridge.contract._trial import is_trial_class
@@ -275,7 +291,8 @@ def load_trial_class(spec: str, context_dir: pathlib.Path) -> type:
     if not is_trial_class(obj):
         raise InvalidTrialError(
             f"entrypoint {spec}: {qualname} is not a PyTorchTrial subclass; a trial-class "
-            "entrypoint names a class derived from pytorch.PyTorchTrial (or use a script "
+            "entrypoint names a class derived from pytorch.PyTorchTrial or "
+            "pytorch.deepspeed.DeepSpeedTrial (or use a script "
             "entrypoint such as python3 train.py)."
         )
     return obj
@@ -284,26 +301,37 @@ def load_trial_class(spec: str, context_dir: pathlib.Path) -> type:
 def _run_trial(plan: Plan, run: RunDescription, work_dir: pathlib.Path) -> None:
     """Train a trial class in this process: `init()` takes everything from the run's
     description (named in the environment), `fit()` its schedule."""
+    assert plan.entrypoint.trial is not None
+    run_trial_class(load_trial_class(plan.entrypoint.trial, work_dir), run)
+
+
+def run_trial_class(trial_class: type, run: RunDescription) -> None:
+    """Build the trial with its API's `init()` and train it with that API's `Trainer`: a
+    `PyTorchTrial` on Lightning, a `DeepSpeedTrial` on DeepSpeed's engine (in the processes
+    torchrun started: `_deepspeed_trial`)."""
+    fit_arguments: dict[str, Any] = {
+        "max_length": run.max_length,
+        "validation_period": run.validation_period,
+        "checkpoint_period": run.checkpoint_period,
+        "reporting_period": Batch(run.reporting_period),
+        "checkpoint_policy": run.checkpoint_policy,
+        "latest_checkpoint": run.latest_checkpoint,
+        "step_zero_validation": run.step_zero_validation,
+        "test_mode": run.test_mode,
+        "profiling_enabled": run.profiling_enabled,
+        "trust_checkpoint": run.trust_checkpoint,
+        "warm_start": run.warm_start,
+    }
+    if is_deepspeed_trial_class(trial_class):
+        from lightning_bridge.translation.deepspeed import _trainer as det_ds
+
+        with det_ds.init() as ds_context:
+            det_ds.Trainer(trial_class(ds_context), ds_context).fit(**fit_arguments)
+        return
     import lightning_bridge as pytorch
 
-    assert plan.entrypoint.trial is not None
-    trial_class = load_trial_class(plan.entrypoint.trial, work_dir)
     with pytorch.init() as context:
-        trial_object = trial_class(context)
-        trainer = pytorch.Trainer(trial_object, context)
-        trainer.fit(
-            max_length=run.max_length,
-            validation_period=run.validation_period,
-            checkpoint_period=run.checkpoint_period,
-            reporting_period=Batch(run.reporting_period),
-            checkpoint_policy=run.checkpoint_policy,
-            latest_checkpoint=run.latest_checkpoint,
-            step_zero_validation=run.step_zero_validation,
-            test_mode=run.test_mode,
-            profiling_enabled=run.profiling_enabled,
-            trust_checkpoint=run.trust_checkpoint,
-            warm_start=run.warm_start,
-        )
+        pytorch.Trainer(trial_class(context), context).fit(**fit_arguments)
 
 
 def torchrun_launched(plan: Plan) -> bool:
@@ -476,7 +504,12 @@ def execute(plan: Plan, trial: TrialRun) -> int:
             configured_environment(variables),
             startup_hook_environment(work_dir),
         ):
-            if plan.entrypoint.trial is not None:
+            spec = plan.entrypoint.trial
+            if spec is not None and plan.processes > 1:
+                if is_deepspeed_trial_class(load_trial_class(spec, work_dir)):
+                    # DeepSpeed's processes are torchrun's, each running the trial class.
+                    return _run_script(_deepspeed_processes(plan), trial)
+            if spec is not None:
                 _run_trial(plan, run, work_dir)
                 return 0
             return _run_script(plan, trial)

@@ -15,12 +15,14 @@ from __future__ import annotations
 import functools
 import logging
 import pathlib
+import uuid
 from typing import Any
 
-from lightning_bridge._errors import InvalidArgumentError, TrialRuntimeError
+from lightning_bridge._errors import CheckpointWriteError, InvalidArgumentError, TrialRuntimeError
+from lightning_bridge._private import dir_mode, make_dir
 from lightning_bridge.checkpoint._async import CheckpointWriter
 from lightning_bridge.checkpoint._claim import DirectoryClaim
-from lightning_bridge.checkpoint._layout import EXTRAS_KEY
+from lightning_bridge.checkpoint._layout import EXTRAS_KEY, partial_dir, seal_checkpoint
 from lightning_bridge.checkpoint._retention import CheckpointRetention
 from lightning_bridge.checkpoint._writable import space_shortfall
 from lightning_bridge.translation._observer import FitObserver, Progress, SavedCheckpoint
@@ -133,6 +135,8 @@ class Checkpointer:
         """The chief takes a checkpoint (written in the background) and returns its id ("" on
         the other processes); raises `CheckpointWriteError` when a write failed (this one, or
         the one before, which a new save waits for)."""
+        if core.sharded_checkpoints:
+            return self._save_sharded(core, metrics)
         storage_id = ""
         if core.is_chief:
             if metrics is None and core.state.validation_is_current:
@@ -167,6 +171,58 @@ class Checkpointer:
         else:
             core.state.last_ckpt = core.state.batches_trained
         return storage_id
+
+    def _save_sharded(self, core: TrialCore, metrics: dict[str, Any] | None) -> str:
+        """A checkpoint every process writes its part of (a collective, written now): the
+        chief names it and makes its partial directory, each process writes its part there,
+        then the chief seals it (progress, load data, metadata, code, `latest`) and tells the
+        observers. Every process fires the trial callbacks' write hooks on the sealed path."""
+        dist = core.context.distributed
+        chief = core.is_chief
+        state = core.state
+        state.last_ckpt = state.batches_trained
+        if chief and metrics is None and state.validation_is_current:
+            metrics = core.last_validation_metrics
+        value = None
+        if chief and metrics and self._metric in metrics:
+            value = float(metrics[self._metric])
+        entries: dict[str, Any] = {}
+        problem = None
+        storage_id = ""
+        if chief:
+            storage_id = str(uuid.uuid4())
+            if self._retention is not None:
+                entries = {RETENTION_KEY: [self._retention.history(), value]}
+            try:
+                make_dir(self.directory)
+                partial_dir(self.directory, storage_id).mkdir(mode=dir_mode())
+            except OSError as exc:
+                problem = f"checkpoint directory {self.directory}: {exc}"
+        storage_id, problem = dist.broadcast((storage_id, problem))
+        if problem:
+            raise CheckpointWriteError(problem)
+        tmp = partial_dir(self.directory, storage_id)
+        core.write_checkpoint_part(tmp, entries)
+        # Every part is written before the chief seals the checkpoint.
+        dist.allgather(None)
+        path = self.directory / storage_id
+        if chief:
+            load_data, options = core.checkpoint_seal()
+            path = seal_checkpoint(
+                self.directory, storage_id, state.to_dict(), load_data, **options
+            )
+        dist.allgather(None)
+        for cb in core.trial_callbacks.values():
+            cb.on_checkpoint_end(str(path))
+            cb.on_checkpoint_write_end(str(path))
+        if chief:
+            self._durable(
+                path,
+                metrics=metrics,
+                value=value,
+                progress=Progress(state.batches_trained, state.epochs_trained),
+            )
+        return storage_id if chief else ""
 
     @property
     def busy(self) -> bool:

@@ -65,18 +65,10 @@ class TrialCore:
         test_mode: bool = False,
         latest_checkpoint: str | None = None,
     ) -> None:
-        if not context.models:
-            raise InvalidTrialError(
-                "The trial wrapped no model: call self.model = context.wrap_model(model) in "
-                "the trial's __init__."
-            )
-        if not context.optimizers:
-            raise InvalidTrialError(
-                "The trial wrapped no optimizer: call self.opt = context.wrap_optimizer(opt) "
-                "in the trial's __init__."
-            )
-        self.evaluates_batches = is_overridden(trial, "evaluate_batch")
-        if self.evaluates_batches == is_overridden(trial, "evaluate_full_dataset"):
+        self._check_wrapped(context)
+        base = self.trial_base
+        self.evaluates_batches = is_overridden(trial, "evaluate_batch", base)
+        if self.evaluates_batches == is_overridden(trial, "evaluate_full_dataset", base):
             raise InvalidTrialError(
                 f"{type(trial).__name__} must define exactly one of evaluate_batch() or "
                 f"evaluate_full_dataset(); it defines "
@@ -122,6 +114,36 @@ class TrialCore:
         # Told of closed training windows and validations (on the chief).
         self.observers = FitObservers()
         attach_fit(context, self)
+
+    def _check_wrapped(self, context: Any) -> None:
+        """The trial wrapped what its engine trains (a model and an optimizer)."""
+        if not context.models:
+            raise InvalidTrialError(
+                "The trial wrapped no model: call self.model = context.wrap_model(model) in "
+                "the trial's __init__."
+            )
+        if not context.optimizers:
+            raise InvalidTrialError(
+                "The trial wrapped no optimizer: call self.opt = context.wrap_optimizer(opt) "
+                "in the trial's __init__."
+            )
+
+    # The name of the trial contract's base class (whose methods count as not overridden).
+    trial_base = "PyTorchTrial"
+
+    # Whether every process writes its own part of a checkpoint (a collective save) rather
+    # than the chief writing the whole payload (`Checkpointer`).
+    sharded_checkpoints = False
+
+    def write_checkpoint_part(self, directory: pathlib.Path, entries: dict[str, Any]) -> None:
+        """This process's part of a sharded checkpoint, into `directory` (see
+        `sharded_checkpoints`); `entries` are the bridge's own (the chief's retention)."""
+        raise NotImplementedError("a PyTorchTrial's checkpoint is written by the chief")
+
+    def checkpoint_seal(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """A sharded checkpoint's `load_data.json`, and the code folder to copy into it
+        (`seal_checkpoint`'s `code_dir` and `code_exclude`)."""
+        raise NotImplementedError("a PyTorchTrial's checkpoint is written by the chief")
 
     def attach(self, engine: Engine) -> None:
         """Run backward passes and steps through `engine` from now on."""

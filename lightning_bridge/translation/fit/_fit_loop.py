@@ -4,8 +4,9 @@ The loop is the trial's own, as in Determined: draw a batch, train it (`TrialCor
 `Schedule` which boundaries the batch reached and act on them in Determined's order (close the
 training window, validate, checkpoint through the `Checkpointer`, end the fit), and poll its
 `StopRequest` (signals, the trial's `set_stop_requested`, a searcher, a process that failed
-at a boundary: the chief's hold on the checkpoint directory or its write). Lightning does the
-engine work underneath (`FabricEngine`: strategy, precision plugin); `lightning.Trainer`'s
+at a boundary: the chief's hold on the checkpoint directory or its write). The engine
+underneath is a `LoopEngine`: Lightning's (`FabricEngine`: strategy, precision plugin) for a
+`PyTorchTrial`, DeepSpeed's own engines for a `DeepSpeedTrial`; `lightning.Trainer`'s
 per-step machinery (fetchers, progress trackers, hook dispatch on every batch) is what a trial
 does not need, and on small models it cost more than the step itself. Validation runs the
 trial's validation loader through the same engine, in eval mode without gradients. The fit's
@@ -30,8 +31,8 @@ from lightning_bridge._errors import CheckpointWriteError, InvalidArgumentError
 from lightning_bridge.translation._observer import FitOutcome
 from lightning_bridge.translation.fit._checkpointer import Checkpointer
 from lightning_bridge.translation.fit._core import TrialCore
-from lightning_bridge.translation.fit._fabric_engine import FabricEngine
 from lightning_bridge.translation.fit._launch import ENGINE_WARNINGS
+from lightning_bridge.translation.fit._loop_engine import LoopEngine
 from lightning_bridge.translation.fit._metric_reports import ProgressBar
 from lightning_bridge.translation.fit._schedule import Boundary, Schedule
 from lightning_bridge.translation.fit._trial_data import FullDatasetPass
@@ -64,7 +65,7 @@ class FitLoop:
         self.stop = StopRequest(
             ctx.distributed, trial_asks=ctx.get_stop_requested, searcher_asks=searcher_asks
         )
-        self.engine: FabricEngine | None = None
+        self.engine: LoopEngine | None = None
         # Set when the fit ends after the current batch.
         self.should_stop = False
         self._preempted_by: str | None = None
@@ -72,10 +73,11 @@ class FitLoop:
 
     # ----- the whole fit -----
 
-    def run(self, start_engine: Callable[[], FabricEngine]) -> FitOutcome:
+    def run(self, start_engine: Callable[[], LoopEngine]) -> FitOutcome:
         """Start the engine (`start_engine`: launch the processes, set the trial's objects
-        up), train until the schedule or a stop request ends the fit, and tell the observers
-        how it ended. Signals are caught from before the launch to the end."""
+        up, attach the engine to the core), train until the schedule or a stop request ends
+        the fit, and tell the observers how it ended. Signals are caught from before the
+        launch to the end."""
         core = self.core
         status = "failed"
         self.stop.install()
@@ -84,7 +86,6 @@ class FitLoop:
                 for pattern in ENGINE_WARNINGS:
                     warnings.filterwarnings("ignore", message=pattern)
                 self.engine = start_engine()
-                core.attach(self.engine)
                 self._fit()
             outcome = FitOutcome(
                 # The searcher stopped it at the rung its signal came at: it is done.

@@ -39,7 +39,7 @@ from lightning_bridge.translation.fit._metric_reports import LoggerReports
 from lightning_bridge.translation.fit._resume import starts_new_run
 from lightning_bridge.translation.fit._schedule import Schedule
 
-if TYPE_CHECKING:  # loaded only under `lightning-bridge run` (see _runner_reports)
+if TYPE_CHECKING:  # loaded only under `lightning-bridge run` (see runner_reports)
     from lightning_bridge.translation.services._mlflow_mirror import MlflowMirror
     from lightning_bridge.translation.services._run_description import RunDescription
     from lightning_bridge.translation.services._run_record import RunRecord
@@ -179,7 +179,7 @@ class Trainer:
             )
             warm = starts_new_run(state, ctx.get_trial_id(), warm_start, latest_checkpoint)
             core.resume_from(payload, state, warm_start=warm)
-        record, search = _runner_reports(setup.run, config, ckpt_dir, test_mode)
+        record, search = runner_reports(setup.run, config, ckpt_dir, test_mode)
         chief_record = record if record is not None and core.is_chief else None
         retention = CheckpointRetention.from_section(
             config.checkpoint_storage,
@@ -196,7 +196,7 @@ class Trainer:
         )
         observers = core.observers
         observers.add(LoggerReports(settings.loggers, ctx.get_enable_tensorboard_logging))
-        for observer in (record, search, _mlflow_mirror(setup.run)):
+        for observer in (record, search, mlflow_mirror(setup.run)):
             if observer is not None:
                 observers.add(observer)
         checkpointer = Checkpointer(
@@ -253,6 +253,7 @@ def _start_engine(fabric: L.Fabric, core: TrialCore, settings: FitSettings) -> F
     if core.is_chief:
         _log_engine(fabric)
     engine = FabricEngine(fabric, core.context)
+    core.attach(engine)
     if settings.model_summary and core.is_chief:
         print(model_summary(core.context.models), flush=True)
     return engine
@@ -274,7 +275,7 @@ def _log_engine(fabric: L.Fabric) -> None:
     )
 
 
-def _runner_reports(
+def runner_reports(
     run: RunDescription | None,
     config: ConfigValues,
     ckpt_dir: pathlib.Path,
@@ -291,7 +292,7 @@ def _runner_reports(
     return record, None if test_mode else search_from_runner(run)
 
 
-def _mlflow_mirror(run: RunDescription | None) -> MlflowMirror | None:
+def mlflow_mirror(run: RunDescription | None) -> MlflowMirror | None:
     """The run's MLflow mirror when `lightning-bridge run` started the fit and a tracking URI
     (or MLflow's embedded store) is configured."""
     if run is None:

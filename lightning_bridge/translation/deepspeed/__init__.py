@@ -1,0 +1,1 @@
+"""DeepSpeedTrial's runner: the trial's loop on DeepSpeed's own engine."""

@@ -1,0 +1,346 @@
+"""DeepSpeedTrial: Determined's `determined.pytorch.deepspeed` names answered by the bridge,
+and trials trained on DeepSpeed's own engine (the ``deepspeed`` marker: the deepspeed session,
+which installs DeepSpeed; on the CPU with gloo, ``DS_ACCELERATOR=cpu``)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from lightning_bridge.contract import _import_map
+
+FIXTURE = pathlib.Path(__file__).parent / "fixtures" / "deepspeed" / "linear_trial.py"
+HAS_DEEPSPEED = importlib.util.find_spec("deepspeed") is not None
+
+# The public names of Determined 0.38.1's `determined.pytorch.deepspeed` (its __init__),
+# less DeepSpeedTrialController, its harness's own runner.
+DETERMINED_DEEPSPEED_NAMES = {
+    "DeepSpeedTrial",
+    "DeepSpeedTrialContext",
+    "ModelParallelUnit",
+    "Trainer",
+    "init",
+    "make_data_parallel_mpu",
+    "make_deepspeed_mpu",
+    "overwrite_deepspeed_config",
+}
+
+
+@pytest.fixture
+def mapped():
+    _import_map.install(force=True)
+    try:
+        yield
+    finally:
+        _import_map.uninstall()
+
+
+def test_determined_deepspeed_names_are_answered(mapped) -> None:
+    from determined.pytorch import deepspeed as det_ds
+
+    import lightning_bridge.contract._deepspeed as bridge
+
+    assert set(dir(det_ds)) == DETERMINED_DEEPSPEED_NAMES
+    assert det_ds.DeepSpeedTrial is bridge.DeepSpeedTrial
+    assert det_ds.overwrite_deepspeed_config is bridge.overwrite_deepspeed_config
+    with pytest.raises(AttributeError, match="DeepSpeedTrialController"):
+        det_ds.DeepSpeedTrialController  # noqa: B018
+
+
+def test_overwrite_deepspeed_config_merges_depth_first(tmp_path: pathlib.Path) -> None:
+    from lightning_bridge.contract._deepspeed import overwrite_deepspeed_config
+
+    base = {"zero_optimization": {"stage": 1, "overlap_comm": True}, "gradient_clipping": 1.0}
+    over = {"zero_optimization": {"stage": 3}, "bf16": {"enabled": True}}
+    merged = overwrite_deepspeed_config(base, over)
+    assert merged == {
+        "zero_optimization": {"stage": 3, "overlap_comm": True},
+        "gradient_clipping": 1.0,
+        "bf16": {"enabled": True},
+    }
+    assert base["zero_optimization"]["stage"] == 1  # the inputs are unchanged
+    path = tmp_path / "ds_config.json"
+    path.write_text(json.dumps(base))
+    assert overwrite_deepspeed_config(str(path), over) == merged
+    path.write_text('{"gradient_clipping": 1.0, "gradient_clipping": 2.0}')
+    with pytest.raises(Exception, match=r"repeats the key\(s\) \['gradient_clipping'\]"):
+        overwrite_deepspeed_config(str(path), {})
+    with pytest.raises(Exception, match="Cannot read the DeepSpeed config"):
+        overwrite_deepspeed_config(str(tmp_path / "missing.json"), {})
+
+
+@pytest.mark.skipif(HAS_DEEPSPEED, reason="DeepSpeed is installed here")
+def test_without_deepspeed_one_message_names_the_extra(mapped) -> None:
+    from determined.pytorch import deepspeed as det_ds
+
+    with pytest.raises(ImportError, match=r"pip install 'lightning-bridge\[deepspeed\]'"):
+        with det_ds.init(hparams={}):
+            pass
+
+
+def _run(entries: list[list], tmp_path: pathlib.Path, processes: int = 1) -> list[list[dict]]:
+    """Run the fixture's entries ([hyperparameters, fit arguments, checkpoint folder]) in one
+    process group; the chief's results (and, with several processes, the other ranks')."""
+    shim = _import_map.shim_dir(tmp_path)
+    out = tmp_path / "out.json"
+    env = {
+        **os.environ,
+        "DS_ACCELERATOR": "cpu",
+        "PYTHONPATH": os.pathsep.join([str(shim), os.environ.get("PYTHONPATH", "")]),
+    }
+    launch = [sys.executable]
+    if processes > 1:
+        launch += ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}"]
+    proc = subprocess.run(
+        [*launch, str(FIXTURE), json.dumps(entries), str(out)],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    ranks = [json.loads(out.read_text())]
+    ranks += [
+        json.loads(out.with_name(f"out.json.rank{r}").read_text()) for r in range(1, processes)
+    ]
+    return ranks
+
+
+def _close(a: list[list[float]], b: list[list[float]], tol: float) -> bool:
+    return all(
+        abs(x - y) <= tol for pa, pb in zip(a, b, strict=True) for x, y in zip(pa, pb, strict=True)
+    )
+
+
+def _ds(**overrides) -> dict:
+    return {"overwrite_deepspeed_args": overrides}
+
+
+@pytest.mark.deepspeed
+def test_fit_loop_trains_like_a_plain_deepspeed_loop(tmp_path: pathlib.Path) -> None:
+    """The fit's loop on DeepSpeed's engine: the same weights and losses as a hand-written
+    DeepSpeed loop over the same batches; ZeRO 0-3 (and CPU offload) in fp32 train the same
+    weights; bf16 close to them; accumulation of 2 calls train_batch twice per batch and steps
+    the engine once per batch; checkpoints in Determined's layout after each validation."""
+    plain = {**_ds(), "shuffle": False}
+    fit = {"max_length": 6}
+    ck = str(tmp_path / "ck")
+    entries = [[plain, fit, ck], [plain, {**fit, "hand": True}, None]]
+    entries += [[_ds(zero_optimization={"stage": s}), fit, f"{ck}{s}"] for s in (0, 1, 2, 3)]
+    entries += [
+        [_ds(bf16={"enabled": True}), fit, f"{ck}bf16"],
+        [_ds(gradient_accumulation_steps=2), fit, f"{ck}acc"],
+        [
+            _ds(zero_optimization={"stage": 2, "offload_optimizer": {"device": "cpu"}}),
+            fit,
+            f"{ck}o",
+        ],
+    ]
+    (results,) = _run(entries, tmp_path)
+    bridge, hand = results[0], results[1]
+    assert _close(bridge["weights"], hand["weights"], 0.0)
+    losses = hand["losses"]
+    assert [t["loss"] for t in bridge["training"]] == pytest.approx(
+        [sum(losses[:3]) / 3, sum(losses[3:]) / 3],
+        rel=1e-6,  # float32 means
+    )
+    stage0 = results[2]
+    for r in results[2:6] + [results[8]]:
+        assert r["calls"] == [0, 1, 2, 3, 4, 5]
+        assert (r["micro_steps"], r["global_steps"]) == (6, 6)
+        assert _close(r["weights"], stage0["weights"], 1e-6), r["weights"]
+        for mine, theirs in zip(
+            r["training"] + r["validation"], stage0["training"] + stage0["validation"], strict=True
+        ):
+            assert mine == pytest.approx(theirs, abs=1e-5)
+    assert [v["batches"] for v in stage0["validation"]] == [3, 6]
+    assert [t["batches"] for t in stage0["training"]] == [3, 6]
+    assert stage0["validation"][1]["val_loss"] < stage0["validation"][0]["val_loss"]
+    assert stage0["data"] == {"rows": 64}
+    bf16 = results[6]
+    assert not _close(bf16["weights"], stage0["weights"], 1e-6)
+    assert _close(bf16["weights"], stage0["weights"], 0.05)
+    accumulated = results[7]
+    assert accumulated["calls"] == [0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5]
+    assert (accumulated["micro_steps"], accumulated["global_steps"]) == (12, 6)
+    # Determined's DeepSpeedTrial layout, one checkpoint per validation.
+    assert len(stage0["checkpoints"]) == 2
+    last = pathlib.Path(stage0["checkpoints"][-1])
+    assert (last.parent / "latest").read_text().strip() == last.name
+    names = {p.name for p in last.iterdir()}
+    assert {"det_state_dict_rank0.pth", "trial_state.pkl", "load_data.json", "model0"} <= names
+    assert (last / "latest").read_text().strip() == "model0"  # DeepSpeed's own
+    assert json.loads((last / "load_data.json").read_text())["trial_type"] == "DeepSpeedTrial"
+
+
+@pytest.mark.deepspeed
+@pytest.mark.parametrize("processes", [1, 2])
+def test_stopped_and_continued_runs_end_as_the_uninterrupted_one(
+    tmp_path: pathlib.Path, processes: int
+) -> None:
+    """A run paused mid-epoch after batch 4 of 6 (after a validation: by SIGTERM with one
+    process; by its length with two) and continued from its latest checkpoint ends with the
+    uninterrupted run's weights and last metrics: ZeRO 0 and 3, shuffled data; with 2
+    processes (gloo) every rank holds the same weights."""
+    entries = []
+    for stage in (0, 3):
+        hp = _ds(zero_optimization={"stage": stage})
+        whole, part = str(tmp_path / f"whole{stage}"), str(tmp_path / f"part{stage}")
+        entries += [
+            [hp, {"max_length": 6}, whole],
+            # One process stops on SIGTERM after the batch it came in; several agree on a
+            # batch some batches later (the fit's spaced agreement): there the run is cut
+            # at batch 4 by its length instead, which exercises the same checkpoint.
+            [{**hp, "sigterm_at": 3}, {"max_length": 6}, part]
+            if processes == 1
+            else [hp, {"max_length": 4}, part],
+            [hp, {"max_length": 6, "latest_checkpoint": "latest"}, part],
+        ]
+    ranks = _run(entries, tmp_path, processes=processes)
+    for results in ranks:
+        for i in (0, 3):
+            whole, first, second = results[i : i + 3]
+            assert first["stopped"] == (processes == 1) and first["calls"] == [0, 1, 2, 3]
+            assert not whole["stopped"] and not second["stopped"]
+            assert _close(second["weights"], whole["weights"], 0.0), f"entries {i}"
+            assert second["calls"] == [4, 5]
+            # DeepSpeed restores the optimizer steps; its micro-step count restarts.
+            assert (second["micro_steps"], second["global_steps"]) == (2, 6)
+    chief = ranks[0]
+    for i in (0, 3):
+        whole, second = chief[i], chief[i + 2]
+        assert second["validation"][-1] == whole["validation"][-1]
+        assert second["training"][-1]["batches"] == 6
+    for other in ranks[1:]:
+        assert _close(other[0]["weights"], chief[0]["weights"], 0.0)
+
+
+def _bridge(*args: str, cwd: pathlib.Path) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LIGHTNING_BRIDGE_")}
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_PORT"):
+        env.pop(var, None)
+    env["DS_ACCELERATOR"] = "cpu"
+    env["PYTHONPATH"] = str(pathlib.Path(__file__).resolve().parents[1])
+    return subprocess.run(
+        [sys.executable, "-m", "lightning_bridge", *args],
+        cwd=cwd, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+
+
+RUN_CONFIG = """\
+name: deepspeed-linear
+entrypoint: {entrypoint}
+hyperparameters:
+  overwrite_deepspeed_args:
+    zero_optimization: {{stage: {stage}}}
+searcher: {{name: single, metric: val_loss, max_length: {{batches: 6}}}}
+min_validation_period: {{batches: 3}}
+resources: {{slots_per_trial: {processes}}}
+"""
+
+
+@pytest.mark.deepspeed
+@pytest.mark.parametrize("processes", [1, 2])
+def test_lightning_bridge_run_records_a_deepspeed_trial(
+    tmp_path: pathlib.Path, processes: int
+) -> None:
+    """`lightning-bridge run` with a DeepSpeedTrial class entrypoint (1 process, or 2 under
+    torchrun, behind `python3 -m determined.launch.deepspeed`): the record shows its
+    validations and its checkpoints, in Determined's layout."""
+    folder = tmp_path / "exp"
+    folder.mkdir()
+    (folder / "model_def.py").write_text(FIXTURE.read_text())
+    # Two processes through Determined's DeepSpeed launcher word (the bridge's torchrun).
+    entrypoint = "model_def:LinearTrial"
+    if processes > 1:
+        entrypoint = "python3 -m determined.launch.deepspeed --trial " + entrypoint
+    config = RUN_CONFIG.format(stage=2, processes=processes, entrypoint=entrypoint)
+    (folder / "const.yaml").write_text(config)
+    ws = ["--workspace", str(tmp_path / "ws")]
+    ran = _bridge("run", "const.yaml", *ws, cwd=folder)
+    assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-6000:]
+    described = _bridge("experiment", "describe", "1", "--json", *ws, cwd=folder)
+    assert described.returncode == 0, described.stderr
+    data = json.loads(described.stdout)
+    assert data["state"] == "COMPLETED"
+    text = json.dumps(data)
+    assert "val_loss" in text
+    listed = _bridge("checkpoint", "list", "--json", *ws, cwd=folder)
+    assert listed.returncode == 0, listed.stderr
+    checkpoints = json.loads(listed.stdout)
+    assert len(checkpoints) >= 1
+    location = pathlib.Path(checkpoints[-1]["location"])
+    names = {p.name for p in location.iterdir()}
+    ranks = {f"det_state_dict_rank{r}.pth" for r in range(processes)}
+    assert ranks | {"trial_state.pkl", "load_data.json", "model0"} <= names
+
+
+def test_a_deepspeed_trial_class_is_a_trial_entrypoint(mapped) -> None:
+    """`lightning-bridge run` accepts a DeepSpeedTrial class as its entrypoint and tells it
+    from a PyTorchTrial (it is trained on DeepSpeed's engine)."""
+    from determined import pytorch
+    from determined.pytorch import deepspeed as det_ds
+
+    from lightning_bridge.contract._trial import is_deepspeed_trial_class, is_trial_class
+
+    class Ds(det_ds.DeepSpeedTrial):
+        pass
+
+    class Pt(pytorch.PyTorchTrial):
+        pass
+
+    assert is_trial_class(Ds) and is_deepspeed_trial_class(Ds)
+    assert is_trial_class(Pt) and not is_deepspeed_trial_class(Pt)
+    assert not is_trial_class(object) and not is_deepspeed_trial_class(int)
+
+
+@pytest.mark.deepspeed
+def test_parity_with_determined_runner_and_its_checkpoints(tmp_path: pathlib.Path) -> None:
+    """Determined 0.38.1's own DeepSpeedTrial runner (on the CPU, its device check replaced in
+    the fixture) and the bridge train the same trial to the same weights; the bridge continues
+    Determined's mid-run checkpoint to the same weights. Needs determined==0.38.1 beside
+    DeepSpeed (the deepspeed session of DeepSpeed 0.16.9, Determined's era)."""
+    if importlib.util.find_spec("determined") is None:
+        pytest.skip("determined==0.38.1 is not installed beside DeepSpeed here")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LIGHTNING_BRIDGE_")}
+    env.update(
+        {
+            "DS_ACCELERATOR": "cpu",
+            "XDG_DATA_HOME": str(tmp_path / "xdg"),  # Determined's local checkpoint storage
+            "RANK": "0",
+            "WORLD_SIZE": "1",
+            "LOCAL_RANK": "0",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": "29631",
+        }
+    )
+    runner = FIXTURE.with_name("determined_runner.py")
+    det_out = tmp_path / "det.json"
+    # Determined copies its working folder into each checkpoint: one apart from its storage.
+    det_cwd = tmp_path / "determined"
+    det_cwd.mkdir()
+    proc = subprocess.run(
+        [sys.executable, str(runner), str(det_out)],
+        cwd=det_cwd, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    determined_weights = json.loads(det_out.read_text())
+    import pickle
+
+    saved = {
+        pickle.loads((p.parent / "trial_state.pkl").read_bytes())["batches_trained"]: p.parent
+        for p in (tmp_path / "xdg").rglob("det_state_dict_rank0.pth")
+    }
+    assert sorted(saved) == [3, 6]
+    plain = {**_ds(), "shuffle": False}
+    entries = [
+        [plain, {"max_length": 6}, str(tmp_path / "ck")],
+        [plain, {"max_length": 6, "latest_checkpoint": str(saved[3])}, str(tmp_path / "ck2")],
+    ]
+    (results,) = _run(entries, tmp_path)
+    assert _close(results[0]["weights"], determined_weights, 1e-6)
+    assert results[1]["calls"] == [3, 4, 5]
+    assert _close(results[1]["weights"], determined_weights, 1e-6)
