@@ -28,7 +28,6 @@ from typing import Any
 
 from lightning_bridge._errors import InvalidArgumentError, InvalidTrialError
 from lightning_bridge.contract import _import_map
-from lightning_bridge.contract._trial import is_deepspeed_trial_class
 from lightning_bridge.contract._units import Batch
 from lightning_bridge.experiment.config._config import ResolvedConfig, load_config
 from lightning_bridge.experiment.config._entrypoint import Entrypoint, parse_entrypoint
@@ -322,6 +321,8 @@ def run_trial_class(trial_class: type, run: RunDescription) -> None:
         "trust_checkpoint": run.trust_checkpoint,
         "warm_start": run.warm_start,
     }
+    from lightning_bridge.contract._trial import is_deepspeed_trial_class  # imports torch
+
     if is_deepspeed_trial_class(trial_class):
         from lightning_bridge.translation.deepspeed import _trainer as det_ds
 
@@ -506,6 +507,8 @@ def execute(plan: Plan, trial: TrialRun) -> int:
         ):
             spec = plan.entrypoint.trial
             if spec is not None and plan.processes > 1:
+                from lightning_bridge.contract._trial import is_deepspeed_trial_class
+
                 if is_deepspeed_trial_class(load_trial_class(spec, work_dir)):
                     # DeepSpeed's processes are torchrun's, each running the trial class.
                     return _run_script(_deepspeed_processes(plan), trial)
