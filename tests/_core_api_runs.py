@@ -13,7 +13,7 @@ import sys
 from typing import Any
 
 from lightning_bridge.contract import _import_map
-from tests._folders import GATE_CODE
+from tests._folders import GATE_CODE, cli_env, command, workspace
 
 FIXTURES = pathlib.Path(__file__).resolve().parent / "fixtures" / "core_api"
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -224,3 +224,25 @@ def seen_runs(run_dir: pathlib.Path, rank: int = 0) -> list[dict[str, Any]]:
     """What each run of the script's process `rank` saw, in order."""
     path = run_dir / f"seen.{rank}.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def lb(folder: pathlib.Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """`lightning-bridge ARGS --workspace` the folder's workspace, to its end (at most
+    `timeout` seconds)."""
+    return subprocess.run(
+        command(*args, "--workspace", str(workspace(folder))),
+        cwd=folder,
+        env=cli_env(folder),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def described(folder: pathlib.Path, experiment: int = 1, timeout: float = 300) -> dict[str, Any]:
+    """`experiment describe --json` of the folder's workspace."""
+    done = lb(folder, "experiment", "describe", str(experiment), "--json", timeout=timeout)
+    assert done.returncode == 0, done.stdout + done.stderr
+    data: dict[str, Any] = json.loads(done.stdout)
+    return data

@@ -7,7 +7,6 @@ data pre-tokenized token ids generated from a seed."""
 
 from __future__ import annotations
 
-import json
 import pathlib
 from typing import Any
 
@@ -157,12 +156,6 @@ def hf_folder(
             conf[key] = value
     (folder / "const.yaml").write_text(yaml.safe_dump(conf))
     return folder
-
-
-def seen_runs(run_dir: pathlib.Path, rank: int = 0) -> list[dict[str, Any]]:
-    """What each run of the script's process `rank` saw, in order."""
-    path = run_dir / f"seen.{rank}.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
 # `python3 det_offcluster.py TRAINING_ARGS` beside `HF_TRAIN`'s `train.py`: the same script with

@@ -7,18 +7,15 @@ from __future__ import annotations
 
 import json
 import pathlib
-import subprocess
 from typing import Any
 
 import pytest
 import torch
 
 from lightning_bridge.record._registry import Registry
-from tests._core_api_runs import core_folder, seen_runs
+from tests._core_api_runs import core_folder, described, lb, seen_runs
 from tests._folders import (
     Gate,
-    cli_env,
-    command,
     finish,
     start_run,
     wait_for,
@@ -26,26 +23,6 @@ from tests._folders import (
 )
 
 pytestmark = pytest.mark.processes
-
-
-def lb(folder: pathlib.Path, *args: str) -> subprocess.CompletedProcess[str]:
-    """`lightning-bridge ARGS --workspace` the folder's workspace, to its end."""
-    return subprocess.run(
-        command(*args, "--workspace", str(workspace(folder))),
-        cwd=folder,
-        env=cli_env(folder),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-
-
-def described(folder: pathlib.Path, experiment: int = 1) -> dict[str, Any]:
-    done = lb(folder, "experiment", "describe", str(experiment), "--json")
-    assert done.returncode == 0, done.stdout + done.stderr
-    data: dict[str, Any] = json.loads(done.stdout)
-    return data
 
 
 def run_dir(folder: pathlib.Path, trial: int = 1, experiment: int = 1) -> pathlib.Path:

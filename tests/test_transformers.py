@@ -22,8 +22,19 @@ import pytest
 import torch
 
 from lightning_bridge.contract import _import_map
-from tests._folders import Gate, cli_env, command, finish, start_run, wait_for, workspace
-from tests._hf_runs import hf_folder, seen_runs
+from tests import _core_api_runs
+from tests._core_api_runs import seen_runs
+from tests._folders import Gate, cli_env, finish, start_run, wait_for, workspace
+from tests._hf_runs import hf_folder
+
+
+def lb(folder: pathlib.Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """`lightning-bridge ARGS` on the folder's workspace: a Trainer run gets 600 s."""
+    return _core_api_runs.lb(folder, *args, timeout=600)
+
+
+def described(folder: pathlib.Path, experiment: int = 1) -> dict[str, Any]:
+    return _core_api_runs.described(folder, experiment, timeout=600)
 
 
 @pytest.mark.skipif(
@@ -96,26 +107,6 @@ def test_detcallback_outside_a_trial_says_how_to_run_it(tmp_path: pathlib.Path) 
     assert "DetCallback needs a trial: run the script with `lightning-bridge run" in done.stderr, (
         done.stderr[-3000:]
     )
-
-
-def lb(folder: pathlib.Path, *args: str) -> subprocess.CompletedProcess[str]:
-    """`lightning-bridge ARGS --workspace` the folder's workspace, to its end."""
-    return subprocess.run(
-        command(*args, "--workspace", str(workspace(folder))),
-        cwd=folder,
-        env=cli_env(folder),
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-
-
-def described(folder: pathlib.Path, experiment: int = 1) -> dict[str, Any]:
-    done = lb(folder, "experiment", "describe", str(experiment), "--json")
-    assert done.returncode == 0, done.stdout + done.stderr
-    data: dict[str, Any] = json.loads(done.stdout)
-    return data
 
 
 def run_dir(folder: pathlib.Path, trial: int = 1) -> pathlib.Path:
