@@ -67,6 +67,12 @@ def _shared_requirements() -> list[str]:
     return sorted(shared)
 
 
+# pip compiles nothing at install: Python writes the bytecode of what the tests import when
+# they import it. Compiling every file of transformers, MLflow or Ray at install costs CPU and
+# about 0.5 GB of `.nox` for modules no test imports.
+NO_COMPILE = "--no-compile"
+
+
 @contextlib.contextmanager
 def _install_lock() -> Iterator[None]:
     """One install at a time: ``./test`` runs two lanes of sessions at once, which share the
@@ -116,9 +122,9 @@ def _install_unlocked(session: nox.Session, *packages: str, lightning: str, edit
     constraints.write_text(
         f"torch=={TORCH}\nlightning=={lightning}.*\npytorch-lightning=={lightning}.*\n"
     )
-    session.install("-c", str(constraints), f"lightning=={lightning}.*", *packages)
+    session.install(NO_COMPILE, "-c", str(constraints), f"lightning=={lightning}.*", *packages)
     if editable:
-        session.install("-c", str(constraints), "-e", ".")
+        session.install(NO_COMPILE, "-c", str(constraints), "-e", ".")
     versions = session.run(
         "python", "-c", "import importlib.metadata as m\n"
         "for n in ('torch', 'lightning', 'pytorch-lightning'): print(n, m.version(n))",
@@ -179,7 +185,7 @@ def tests(session: nox.Session, lightning: str) -> None:
 def lint(session: nox.Session) -> None:
     """ruff check, ruff format --check and lint-imports (layers, no import cycle)."""
     with _install_lock():
-        session.install(*_extra("lint"))
+        session.install(NO_COMPILE, *_extra("lint"))
         # lint-imports reads the package's source; it needs it importable, not its dependencies.
         session.install("--no-deps", "-e", ".")
     session.run("ruff", "check", *LINT_PATHS)

@@ -74,7 +74,7 @@ class CoreRun:
             if auto_tensorboard:
                 from lightning_bridge.translation.services._logger_reports import run_loggers
 
-                self.loggers = run_loggers(run_dir, self.tensorboard_dir)
+                self.loggers = run_loggers(run_dir, self.tensorboard_dir, lightning=False)
         search = self.search
         self.stop = StopRequest(
             dist, searcher_asks=(lambda: search.stopped) if search is not None else None

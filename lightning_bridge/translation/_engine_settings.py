@@ -240,9 +240,11 @@ def _check_devices(devices: Any, accelerator: str | None, spell: Spell) -> None:
 
 
 def _check_strategy(strategy: Any, spell: Spell) -> None:
+    if strategy is None or isinstance(strategy, str) and strategy.lower() == "auto":
+        return
     from lightning.fabric.strategies import STRATEGY_REGISTRY, Strategy
 
-    if strategy is None or isinstance(strategy, Strategy):
+    if isinstance(strategy, Strategy):
         return
     kind = type(strategy)
     if kind.__module__.startswith(("lightning.pytorch.", "pytorch_lightning.")):
@@ -253,7 +255,7 @@ def _check_strategy(strategy: Any, spell: Spell) -> None:
             f"lightning.fabric.strategies.{kind.__name__}(...) (or a name such as 'ddp')."
         )
     names = STRATEGY_REGISTRY.available_strategies()
-    if isinstance(strategy, str) and (strategy.lower() == "auto" or strategy.lower() in names):
+    if isinstance(strategy, str) and strategy.lower() in names:
         return
     raise InvalidArgumentError(
         f"{spell('strategy')}: unknown strategy {strategy!r}; Lightning accepts auto, "

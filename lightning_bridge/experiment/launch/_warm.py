@@ -86,6 +86,30 @@ PRELOAD = (
 # What a trial's MLflow mirror imports (its first send, at the latest at the trial's end: a
 # cold import of MLflow's client takes 4-8 s), preloaded when the record is mirrored.
 MIRROR_PRELOAD = ("?mlflow", "?mlflow.tracking", "lightning_bridge.tracking._mirror")
+# What only a trial trained in the process itself imports: a script entrypoint's trial process
+# starts the script (which imports what it needs) and records how it ended.
+FIT_PRELOAD = (
+    "numpy",
+    "torch",
+    "lightning.fabric",
+    "lightning_bridge.translation.fit._init",
+    "lightning_bridge.translation.fit._trainer_api",
+    "?s3fs",
+    "?gcsfs",
+    "?adlfs",
+)
+
+
+def preload_for(script: bool, mirrored: bool) -> tuple[str, ...]:
+    """What the warm process imports for a search's trials: a trial class's (with the MLflow
+    mirror's client when the record is mirrored), or a script entrypoint's, whose trial
+    process trains nothing itself (importing torch and Lightning there would cost each
+    search seconds of CPU for nothing)."""
+    if script:
+        return tuple(name for name in PRELOAD if name not in FIT_PRELOAD)
+    return PRELOAD + (MIRROR_PRELOAD if mirrored else ())
+
+
 _PR_SET_PDEATHSIG = 1
 
 

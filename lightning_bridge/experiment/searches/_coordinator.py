@@ -137,7 +137,7 @@ class SearchCoordinator:
         # Forks the trials' processes (see _warm); with their MLflow mirror's client imported
         # when the record is mirrored (else each trial imports it, seconds, at its end).
         mirrored = _mirrored(self.workspace.root, options.tracking_uri)
-        self._preload = _warm.PRELOAD + (_warm.MIRROR_PRELOAD if mirrored else ())
+        self._preload = _warm.preload_for(first.entrypoint.trial is None, mirrored)
 
     # ----- the loop -----
 

@@ -118,7 +118,14 @@ class Plan:
 
     def check_engine(self) -> None:
         """Check the command line's engine settings against Lightning (InvalidArgumentError
-        listing the accepted values); remember the accelerator it will use."""
+        listing the accepted values); remember the accelerator it will use. With none given
+        and one process there is nothing to check (any accelerator Lightning picks holds one
+        process), and the command does not import Lightning: it costs seconds of CPU."""
+        options = self.options
+        given = (options.accelerator, options.devices, options.strategy, options.precision)
+        if self.processes == 1 and given == (None,) * 4 and (options.num_nodes or 1) == 1:
+            self.accelerator = None
+            return
         settings = self.options.engine_settings()
         self.accelerator = settings.check(spell=lambda name: f"--{name}")
 

@@ -98,11 +98,45 @@ def tensorboard_installed() -> bool:
     return spec is not None and spec.origin not in (None, "namespace")
 
 
-def run_loggers(run_dir: pathlib.Path, tensorboard_dir: pathlib.Path) -> list[Any]:
-    """The Lightning loggers a run writes its metrics to: TensorBoard's in `tensorboard_dir`
-    when installed, else a CSV file under `run_dir/csv_logs`."""
-    from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
-
+def run_loggers(
+    run_dir: pathlib.Path, tensorboard_dir: pathlib.Path, lightning: bool = True
+) -> list[Any]:
+    """The loggers a run writes its metrics to: TensorBoard's in `tensorboard_dir` when
+    installed, else Lightning's CSV logger under `run_dir/csv_logs`. A fit gets Lightning's
+    TensorBoard logger; a Core API script (`lightning=False`), which trains without Lightning,
+    gets TensorBoard's own writer (`EventWriter`), so that its start does not import Lightning."""
     if not tensorboard_installed():
+        from lightning.pytorch.loggers import CSVLogger
+
         return [CSVLogger(save_dir=str(run_dir), name="csv_logs", version="")]
+    if not lightning:
+        return [EventWriter(tensorboard_dir)]
+    from lightning.pytorch.loggers import TensorBoardLogger
+
     return [TensorBoardLogger(save_dir=str(tensorboard_dir), name="", version="")]
+
+
+class EventWriter:
+    """TensorBoard's event writer (`torch.utils.tensorboard.SummaryWriter`, the one Lightning's
+    TensorBoard logger and Determined's Core API write with) behind the two calls of a logger
+    that `log_training` / `log_validation` make. Its file is opened at the first metric, as
+    Lightning's logger opens it. Importing Lightning would cost a Core API script's start
+    seconds of CPU for this alone."""
+
+    def __init__(self, log_dir: pathlib.Path) -> None:
+        self._log_dir = log_dir
+        self._writer: Any = None
+
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+        if self._writer is None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._writer = SummaryWriter(log_dir=str(self._log_dir))
+        for name, value in metrics.items():
+            self._writer.add_scalar(name, value, step)
+
+    def finalize(self, status: str) -> None:
+        """Write what is buffered and close the file (`status` as Lightning's loggers get it)."""
+        if self._writer is not None:
+            self._writer.flush()
+            self._writer.close()
