@@ -96,6 +96,7 @@ import json
 import logging
 import os
 import pathlib
+import sys
 
 import torch
 import torch.distributed as dist
@@ -188,6 +189,8 @@ if __name__ == "__main__":
         distributed = core.DistributedContext.from_torch_distributed()
     with det.core.init(distributed=distributed) as core_context:
         seen = main(core_context, info)
+    # A script trains without Lightning: the Core API does not import it.
+    seen["lightning"] = "lightning" in sys.modules
     run_dir = pathlib.Path(os.environ["LIGHTNING_BRIDGE_EXPERIMENT"]).parent
     rank = distributed.rank if distributed is not None else 0
     with open(run_dir / f"seen.{rank}.jsonl", "a") as f:

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from lightning_bridge.record._registry import Registry
 from tests._core_api_runs import core_folder, described, lb, seen_runs
@@ -71,9 +72,17 @@ def test_a_script_is_recorded_with_its_checkpoints_and_tensorboard(tmp_path: pat
     assert checkpoint_state(folder)["steps"] == 12
     listed = lb(folder, "checkpoint", "list", "--experiment", "1")
     assert listed.returncode == 0 and kept[0]["uuid"] in listed.stdout, listed.stdout
-    # TensorboardMode.AUTO: the reported metrics are in the trial's TensorBoard folder.
-    events = list((run_dir(folder) / "tensorboard").rglob("events.out.tfevents*"))
-    assert events, sorted(p.name for p in run_dir(folder).iterdir())
+    # TensorboardMode.AUTO: the reported metrics are in the trial's TensorBoard folder, under
+    # Determined's tags at the steps reported, written without importing Lightning.
+    (events,) = (run_dir(folder) / "tensorboard").rglob("events.out.tfevents*")
+    scalars = EventAccumulator(str(events))
+    scalars.Reload()
+    assert {"Determined/loss", "Determined/val_loss"} <= set(scalars.Tags()["scalars"])
+    for tag, reported in (("loss", trial["training"]), ("val_loss", trial["validation"])):
+        written = scalars.Scalars(f"Determined/{tag}")
+        assert [e.step for e in written] == [m["batches"] for m in reported]
+        assert [e.value for e in written] == pytest.approx([m["values"][tag] for m in reported])
+    assert seen["lightning"] is False
 
 
 def test_paused_and_continued_it_ends_as_the_uninterrupted_run(tmp_path: pathlib.Path) -> None:

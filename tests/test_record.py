@@ -3,6 +3,7 @@ missing back ends; and what the command costs before a trial trains."""
 
 from __future__ import annotations
 
+import os
 import pathlib
 import signal
 import sqlite3
@@ -194,6 +195,39 @@ assert pytorch.Trainer.__name__ == "Trainer" and pytorch.samplers.RepeatSampler
     from lightning_bridge import __version__
 
     assert version.stdout.strip() == f"lightning-bridge {__version__}"
+
+
+def test_running_a_script_imports_no_torch_in_the_command(tmp_path: pathlib.Path) -> None:
+    """`lightning-bridge run` of a script entrypoint, one process and no engine setting given:
+    the command checks, records and follows the trial without importing torch or Lightning
+    (seconds of CPU a run would pay for nothing); the script's process imports what it uses."""
+    folder = tmp_path / "exp"
+    folder.mkdir()
+    seen = tmp_path / "seen.txt"
+    (folder / "train.py").write_text(
+        f"import pathlib, sys\npathlib.Path({str(seen)!r}).write_text(str(sys.argv))\n"
+    )
+    (folder / "const.yaml").write_text(
+        "name: script\nentrypoint: python3 train.py\n"
+        "searcher: {name: single, metric: loss, max_length: {batches: 1}}\n"
+    )
+    code = f"""
+import sys
+from lightning_bridge.experiment.cli._main import main
+assert main(["run", "const.yaml", "--workspace", {str(tmp_path / "ws")!r}]) == 0
+heavy = sorted(m for m in ("torch", "lightning", "pytorch_lightning") if m in sys.modules)
+assert not heavy, heavy
+"""
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=folder,
+        env={"PYTHONPATH": str(REPO), "PATH": os.environ["PATH"], "XDG_DATA_HOME": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert seen.read_text() == "['train.py']"  # the script ran
 
 
 def test_a_tensorboard_folder_does_not_pass_for_the_package(
