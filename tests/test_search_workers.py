@@ -18,8 +18,8 @@ import socket
 import pytest
 
 from lightning_bridge.experiment.config._config import load_config
+from lightning_bridge.experiment.config._plan import Options
 from lightning_bridge.experiment.searches._coordinator import SearchCoordinator
-from lightning_bridge.experiment.trial_process._plan import Options
 from lightning_bridge.record._registry import Registry
 from lightning_bridge.search import SearchDriver
 from tests import _folders as sf

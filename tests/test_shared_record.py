@@ -23,6 +23,7 @@ import torch
 from lightning_bridge.contract._distributed import DistributedContext
 from lightning_bridge.experiment.cli._main import main
 from lightning_bridge.experiment.config._config import load_config
+from lightning_bridge.experiment.config._plan import Options
 from lightning_bridge.experiment.launch.local._launcher import LocalLauncher
 from lightning_bridge.experiment.launch.slurm._job import (
     EXIT_UNREACHABLE,
@@ -31,7 +32,6 @@ from lightning_bridge.experiment.launch.slurm._job import (
 )
 from lightning_bridge.experiment.launch.slurm._job import main as job_main
 from lightning_bridge.experiment.launch.slurm._launcher import SlurmLauncher, _outcome
-from lightning_bridge.experiment.trial_process._plan import Options
 from lightning_bridge.experiment.trials._trial_runs import _options_record
 from lightning_bridge.record._filesystem import filesystem_type, network_filesystem
 from lightning_bridge.record._registry import Registry

@@ -26,8 +26,8 @@ import yaml
 
 from lightning_bridge._errors import InvalidArgumentError
 from lightning_bridge.experiment.cli._main import main
+from lightning_bridge.experiment.config._plan import Options, prepare
 from lightning_bridge.experiment.launch.slurm._launcher import JobInfo, SlurmSettings
-from lightning_bridge.experiment.trial_process._plan import Options, prepare
 from lightning_bridge.record._registry import Registry
 from lightning_bridge.record._schema import TrialState
 from lightning_bridge.record._workspace import Workspace
@@ -288,8 +288,9 @@ def test_the_job_restarts_a_failed_trial_as_many_times_as_its_config_says(
     """The job reads `max_restarts` from the run description the launcher wrote (the config
     model's value, Determined's default 5 when the config names none); a run file written
     before the field existed still gets its config's value."""
+    from lightning_bridge.experiment.config._plan import TrialRun
     from lightning_bridge.experiment.launch.slurm._job import restarts_allowed
-    from lightning_bridge.experiment.trial_process._plan import TrialRun, describe_run
+    from lightning_bridge.experiment.trial_process._execute import describe_run
     from lightning_bridge.translation.services._run_description import RunDescription
 
     def described(config: dict[str, Any], name: str) -> RunDescription:
@@ -423,7 +424,8 @@ def test_a_requeued_job_reads_its_run_file_once(tmp_path: pathlib.Path) -> None:
     """The job's process reads its run description once (its start-up checks, the requeued
     job's checkpoint, the trial and its ending share it) and trains the trial to its end; the
     fit's own `RunDescription.current()` is the trial's, not the job's, and is not counted."""
-    from lightning_bridge.experiment.trial_process._plan import TrialRun, describe_run
+    from lightning_bridge.experiment.config._plan import TrialRun
+    from lightning_bridge.experiment.trial_process._execute import describe_run
 
     config = _config(searcher={**BASE_CONFIG["searcher"], "max_length": {"batches": 4}})
     plan = prepare(_folder(tmp_path, config), None, Options(accelerator="cpu"))

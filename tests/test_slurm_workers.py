@@ -17,9 +17,9 @@ import torch
 
 from lightning_bridge.experiment.cli._main import main
 from lightning_bridge.experiment.config._config import load_config
+from lightning_bridge.experiment.config._plan import Options, prepare
 from lightning_bridge.experiment.searches import _slurm_workers
 from lightning_bridge.experiment.searches._slurm_workers import WorkerJobs, check_worker_jobs
-from lightning_bridge.experiment.trial_process._plan import Options, prepare
 from lightning_bridge.record._registry import Registry
 from lightning_bridge.search import SearchDriver
 from tests import _folders as sf

@@ -78,9 +78,9 @@ def _ray_address(args: argparse.Namespace) -> str | None:
 
 
 def _run(args: argparse.Namespace, from_command_line: bool) -> int:
+    from lightning_bridge.experiment.config import _plan
     from lightning_bridge.experiment.config._config import load_config
     from lightning_bridge.experiment.launch._registry import default_launcher
-    from lightning_bridge.experiment.trial_process import _plan
     from lightning_bridge.record._workspace import Workspace
 
     try:  # the command line's --launcher, else the workspace's setting, else local

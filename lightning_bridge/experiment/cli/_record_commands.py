@@ -30,7 +30,7 @@ from lightning_bridge.record._registry import Registry, experiment_state
 from lightning_bridge.tracking._mirror import read_link
 
 if TYPE_CHECKING:
-    from lightning_bridge.experiment.trial_process._plan import Plan
+    from lightning_bridge.experiment.config._plan import Plan
 
 
 def open_registry(args: argparse.Namespace) -> Registry:

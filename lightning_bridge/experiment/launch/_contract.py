@@ -31,8 +31,8 @@ from collections.abc import Sequence
 from typing import ClassVar
 
 from lightning_bridge._errors import InvalidArgumentError
+from lightning_bridge.experiment.config import _plan
 from lightning_bridge.experiment.launch._handle import TrialProcess
-from lightning_bridge.experiment.trial_process import _plan
 from lightning_bridge.record._filesystem import network_filesystem
 from lightning_bridge.record._records import Job, Trial
 from lightning_bridge.record._registry import Registry

@@ -14,9 +14,9 @@ from __future__ import annotations
 import pathlib
 from collections.abc import Sequence
 
+from lightning_bridge.experiment.config import _plan
 from lightning_bridge.experiment.launch._contract import Launcher
 from lightning_bridge.experiment.launch._registry import launcher_for
-from lightning_bridge.experiment.trial_process import _plan
 from lightning_bridge.experiment.trials import _trial_runs
 from lightning_bridge.record._workspace import Workspace
 

@@ -32,11 +32,11 @@ from collections.abc import Callable
 from typing import Any
 
 from lightning_bridge._errors import BridgeError
+from lightning_bridge.experiment.config import _plan
 from lightning_bridge.experiment.config._config import ResolvedConfig
 from lightning_bridge.experiment.launch import _warm
 from lightning_bridge.experiment.launch._handle import TrialProcess
 from lightning_bridge.experiment.launch._registry import launcher_for
-from lightning_bridge.experiment.trial_process import _plan
 from lightning_bridge.experiment.trial_process._signals import handling
 from lightning_bridge.experiment.trials._checkpoints import Source, fetch, settle_checkpoints
 from lightning_bridge.experiment.trials._search_storage import StorageOutage

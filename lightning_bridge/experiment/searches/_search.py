@@ -24,6 +24,7 @@ from typing import Any
 
 from lightning_bridge._errors import BridgeError, InvalidArgumentError
 from lightning_bridge._secrets import redact_url
+from lightning_bridge.experiment.config import _plan
 from lightning_bridge.experiment.config._config import ResolvedConfig, parse_config
 from lightning_bridge.experiment.launch._preflight import preflight
 from lightning_bridge.experiment.searches._coordinator import (
@@ -31,7 +32,6 @@ from lightning_bridge.experiment.searches._coordinator import (
     SearchStorageUnavailable,
 )
 from lightning_bridge.experiment.searches._slurm_workers import WorkerJobs
-from lightning_bridge.experiment.trial_process import _plan
 from lightning_bridge.experiment.trial_process._exit_codes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from lightning_bridge.experiment.trials._checkpoints import Source
 from lightning_bridge.experiment.trials._search_storage import check_search_storage

@@ -40,6 +40,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from lightning_bridge.experiment.config import _plan
 from lightning_bridge.experiment.config._config import ResolvedConfig
 from lightning_bridge.experiment.launch.slurm._launcher import (
     POLL_S,
@@ -52,7 +53,6 @@ from lightning_bridge.experiment.launch.slurm._launcher import (
     signal_job,
     unreachable_in,
 )
-from lightning_bridge.experiment.trial_process import _plan
 from lightning_bridge.experiment.trial_process._signals import handling
 from lightning_bridge.experiment.trials._search_storage import StorageOutage
 from lightning_bridge.record._outage import RETRY_S, is_unavailable, reason

@@ -11,7 +11,7 @@ import pathlib
 
 from lightning_bridge._errors import InvalidArgumentError
 from lightning_bridge.experiment.config._entrypoint import parse_entrypoint
-from lightning_bridge.experiment.trial_process._plan import load_trial_class, run_trial_class
+from lightning_bridge.experiment.trial_process._execute import load_trial_class, run_trial_class
 from lightning_bridge.translation.services._run_description import RunDescription
 
 

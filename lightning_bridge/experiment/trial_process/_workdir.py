@@ -29,8 +29,6 @@ from collections.abc import Iterable
 from lightning_bridge.checkpoint._code import code_files
 from lightning_bridge.checkpoint._storage_config import storage_from_config
 
-WORKDIR = "workdir"
-
 
 @dataclasses.dataclass(frozen=True)
 class Synced:

@@ -19,7 +19,7 @@ from lightning_bridge.checkpoint._storage_backend import CheckpointStorage
 from lightning_bridge.checkpoint._storage_config import storage_from_config
 from lightning_bridge.contract._units import Epoch
 from lightning_bridge.experiment.config._config import recorded_storage
-from lightning_bridge.experiment.trial_process._plan import Plan
+from lightning_bridge.experiment.config._plan import Plan
 from lightning_bridge.record._records import Checkpoint, Experiment
 from lightning_bridge.record._registry import Registry
 from lightning_bridge.record._schema import CheckpointState, TrialState

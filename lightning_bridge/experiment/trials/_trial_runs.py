@@ -22,8 +22,9 @@ from lightning_bridge import _logging
 from lightning_bridge._errors import InvalidArgumentError
 from lightning_bridge.checkpoint._code import check_size
 from lightning_bridge.checkpoint._storage_config import check_backend, storage_from_config
+from lightning_bridge.experiment.config import _plan
 from lightning_bridge.experiment.config._config import ResolvedConfig, parse_config
-from lightning_bridge.experiment.trial_process import _plan
+from lightning_bridge.experiment.trial_process import _execute
 from lightning_bridge.experiment.trial_process._parent import follow_parent
 from lightning_bridge.experiment.trial_process._workdir import (
     Synced,
@@ -106,7 +107,7 @@ def run_trial(
         plan.config.model.entrypoint,
         trial.working_dir(plan),
         plan.config.model.reproducibility.experiment_seed,
-        _plan.trial_seed(plan, trial),
+        _execute.trial_seed(plan, trial),
     )
     if trial.latest_checkpoint:
         logger.info("Continuing from checkpoint %s", trial.latest_checkpoint)
@@ -121,7 +122,7 @@ def run_trial(
                 synced.path,
                 synced.describe(),
             )
-        code = _plan.execute(plan, trial)
+        code = _execute.execute(plan, trial)
     except KeyboardInterrupt:
         registry.trial_ended(trial.trial_id, TrialState.STOPPED, "interrupted", if_active=True)
         ended = True
@@ -205,7 +206,7 @@ def start_experiment(
         continue_command=continue_command(workspace, experiment_id),
         warm_start=warm,
     )
-    trial.seed = _plan.trial_seed(plan, trial)
+    trial.seed = _execute.trial_seed(plan, trial)
     trial.trial_id = registry.create_trial(
         experiment_id,
         hparams=conf.hparams,
@@ -320,6 +321,6 @@ def run_described(run: RunDescription, run_file: pathlib.Path) -> int:
         search=run.search,
     )
     if not is_chief():
-        return _plan.execute(plan, trial)
+        return _execute.execute(plan, trial)
     with Registry(workspace) as registry:
         return run_trial(registry, plan, trial)

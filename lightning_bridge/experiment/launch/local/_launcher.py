@@ -10,10 +10,11 @@ import sys
 from collections.abc import Sequence
 
 from lightning_bridge._process import pid_alive
+from lightning_bridge.experiment.config import _plan
 from lightning_bridge.experiment.launch._contract import Launcher, RunningTrial
 from lightning_bridge.experiment.launch._handle import TrialProcess
 from lightning_bridge.experiment.launch._warm import WarmStarter
-from lightning_bridge.experiment.trial_process import _plan
+from lightning_bridge.experiment.trial_process import _execute
 from lightning_bridge.experiment.trial_process._parent import PARENT_ENV
 from lightning_bridge.experiment.trials import _trial_runs
 from lightning_bridge.record._records import Job, Trial
@@ -76,7 +77,7 @@ class LocalLauncher(Launcher):
         folder, its output in the trial's `output.log`, ended with the process that started
         it (`PARENT_ENV`)."""
         trial.trial_dir.mkdir(parents=True, exist_ok=True)
-        _plan.describe_run(plan, trial).write(trial.run_file)
+        _execute.describe_run(plan, trial).write(trial.run_file)
         _trial_runs.prepare_work_dir(plan, trial)  # the trial's process starts in its copy
         env = {k: v for k, v in os.environ.items() if k != ENV_VAR}
         env[PARENT_ENV] = str(os.getpid())

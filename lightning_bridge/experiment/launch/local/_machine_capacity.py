@@ -16,7 +16,7 @@ import shutil
 import subprocess
 import sys
 
-from lightning_bridge.experiment.trial_process._plan import Plan
+from lightning_bridge.experiment.config._plan import Plan
 
 logger = logging.getLogger("lightning_bridge")
 

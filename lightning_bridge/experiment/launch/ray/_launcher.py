@@ -41,11 +41,12 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from lightning_bridge._errors import InvalidArgumentError
+from lightning_bridge.experiment.config import _plan
 from lightning_bridge.experiment.config._config_errors import launcher_section
 from lightning_bridge.experiment.config._config_schema import RAY_MESSAGES, RaySection
 from lightning_bridge.experiment.launch._contract import Launcher, RunningTrial, settle_end
 from lightning_bridge.experiment.launch.ray import _cluster
-from lightning_bridge.experiment.trial_process import _plan
+from lightning_bridge.experiment.trial_process import _execute
 from lightning_bridge.experiment.trial_process._signals import handling
 from lightning_bridge.experiment.trials import _trial_runs
 from lightning_bridge.experiment.trials._checkpoints import continue_from_latest
@@ -295,7 +296,7 @@ class RayLauncher(Launcher):
                 plan.options, devices=settings.per_node, num_nodes=settings.nodes
             )
             plan = dataclasses.replace(plan, options=options)
-        _plan.describe_run(plan, trial).write(trial.run_file)
+        _execute.describe_run(plan, trial).write(trial.run_file)
         _trial_runs.prepare_work_dir(plan, trial)
         return settings
 

@@ -36,10 +36,11 @@ from typing import Any
 
 from lightning_bridge._errors import InvalidArgumentError
 from lightning_bridge._private import write_file
+from lightning_bridge.experiment.config import _plan
 from lightning_bridge.experiment.config._config_errors import launcher_section
 from lightning_bridge.experiment.config._config_schema import SLURM_MESSAGES, SlurmSection
 from lightning_bridge.experiment.launch._contract import Launcher, RunningTrial, settle_end
-from lightning_bridge.experiment.trial_process import _plan
+from lightning_bridge.experiment.trial_process import _execute
 from lightning_bridge.experiment.trial_process._signals import handling
 from lightning_bridge.experiment.trials import _trial_runs
 from lightning_bridge.record._records import Job, Trial
@@ -369,7 +370,7 @@ class SlurmLauncher(Launcher):
                 plan.options, devices=settings.per_node, num_nodes=settings.nodes
             )
             plan = dataclasses.replace(plan, options=options)
-        _plan.describe_run(plan, trial).write(trial.run_file)
+        _execute.describe_run(plan, trial).write(trial.run_file)
         # A search's trial runs in its own copy of the folder, there before any task starts.
         _trial_runs.prepare_work_dir(plan, trial)
         script = trial.trial_dir / "job.sh"
