@@ -211,6 +211,12 @@ def interop(session: nox.Session) -> None:
     _pytest(session, "-m", "interop", *XDIST)
 
 
+# Examples another session runs, with the extra it installs: examples/deepspeed needs DeepSpeed
+# (an sdist built with its ops disabled); the deepspeed session runs it in test mode
+# (tests/test_deepspeed.py), against both DeepSpeed releases.
+OWN_SESSION_EXAMPLES = {"deepspeed"}
+
+
 def _example_commands(folder: Path, python: str) -> list[list[str]]:
     """What a user of the example runs, with the folder as working directory: every experiment
     config in test mode, and a Trainer-API ``train.py`` alone and under torchrun."""
@@ -256,7 +262,9 @@ def examples(session: nox.Session) -> None:
     Each folder examples/<name>/ not starting with "_" or "." is an example with a const.yaml.
     Two folders run at a time (one per core); a folder's own commands run in order."""
     folders = sorted(
-        p for p in (ROOT / "examples").iterdir() if p.is_dir() and not p.name.startswith(("_", "."))
+        p
+        for p in (ROOT / "examples").iterdir()
+        if p.is_dir() and not p.name.startswith(("_", ".")) and p.name not in OWN_SESSION_EXAMPLES
     )
     missing = [p.name for p in folders if not (p / "const.yaml").is_file()]
     if missing:

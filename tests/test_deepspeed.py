@@ -8,10 +8,12 @@ import importlib.util
 import json
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 
 import pytest
+import yaml
 
 from lightning_bridge.contract import _import_map
 
@@ -218,12 +220,17 @@ def test_stopped_and_continued_runs_end_as_the_uninterrupted_one(
         assert _close(other[0]["weights"], chief[0]["weights"], 0.0)
 
 
-def _bridge(*args: str, cwd: pathlib.Path) -> subprocess.CompletedProcess[str]:
+def _bridge(
+    *args: str, cwd: pathlib.Path, path: tuple[pathlib.Path, ...] = (), **extra_env: str
+) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("LIGHTNING_BRIDGE_")}
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_PORT"):
         env.pop(var, None)
     env["DS_ACCELERATOR"] = "cpu"
-    env["PYTHONPATH"] = str(pathlib.Path(__file__).resolve().parents[1])
+    env["PYTHONPATH"] = os.pathsep.join(
+        [*map(str, path), str(pathlib.Path(__file__).resolve().parents[1])]
+    )
+    env.update(extra_env)
     return subprocess.run(
         [sys.executable, "-m", "lightning_bridge", *args],
         cwd=cwd, env=env, capture_output=True, text=True, timeout=600,
@@ -276,6 +283,33 @@ def test_lightning_bridge_run_records_a_deepspeed_trial(
     names = {p.name for p in location.iterdir()}
     ranks = {f"det_state_dict_rank{r}.pth" for r in range(processes)}
     assert ranks | {"trial_state.pkl", "load_data.json", "model0"} <= names
+    # The record's download: the engine folder, DeepSpeed's `latest` and the bridge's files.
+    got = _bridge(
+        "checkpoint", "download", checkpoints[-1]["uuid"], "--out", str(tmp_path / "dl"),
+        "--json", *ws, cwd=folder,
+    )  # fmt: skip
+    assert got.returncode == 0, got.stderr
+    downloaded = pathlib.Path(json.loads(got.stdout)["downloaded_to"])
+    assert ranks | {"model0", "latest", "load_data.json", "trial_state.pkl"} <= {
+        p.name for p in downloaded.iterdir()
+    }
+    assert (downloaded / "latest").read_text().strip() == "model0"
+    # load_trial_from_checkpoint_path says how to load it; DeepSpeed's own function reads the
+    # module's weights (ZeRO 2 here; its partitions of both processes merged).
+    from lightning_bridge._errors import InvalidCheckpointError
+    from lightning_bridge.contract._load import load_trial_from_checkpoint_path
+
+    with pytest.raises(InvalidCheckpointError, match=r"get_fp32_state_dict_from_zero_checkpoint"):
+        load_trial_from_checkpoint_path(downloaded)
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    weights = get_fp32_state_dict_from_zero_checkpoint(str(downloaded), tag="model0")
+    assert {k: tuple(v.shape) for k, v in weights.items()} == {
+        "0.weight": (16, 8),
+        "0.bias": (16,),
+        "2.weight": (1, 16),
+        "2.bias": (1,),
+    }
 
 
 def test_a_deepspeed_trial_class_is_a_trial_entrypoint(mapped) -> None:
@@ -344,3 +378,191 @@ def test_parity_with_determined_runner_and_its_checkpoints(tmp_path: pathlib.Pat
     assert _close(results[0]["weights"], determined_weights, 1e-6)
     assert results[1]["calls"] == [3, 4, 5]
     assert _close(results[1]["weights"], determined_weights, 1e-6)
+
+
+FIXTURES = pathlib.Path(__file__).resolve().parent / "fixtures"
+DCGAN = FIXTURES / "determined_examples" / "deepspeed_dcgan"
+# A `torchvision` that serves made-up MNIST images without a download (its docstring).
+STANDIN = FIXTURES / "torchvision_standin"
+
+
+def _dcgan_folder(tmp_path: pathlib.Path, processes: int) -> pathlib.Path:
+    """Determined's dcgan example, its files unchanged, with a config written from its
+    `mnist.yaml`: narrow networks and a batch of 8 through its own hyperparameters
+    (`overwrite_deepspeed_args` over its `ds_config.json`, torch's Adam on the CPU), no data
+    workers, the data folder in `tmp_path`, `processes` slots."""
+    folder = tmp_path / "dcgan"
+    shutil.copytree(DCGAN, folder)
+    config = yaml.safe_load((folder / "mnist.yaml").read_text())
+    data_root = tmp_path / "data"
+    data_root.mkdir()
+    config["data"]["dataroot"] = str(data_root)
+    config["hyperparameters"].update(
+        noise_length=4,
+        generator_width_base=2,
+        discriminator_width_base=2,
+        data_workers=0,
+        overwrite_deepspeed_args={
+            "train_batch_size": 8,
+            "optimizer": {"params": {"torch_adam": True}},
+        },
+    )
+    config["resources"]["slots_per_trial"] = processes
+    (folder / "small.yaml").write_text(yaml.safe_dump(config))
+    return folder
+
+
+def _deepspeed_release() -> tuple[int, ...]:
+    import deepspeed
+
+    return tuple(int(part) for part in deepspeed.__version__.split("+")[0].split(".")[:3])
+
+
+def _run_dcgan(tmp_path: pathlib.Path, processes: int) -> subprocess.CompletedProcess[str]:
+    folder = _dcgan_folder(tmp_path, processes)
+    # Test mode (one training batch, one validation batch): the example's trainer.py asks
+    # for 200 batches itself.
+    return _bridge(
+        "run", "small.yaml", "--test", "--workspace", str(tmp_path / "ws"),
+        cwd=folder, path=(STANDIN,), MNIST_STANDIN_TRAIN="32",
+    )  # fmt: skip
+
+
+@pytest.mark.deepspeed
+@pytest.mark.parametrize("processes", [1, 2])
+def test_determined_dcgan_example_runs_unchanged(tmp_path: pathlib.Path, processes: int) -> None:
+    """Determined's `examples/deepspeed/dcgan` (two engines, a Trainer script behind
+    `python3 -m determined.launch.deepspeed`) through `lightning-bridge run --test`, 1 and 2
+    processes: exit 0, its training metrics and its validation in the record, its checkpoint
+    in Determined's layout with both engines, its images in the run's TensorBoard folder."""
+    if _deepspeed_release() >= (0, 18, 3):
+        pytest.skip("DeepSpeed 0.18.3 and later refuse this trial (the test below)")
+    ran = _run_dcgan(tmp_path, processes)
+    assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-6000:]
+    folder = tmp_path / "dcgan"
+    ws = ["--workspace", str(tmp_path / "ws")]
+    described = _bridge("experiment", "describe", "1", "--json", *ws, cwd=folder)
+    assert described.returncode == 0, described.stderr
+    data = json.loads(described.stdout)
+    assert data["state"] == "COMPLETED", data
+    (trial,) = data["trials"]
+    (training,) = trial["training"]
+    assert training["batches"] == 1
+    assert set(training["values"]) == {"errD", "errG", "D_x", "D_G_z1", "D_G_z2"}
+    assert all(0.0 < value < 100.0 for value in training["values"].values()), training
+    (validation,) = trial["validation"]
+    assert validation["values"]["no_validation_metric"] == 0.0
+    listed = _bridge("checkpoint", "list", "--json", *ws, cwd=folder)
+    assert listed.returncode == 0, listed.stderr
+    (checkpoint,) = json.loads(listed.stdout)
+    location = pathlib.Path(checkpoint["location"])
+    names = {p.name for p in location.iterdir()}
+    ranks = {f"det_state_dict_rank{r}.pth" for r in range(processes)}
+    # Both engines (generator, discriminator), as DeepSpeedTrial.save writes them.
+    assert ranks | {"model0", "model1", "latest", "trial_state.pkl", "load_data.json"} <= names
+    tensorboard = pathlib.Path(trial["run_dir"]) / "tensorboard"
+    assert any(tensorboard.glob("events.out.tfevents.*")), "the example's images"
+
+
+@pytest.mark.deepspeed
+def test_determined_dcgan_example_refused_in_one_line_on_newer_deepspeed(
+    tmp_path: pathlib.Path,
+) -> None:
+    """DeepSpeed 0.18.3 and later refuse the dcgan example's generator loss through its
+    discriminator engine (ZeRO stage 0): the run fails with one line naming the DeepSpeed
+    releases that run it, no traceback."""
+    if _deepspeed_release() < (0, 18, 3):
+        pytest.skip("DeepSpeed before 0.18.3 runs this trial (the test above)")
+    ran = _run_dcgan(tmp_path, 1)
+    assert ran.returncode != 0
+    output = ran.stdout + ran.stderr
+    lines = [line for line in output.splitlines() if "refuses this trial" in line]
+    assert len(lines) == 1, output[-6000:]
+    assert "DeepSpeed 0.16.9 to 0.18.2 runs it" in lines[0]
+    assert "pip install 'deepspeed>=0.16.9,<0.18.3'" in lines[0]
+    assert "Traceback" not in output, output[-6000:]
+
+
+EXAMPLE = pathlib.Path(__file__).resolve().parents[1] / "examples" / "deepspeed"
+
+
+@pytest.mark.deepspeed
+def test_the_deepspeed_example_runs_in_test_mode(tmp_path: pathlib.Path) -> None:
+    """examples/deepspeed (the examples session leaves it to this session, which installs
+    DeepSpeed) through `lightning-bridge run const.yaml --test`, as a user runs it: exit 0,
+    its training loss and validation loss in the record, a checkpoint with its engine."""
+    ws = ["--workspace", str(tmp_path / "ws")]
+    ran = _bridge("run", "const.yaml", "--test", *ws, cwd=EXAMPLE)
+    assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-6000:]
+    described = _bridge("experiment", "describe", "1", "--json", *ws, cwd=EXAMPLE)
+    assert described.returncode == 0, described.stderr
+    data = json.loads(described.stdout)
+    assert data["state"] == "COMPLETED", data
+    (trial,) = data["trials"]
+    assert trial["training"][-1]["values"]["loss"] > 0.0
+    assert trial["validation"][-1]["values"]["val_loss"] > 0.0
+    listed = _bridge("checkpoint", "list", "--json", *ws, cwd=EXAMPLE)
+    assert listed.returncode == 0, listed.stderr
+    (checkpoint,) = json.loads(listed.stdout)
+    assert (pathlib.Path(checkpoint["location"]) / "model0").is_dir()
+
+
+SEARCH_CONFIG = """\
+name: deepspeed-search
+entrypoint: model_def:LinearTrial
+hyperparameters:
+  shuffle: false
+  overwrite_deepspeed_args:
+    optimizer:
+      params:
+        lr: {type: log, base: 10, minval: -3, maxval: -1}
+searcher:
+  name: adaptive_asha
+  metric: val_loss
+  smaller_is_better: true
+  time_metric: batches
+  max_time: 8
+  max_trials: 3
+  max_concurrent_trials: 1
+  mode: aggressive
+  divisor: 2
+  max_rungs: 2
+reproducibility: {experiment_seed: 3}
+"""
+
+
+@pytest.mark.deepspeed
+def test_an_asha_search_over_a_deepspeed_config_value(tmp_path: pathlib.Path) -> None:
+    """`adaptive_asha` over the optimizer's learning rate of the DeepSpeed config (sampled
+    into `overwrite_deepspeed_args`, merged by `overwrite_deepspeed_config`): three trials,
+    each trained with its own rate (distinct losses from the same weights and data), ASHA's
+    rungs at 4 and 8 batches, the trials it does not promote stopped at their rung."""
+    folder = tmp_path / "exp"
+    folder.mkdir()
+    (folder / "model_def.py").write_text(FIXTURE.read_text())
+    (folder / "search.yaml").write_text(SEARCH_CONFIG)
+    ws = ["--workspace", str(tmp_path / "ws")]
+    ran = _bridge("run", "search.yaml", *ws, cwd=folder)
+    assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-6000:]
+    described = _bridge("experiment", "describe", "1", "--json", *ws, cwd=folder)
+    assert described.returncode == 0, described.stderr
+    data = json.loads(described.stdout)
+    trials = data["trials"]
+    seen = [
+        (
+            t["state"],
+            t["batches_trained"],
+            t["hparams"]["overwrite_deepspeed_args"]["optimizer"]["params"]["lr"],
+            [(v["batches"], v["values"]["val_loss"]) for v in t["validation"]],
+        )
+        for t in trials
+    ]
+    assert data["state"] == "COMPLETED", seen
+    assert len(trials) == 3, seen
+    rates = [lr for _, _, lr, _ in seen]
+    assert all(1e-3 <= lr <= 1e-1 for lr in rates) and len(set(rates)) == 3, seen
+    # Each trial validated at the first rung; its loss there is its rate's.
+    first_rung = [dict(validations)[4] for *_, validations in seen]
+    assert len(set(first_rung)) == 3, seen
+    assert sorted(batches for _, batches, _, _ in seen)[0] == 4, seen  # stopped at its rung
+    assert max(batches for _, batches, _, _ in seen) == 8, seen

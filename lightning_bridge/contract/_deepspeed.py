@@ -153,6 +153,9 @@ class DeepSpeedTrialContext:
         # The fit running the trial (its progress), attached by the runner.
         self._fit: FitView | None = None
         self._tensorboard_logging = True
+        # Where `get_tensorboard_writer` writes: the run's folder, set by `init()`.
+        self._tensorboard_dir = pathlib.Path("tensorboard")
+        self._tb_writer: Any = None
 
     # ----- engines -----
 
@@ -277,6 +280,27 @@ class DeepSpeedTrialContext:
 
     def get_enable_tensorboard_logging(self) -> bool:
         return self._tensorboard_logging
+
+    def get_tensorboard_path(self) -> pathlib.Path:
+        return self._tensorboard_dir
+
+    def get_tensorboard_writer(self) -> Any:
+        """A `SummaryWriter` writing into the run's TensorBoard folder (the same for every
+        call; closed when the fit ends)."""
+        if self._tb_writer is None:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError as exc:
+                raise InvalidArgumentError(
+                    "get_tensorboard_writer() needs the tensorboard package: "
+                    "pip install tensorboard"
+                ) from exc
+            self._tb_writer = SummaryWriter(str(self._tensorboard_dir))
+        return self._tb_writer
+
+    def _close_tensorboard_writer(self) -> None:
+        if self._tb_writer is not None:
+            self._tb_writer.close()
 
     @property
     def optimizers(self) -> list[Any]:

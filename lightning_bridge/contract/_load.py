@@ -24,7 +24,7 @@ from lightning_bridge.contract import _import_map
 from lightning_bridge.contract._code_import import import_trial_class
 from lightning_bridge.contract._context import ConfigValues, PyTorchTrialContext
 from lightning_bridge.contract._distributed import DistributedContext
-from lightning_bridge.contract._trial import is_trial_class
+from lightning_bridge.contract._trial import is_deepspeed_trial_class, is_trial_class
 
 TRUST_HINT = "load_trial_from_checkpoint_path(path, trust_checkpoint=True)"
 
@@ -93,6 +93,26 @@ def _bare_model(trial: Any, payload: dict[str, Any]) -> torch.nn.Module | None:
     return model
 
 
+def _refuse_deepspeed_checkpoint(ckpt: pathlib.Path, trial_class: type | None) -> None:
+    """A DeepSpeedTrial's checkpoint holds DeepSpeed engines, which only the trial builds
+    (`deepspeed.initialize`, in a process group): say how to load it instead."""
+    load_data = ckpt / "load_data.json"
+    is_deepspeed = load_data.is_file() and (
+        read_load_data(load_data).get("trial_type") == "DeepSpeedTrial"
+    )
+    if not is_deepspeed and trial_class is not None:
+        is_deepspeed = is_deepspeed_trial_class(trial_class)
+    if is_deepspeed:
+        raise InvalidCheckpointError(
+            f"{ckpt} is a DeepSpeedTrial checkpoint: its models are DeepSpeed engines the "
+            "trial builds with deepspeed.initialize, which load_trial_from_checkpoint_path does "
+            "not run. Build the trial inside det_ds.init() and call trial.load(context, path) "
+            "(each engine's load_checkpoint), or read an engine's module weights with "
+            "DeepSpeed's deepspeed.utils.zero_to_fp32.get_fp32_state_dict_from_zero_checkpoint"
+            "(path, tag='model0') (ZeRO 1-3; docs/deepspeed.md)."
+        )
+
+
 def _kind(obj: Any) -> str:
     if isinstance(obj, type):
         return f"the class {obj.__module__}.{obj.__qualname__}"
@@ -126,6 +146,7 @@ def load_trial_from_checkpoint_path(
         )
         torch_load_kwargs = kwargs
     ckpt = pathlib.Path(path)
+    _refuse_deepspeed_checkpoint(ckpt, trial_class)
     payload = load_state_file(
         ckpt, trusted=trust_checkpoint, torch_load_kwargs=torch_load_kwargs, trust_hint=TRUST_HINT
     )

@@ -135,7 +135,12 @@ def init(
         host = storage.get("host_path") if storage.get("type") == "shared_fs" else None
         checkpoint_dir = host if host else "checkpoints"
     _SETUPS[context] = DeepSpeedSetup(pathlib.Path(checkpoint_dir), run)
-    yield context
+    run_dir = run.run_dir if run is not None and run.run_dir is not None else pathlib.Path.cwd()
+    context._tensorboard_dir = run_dir / "tensorboard"
+    try:
+        yield context
+    finally:
+        context._close_tensorboard_writer()
 
 
 # DeepSpeed's shared-memory all-reduce kernel of its CPU accelerator (`ShareMemCommBuilder`).
@@ -300,6 +305,16 @@ class Trainer:
             )
         except BridgeError as exc:
             raise exc.with_traceback(None) from None
+        except RuntimeError as exc:
+            refused = refused_backward(exc)
+            if refused is None:
+                raise
+            if run is None:
+                raise InvalidTrialError(refused) from None
+            # The run's process: one line for the user, no traceback (the chief's).
+            raise SystemExit(
+                f"lightning-bridge: {refused}" if self.context.distributed.rank == 0 else 1
+            ) from None
 
     def _fit(
         self,
@@ -386,6 +401,30 @@ class Trainer:
                     flush=True,
                 )
             raise SystemExit(0)
+
+
+# DeepSpeed's refusal of a backward pass it does not run itself (`engine.backward`), from its
+# PyTorch-style backward support on (0.18.3): with ZeRO stage 0 the hooks it needs are missing.
+_REFUSED_BACKWARD = "Direct calls to tensor.backward() are not supported"
+# The DeepSpeed releases that run a backward through an engine other than the one whose
+# `backward()` is called (a GAN's generator loss through its discriminator engine).
+BACKWARD_THROUGH_ENGINES = "0.16.9 to 0.18.2"
+
+
+def refused_backward(exc: RuntimeError) -> str | None:
+    """The user's message when DeepSpeed refused a backward pass through an engine that did
+    not start it (ZeRO stage 0, DeepSpeed 0.18.3 and later), else None."""
+    if _REFUSED_BACKWARD not in str(exc):
+        return None
+    return (
+        f"DeepSpeed {_deepspeed().__version__} refuses this trial: with ZeRO stage 0 it runs "
+        "no backward pass through an engine but that engine's own backward(), and the trial "
+        "runs one otherwise (one engine's backward() through another engine, as a GAN's "
+        "generator loss through its discriminator, or loss.backward()); DeepSpeed: "
+        '"Direct calls to tensor.backward() are not supported in this configuration". '
+        f"DeepSpeed {BACKWARD_THROUGH_ENGINES} runs it: "
+        "pip install 'deepspeed>=0.16.9,<0.18.3'."
+    )
 
 
 def check_engine(context: DeepSpeedTrialContext) -> None:
