@@ -166,12 +166,17 @@ def tests(session: nox.Session, lightning: str) -> None:
     included (their fixture starts the server). Against the older ones: the tests marked
     ``lightning_api`` (tests/conftest.py lists their modules: the fit on Fabric, the adapter,
     the port, DDP, AMP, resuming, Lightning's private names), what a Lightning release can
-    change, but not the multi-process ones (``slow``: a minute or more each on two cores); the
-    record, configs, searches and the runner's processes do not depend on it."""
+    change, but not the multi-process ones (``slow``: a minute or more each on two cores) nor
+    the further cases of a test marked ``latest_lightning`` (one process each, but the same
+    Lightning code as the cases that do run: resuming at one more checkpoint, from ``last``);
+    the record, configs, searches and the runner's processes do not depend on it."""
     _install(session, *_extra("test"), lightning=lightning)
     marks = OWN_SESSIONS
     if lightning != LATEST_LIGHTNING:
-        marks += " and lightning_api and not slow and not search and not processes and not postgres"
+        marks += (
+            " and lightning_api and not slow and not latest_lightning and not search"
+            " and not processes and not postgres"
+        )
     _pytest(session, "-m", marks, "-rs", *XDIST)
 
 
