@@ -42,8 +42,11 @@ LINT_PATHS = ["lightning_bridge", "tests", "examples", "bench", "noxfile.py"]
 # Wall-clock limit for one example command; a hung example fails instead of stalling CI.
 EXAMPLE_TIMEOUT_S = 600
 # One pytest worker per core; a module's tests stay on one worker, so an expensive
-# module-scoped run is made once.
-XDIST = ["-n", "auto", "--dist", "loadscope"]
+# module-scoped run is made once. Modules are handed out in the order tests/conftest.py gives
+# them (those starting the most processes first), not xdist's default of the most tests first,
+# which left the long modules of a few tests each (Core API runs, kills, DDP) to the end, one
+# worker training while the other idled.
+XDIST = ["-n", "auto", "--dist", "loadscope", "--no-loadscope-reorder"]
 
 
 def _extra(name: str) -> list[str]:
