@@ -170,8 +170,9 @@ def tests(session: nox.Session, lightning: str) -> None:
     ``lightning_api`` (tests/conftest.py lists their modules: the fit on Fabric, the adapter,
     the port, DDP, AMP, resuming, Lightning's private names), what a Lightning release can
     change, but not the multi-process ones (``slow``: a minute or more each on two cores) nor
-    the further cases of a test marked ``latest_lightning`` (one process each, but the same
-    Lightning code as the cases that do run: resuming at one more checkpoint, from ``last``);
+    the further cases of a test marked ``latest_lightning`` (the same Lightning code as the
+    cases that do run: resuming from more checkpoints than one, a model compiled by inductor
+    rather than the eager backend);
     the record, configs, searches and the runner's processes do not depend on it."""
     _install(session, *_extra("test"), lightning=lightning)
     marks = OWN_SESSIONS
