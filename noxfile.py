@@ -42,8 +42,11 @@ LINT_PATHS = ["lightning_bridge", "tests", "examples", "bench", "noxfile.py"]
 # Wall-clock limit for one example command; a hung example fails instead of stalling CI.
 EXAMPLE_TIMEOUT_S = 600
 # One pytest worker per core; a module's tests stay on one worker, so an expensive
-# module-scoped run is made once.
-XDIST = ["-n", "auto", "--dist", "loadscope"]
+# module-scoped run is made once. Modules are handed out in the order tests/conftest.py gives
+# them (those starting the most processes first), not xdist's default of the most tests first,
+# which left the long modules of a few tests each (Core API runs, kills, DDP) to the end, one
+# worker training while the other idled.
+XDIST = ["-n", "auto", "--dist", "loadscope", "--no-loadscope-reorder"]
 
 
 def _extra(name: str) -> list[str]:
@@ -172,12 +175,18 @@ def tests(session: nox.Session, lightning: str) -> None:
     included (their fixture starts the server). Against the older ones: the tests marked
     ``lightning_api`` (tests/conftest.py lists their modules: the fit on Fabric, the adapter,
     the port, DDP, AMP, resuming, Lightning's private names), what a Lightning release can
-    change, but not the multi-process ones (``slow``: a minute or more each on two cores); the
-    record, configs, searches and the runner's processes do not depend on it."""
+    change, but not the multi-process ones (``slow``: a minute or more each on two cores) nor
+    the further cases of a test marked ``latest_lightning`` (the same Lightning code as the
+    cases that do run: resuming from more checkpoints than one, a model compiled by inductor
+    rather than the eager backend);
+    the record, configs, searches and the runner's processes do not depend on it."""
     _install(session, *_extra("test"), lightning=lightning)
     marks = OWN_SESSIONS
     if lightning != LATEST_LIGHTNING:
-        marks += " and lightning_api and not slow and not search and not processes and not postgres"
+        marks += (
+            " and lightning_api and not slow and not latest_lightning and not search"
+            " and not processes and not postgres"
+        )
     _pytest(session, "-m", marks, "-rs", *XDIST)
 
 

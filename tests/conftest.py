@@ -1,12 +1,13 @@
 """Shared fixtures: every test runs in its own working directory (logs, checkpoints); the
 servers' fixtures (`postgres`) come from tests/_servers.py. The `lightning_api` marker is set
-here, by module."""
+here, by module, and the modules are ordered for pytest-xdist, longest first."""
 
 from __future__ import annotations
 
 import os
 import pathlib
 import re
+from collections import Counter
 from collections.abc import Iterator
 
 import pytest
@@ -63,3 +64,30 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for item in items:
             if item.get_closest_marker(marker) is not None:
                 item.add_marker(skip)
+
+
+# The marks of tests that start processes of their own (trials, torchrun, the console
+# script): what makes a module take minutes instead of seconds.
+PROCESS_MARKS = ("slow", "processes", "search", "postgres")
+
+
+class _LongestModulesFirst:
+    """Orders the selected tests so that the modules with the most tests that start processes
+    come first, the in-process modules after (each module's tests, and modules of equal
+    weight, in their collected order). The sessions' xdist (`--dist loadscope
+    --no-loadscope-reorder`) hands modules to workers in this order: the long modules start
+    while every worker is busy and the short ones fill the end, so no worker idles through the
+    last long module."""
+
+    @pytest.hookimpl(trylast=True)  # after the deselection by -m / -k
+    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+        weight: Counter[pathlib.Path] = Counter()
+        for item in items:
+            if any(item.get_closest_marker(mark) for mark in PROCESS_MARKS):
+                weight[item.path] += 1
+        collected = {path: i for i, path in enumerate(dict.fromkeys(i.path for i in items))}
+        items.sort(key=lambda item: (-weight[item.path], collected[item.path]))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.pluginmanager.register(_LongestModulesFirst(), "lightning-bridge-module-order")

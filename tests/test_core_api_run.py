@@ -38,10 +38,19 @@ def checkpoint_state(folder: pathlib.Path, trial: int = 1) -> dict[str, Any]:
         return state
 
 
-def test_a_script_is_recorded_with_its_checkpoints_and_tensorboard(tmp_path: pathlib.Path) -> None:
-    folder = core_folder(tmp_path)
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
+    """The folder of the script's default run (one trial of 12 batches, a report and a
+    checkpoint every 4), run once per module: one test checks what it recorded, others compare
+    their runs with it; none writes to it."""
+    folder = core_folder(tmp_path_factory.mktemp("plain"))
     done = lb(folder, "run", "const.yaml")
     assert done.returncode == 0, done.stdout + done.stderr
+    return folder
+
+
+def test_a_script_is_recorded_with_its_checkpoints_and_tensorboard(plain: pathlib.Path) -> None:
+    folder = plain
     data = described(folder)
     (trial,) = data["trials"]
     assert trial["state"] == "COMPLETED"
@@ -85,10 +94,9 @@ def test_a_script_is_recorded_with_its_checkpoints_and_tensorboard(tmp_path: pat
     assert seen["lightning"] is False
 
 
-def test_paused_and_continued_it_ends_as_the_uninterrupted_run(tmp_path: pathlib.Path) -> None:
-    plain = core_folder(tmp_path, "plain")
-    done = lb(plain, "run", "const.yaml")
-    assert done.returncode == 0, done.stdout + done.stderr
+def test_paused_and_continued_it_ends_as_the_uninterrupted_run(
+    tmp_path: pathlib.Path, plain: pathlib.Path
+) -> None:
     (uninterrupted,) = seen_runs(run_dir(plain))
 
     gate = Gate.at(tmp_path / "gate")  # held before its 6th batch
@@ -178,9 +186,9 @@ def test_an_adaptive_asha_search_stops_trials_through_should_preempt(
     assert stopped[1] == 16, stopped
 
 
-def test_two_processes_store_sharded_checkpoints_and_train_as_one(tmp_path: pathlib.Path) -> None:
-    plain = core_folder(tmp_path, "plain")
-    assert lb(plain, "run", "const.yaml").returncode == 0
+def test_two_processes_store_sharded_checkpoints_and_train_as_one(
+    tmp_path: pathlib.Path, plain: pathlib.Path
+) -> None:
     (one,) = seen_runs(run_dir(plain))
     folder = core_folder(
         tmp_path,

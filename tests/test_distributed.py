@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -49,15 +50,34 @@ def _load(tmp_path: pathlib.Path, name: str, rank: int) -> dict[str, Any]:
     return json.loads((tmp_path / f"{name}.{rank}.json").read_text())
 
 
+Trained = Callable[..., list[dict[str, Any]]]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> Trained:
+    """`trained(agg, launcher, trial="one_model")`: each rank's results of the script's run,
+    which must succeed; made once per module for each set of arguments, since several tests
+    compare with the same one-process (or two-process) run."""
+    runs: dict[tuple[int, str, str], list[dict[str, Any]]] = {}
+
+    def run(agg: int, launcher: str, trial: str = "one_model") -> list[dict[str, Any]]:
+        key = (agg, launcher, trial)
+        if key not in runs:
+            folder = tmp_path_factory.mktemp(f"{launcher}-{agg}-{trial}")
+            done = _run(folder, "run", agg, launcher, trial=trial)
+            assert done.returncode == 0, done.stdout + done.stderr
+            ranks = 1 if launcher == "single" else 2
+            runs[key] = [_load(folder, "run", r) for r in range(ranks)]
+        return runs[key]
+
+    return run
+
+
 @pytest.mark.parametrize("agg", [1, 2])
 @pytest.mark.parametrize("launcher", ["torchrun", "lightning"])
-def test_two_processes_match_one(tmp_path: pathlib.Path, agg: int, launcher: str) -> None:
-    single = _run(tmp_path, "single", agg, "single")
-    assert single.returncode == 0, single.stdout + single.stderr
-    double = _run(tmp_path, "ddp", agg, launcher)
-    assert double.returncode == 0, double.stdout + double.stderr
-    one = _load(tmp_path, "single", 0)
-    ranks = [_load(tmp_path, "ddp", r) for r in (0, 1)]
+def test_two_processes_match_one(trained: Trained, agg: int, launcher: str) -> None:
+    (one,) = trained(agg, "single")
+    ranks = trained(agg, launcher)
     assert [r["size"] for r in ranks] == [2, 2] and one["size"] == 1
     # The trial's __init__ runs once every process is started, as in Determined: each rank
     # sees its own rank, the world size, its local rank and the node's.
@@ -78,16 +98,12 @@ def test_two_processes_match_one(tmp_path: pathlib.Path, agg: int, launcher: str
     assert ranks[0]["weight"] == ranks[1]["weight"]
 
 
-def test_two_models_stepped_separately_train_like_one_process(tmp_path: pathlib.Path) -> None:
+def test_two_models_stepped_separately_train_like_one_process(trained: Trained) -> None:
     # Lightning's DDP wraps the whole TrialModule where Determined wraps each model: each of
     # the two backward passes leaves the other model's parameters without gradients.
-    single = _run(tmp_path, "single", 1, "single", trial="two_models")
-    assert single.returncode == 0, single.stdout + single.stderr
-    double = _run(tmp_path, "ddp", 1, "lightning", trial="two_models")
-    assert double.returncode == 0, double.stdout + double.stderr
-    one = _load(tmp_path, "single", 0)
+    (one,) = trained(1, "single", "two_models")
     assert one["follower"], "the two-model trial ran"
-    for rank in (_load(tmp_path, "ddp", r) for r in (0, 1)):
+    for rank in trained(1, "lightning", "two_models"):
         assert rank["size"] == 2
         for key in ("weight", "bias"):
             np.testing.assert_allclose(rank[key], one[key], rtol=1e-5, atol=1e-6)
@@ -140,22 +156,22 @@ def _agent(tmp_path: pathlib.Path, out: str, torchrun: list[str]) -> subprocess.
 
 @pytest.mark.processes
 def test_two_torchrun_agents_on_a_c10d_rendezvous_train_like_one_agent(
-    tmp_path: pathlib.Path,
+    tmp_path: pathlib.Path, trained: Trained
 ) -> None:
     """A Trainer-API script across two machines (two agents, one process each, meeting at a
     c10d rendezvous on 127.0.0.1) ends with the weights and metrics of the same script's two
-    processes under one agent (run alongside)."""
+    processes under one agent (`torchrun --standalone --nproc-per-node 2`: the module's run
+    that test_two_processes_match_one compares with one process too)."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = int(sock.getsockname()[1])
     rendezvous = ["--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d"]
     rendezvous += ["--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "bridge-test"]
     agents = [_agent(tmp_path, "nodes", rendezvous) for _ in (0, 1)]
-    agents.append(_agent(tmp_path, "agent", ["--standalone", "--nproc-per-node", "2"]))
     outputs = [agent.communicate(timeout=240)[0] for agent in agents]
-    assert [agent.returncode for agent in agents] == [0, 0, 0], "\n".join(outputs)
+    assert [agent.returncode for agent in agents] == [0, 0], "\n".join(outputs)
     nodes = [_load(tmp_path, "nodes", r) for r in (0, 1)]
-    want = [_load(tmp_path, "agent", r) for r in (0, 1)]
+    want = trained(1, "torchrun")
     # Each process sees its global rank, the world, its local rank on its own machine (0 of
     # 1) and its machine's rank among the two (Determined's cross rank / size).
     assert [r["seen_at_init"] for r in nodes] == [[0, 2, 0, 1, 0, 2], [1, 2, 0, 1, 1, 2]]

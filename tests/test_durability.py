@@ -33,6 +33,16 @@ class BigTrial(LinearTrial):
         self.big = context.wrap_model(torch.nn.Linear(1024, 1024))
 
 
+# What building a trial's context and its TrialModule imports, besides this module's imports.
+# A name that is no longer a module is skipped by the preload: the processes start slower.
+FIT_MODULES = [
+    "torch",
+    "lightning.pytorch",
+    "lightning_bridge.translation.fit._init",
+    "lightning_bridge.translation.fit._trial_module",
+]
+
+
 def _save_forever(directory: str, started: Any) -> None:
     with quiet_init() as ctx:
         module = pytorch.TrialModule(BigTrial(ctx), ctx)
@@ -58,9 +68,10 @@ def _assert_store_is_consistent(directory: pathlib.Path) -> int:
 @pytest.mark.processes
 def test_killed_saves_never_leave_a_partial_checkpoint(tmp_path: pathlib.Path) -> None:
     mp = multiprocessing.get_context("forkserver")
-    # The saving process imports this module (its target) and what it imports: preloaded, so
+    # The saving process imports this module (its target), what it imports and what the
+    # trial's context and TrialModule import when built (Lightning, the fit): preloaded, so
     # that each of the 16 processes forks in milliseconds instead of importing them again.
-    mp.set_forkserver_preload(["torch", "tests._trials", __name__])
+    mp.set_forkserver_preload([*FIT_MODULES, "tests._trials", __name__])
     store = tmp_path / "store"
     seen = 0
     # Kill times spread over several save durations, so kills land in every phase of a save:

@@ -279,7 +279,13 @@ def test_double_precision_trains_the_trial_in_float64() -> None:
     assert trial.model.weight.dtype == torch.float64
 
 
-def test_a_compiled_model_in_the_trial_trains_as_the_plain_one() -> None:
+# Lightning sees the same compiled module (torch's OptimizedModule) whichever backend compiles
+# it: the older minors run the eager one, the latest torch.compile's default too (inductor,
+# which builds C++ for a minute on a busy machine).
+@pytest.mark.parametrize(
+    "backend", [pytest.param("inductor", marks=pytest.mark.latest_lightning), "eager"]
+)
+def test_a_compiled_model_in_the_trial_trains_as_the_plain_one(backend: str) -> None:
     class Compiled(LinearTrial):
         """LinearTrial with `context.wrap_model(torch.compile(model))`."""
 
@@ -287,7 +293,8 @@ def test_a_compiled_model_in_the_trial_trains_as_the_plain_one() -> None:
             self.context = context
             self.hp = context.get_hparams()
             torch.manual_seed(0)
-            self.model = context.wrap_model(torch.compile(torch.nn.Linear(4, 1)))
+            compiled = torch.compile(torch.nn.Linear(4, 1), backend=backend)
+            self.model = context.wrap_model(compiled)
             self.opt = context.wrap_optimizer(torch.optim.SGD(self.model.parameters(), lr=0.05))
             self.recorder = Recorder()
             self.n_train, self.n_val = 32, 16
