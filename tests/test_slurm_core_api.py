@@ -106,14 +106,24 @@ def asha_stops_trials_through_should_preempt(tmp_path: pathlib.Path, run: Run, *
     assert stopped[1] == 16, stopped  # asynchronous ASHA promotes the first trial
 
 
-def paused_then_continued(tmp_path: pathlib.Path, run: Run, *extra: str) -> dict[str, Any]:
+def uninterrupted_local_run(root: pathlib.Path) -> pathlib.Path:
+    """The plain Core API folder run to its end locally in `root`; its workspace."""
+    plain = root / "ws-plain"
+    run_to_end(on_local(core_folder(root, "plain"), plain), root)
+    return plain
+
+
+def paused_then_continued(
+    tmp_path: pathlib.Path, run: Run, *extra: str, plain: pathlib.Path | None = None
+) -> dict[str, Any]:
     """A trial held before its 6th batch is paused: it checkpoints at its next boundary (8)
     and is recorded STOPPED; continued, it restores that checkpoint (`latest_checkpoint`),
-    trains batches 9-12 and ends with the uninterrupted local run's weights and validations.
-    The trial as `experiment describe` shows it at the end."""
-    plain = core_folder(tmp_path, "plain")
-    run_to_end(on_local(plain, tmp_path / "ws-plain"), tmp_path)
-    (uninterrupted,) = seen_runs(trial_dir(tmp_path / "ws-plain"))
+    trains batches 9-12 and ends with the uninterrupted local run's weights and validations
+    (`plain`: that run's workspace, where the caller has it already). The trial as
+    `experiment describe` shows it at the end."""
+    if plain is None:
+        plain = uninterrupted_local_run(tmp_path)
+    (uninterrupted,) = seen_runs(trial_dir(plain))
 
     gate = sf.Gate.at(tmp_path / "gate")
     folder = core_folder(tmp_path, "paused", hyperparameters=gate.hparams(5))
@@ -140,7 +150,7 @@ def paused_then_continued(tmp_path: pathlib.Path, run: Run, *extra: str) -> dict
     assert resumed["latest"] is not None and resumed["trained"] == [9, 10, 11, 12], resumed
     assert resumed["restored_files"] == ["metadata.json", "shard.0", "state.pt"]
     assert resumed["weights"] == uninterrupted["weights"]
-    plain_trial = described(tmp_path / "ws-plain", tmp_path)["trials"][0]
+    plain_trial = described(plain, tmp_path)["trials"][0]
     assert [m["values"] for m in trial["validation"]] == [
         m["values"] for m in plain_trial["validation"]
     ]
