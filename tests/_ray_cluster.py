@@ -476,14 +476,22 @@ def spare_ray_cluster_fixture(
     (killed or drained): they share it in turn, each getting both nodes alive. A worker
     node a test lost is replaced before the next test (`start_worker`: seconds, where a
     whole cluster takes half a minute); a test that fails takes the cluster down with it,
-    and the next test starts a new one."""
+    and the next test starts a new one. After the last test using it, it is stopped (its
+    idle nodes would take CPU from the session's other tests)."""
     with _auth_environment():
         cluster = _repaired_spare(spare_ray_clusters)
         failed = request.session.testsfailed
         yield cluster
-        if request.session.testsfailed > failed:
+        if request.session.testsfailed > failed or not _used_later(request):
             spare_ray_clusters.remove(cluster)
             _stop(cluster)
+
+
+def _used_later(request: pytest.FixtureRequest) -> bool:
+    """Whether a test after this one in the session uses the spare cluster."""
+    items = request.session.items
+    later = items[items.index(request.node) + 1 :] if request.node in items else items
+    return any("spare_ray_cluster" in getattr(item, "fixturenames", ()) for item in later)
 
 
 def _repaired_spare(spares: list[RayCluster]) -> RayCluster:
