@@ -25,11 +25,12 @@ read it from there, and while a cluster runs this process's environment names it
 (`AUTH_ENV`), so that what a test starts (the bridge's commands, `ray list`, `ray.init` here)
 reaches the cluster as a user's shell with the token would.
 
-`ray_cluster` (session-scoped; a test module imports `ray_cluster_fixture`) is shared by the
-session's tests; `spare_ray_cluster` (imported as `spare_ray_cluster_fixture` with
-`spare_ray_clusters_fixture`) is a second cluster that the tests losing a worker node share
-in turn, its worker replaced between them; `fresh_ray_cluster` (function-scoped; imported as
-`fresh_ray_cluster_fixture`) is a test's own, for a test that takes the whole cluster down.
+The fixtures are registered once, by tests/conftest.py (imported into each test module, a
+session-scoped fixture would be each module's own, one cluster per module). `ray_cluster`
+(session-scoped) is shared by the session's tests; `spare_ray_cluster` is a second cluster
+that the tests losing a worker node share in turn, its worker replaced between them;
+`fresh_ray_cluster` (function-scoped) is a test's own, for a test that takes the whole
+cluster down.
 They skip with the reason when Ray is missing or the cluster cannot start. The ray session
 runs with `-n 0`.
 """

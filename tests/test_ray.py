@@ -25,14 +25,7 @@ from lightning_bridge.record._registry import Registry
 from lightning_bridge.record._workspace import Workspace
 from tests import _folders as sf
 from tests._folders import weights_by_hparams
-from tests._ray_cluster import (  # noqa: F401 - fixtures
-    RayCluster,
-    fresh_ray_cluster_fixture,
-    head_held,
-    ray_cluster_fixture,
-    spare_ray_cluster_fixture,
-    spare_ray_clusters_fixture,
-)
+from tests._ray_cluster import RayCluster, head_held
 from tests._servers import free_port
 from tests.test_slurm import (
     _config,

@@ -13,7 +13,7 @@ import subprocess
 import pytest
 
 from tests import _folders as sf
-from tests._ray_cluster import RayCluster, auth_token, ray_cluster_fixture  # noqa: F401
+from tests._ray_cluster import RayCluster, auth_token
 from tests.test_ray import _experiments, on_ray
 from tests.test_slurm import (
     _config,

@@ -18,14 +18,7 @@ from typing import Any
 
 import pytest
 
-from tests._ray_cluster import (  # noqa: F401 - fixtures
-    CPUS_PER_NODE,
-    RESOURCES,
-    RayCluster,
-    ray_cluster_fixture,
-    spare_ray_cluster_fixture,
-    spare_ray_clusters_fixture,
-)
+from tests._ray_cluster import CPUS_PER_NODE, RESOURCES, RayCluster
 
 pytestmark = pytest.mark.ray
 

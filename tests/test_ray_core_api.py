@@ -16,14 +16,7 @@ import pytest
 
 from tests import _folders as sf
 from tests._core_api_runs import core_folder, seen_runs
-from tests._ray_cluster import (  # noqa: F401 - fixtures
-    RayCluster,
-    _ray,
-    head_held,
-    ray_cluster_fixture,
-    spare_ray_cluster_fixture,
-    spare_ray_clusters_fixture,
-)
+from tests._ray_cluster import RayCluster, _ray, head_held
 from tests.test_ray import _live_actors
 from tests.test_slurm import _job, _seen, _trial, finish, lb_start
 from tests.test_slurm_core_api import (
