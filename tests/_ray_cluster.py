@@ -25,10 +25,14 @@ read it from there, and while a cluster runs this process's environment names it
 (`AUTH_ENV`), so that what a test starts (the bridge's commands, `ray list`, `ray.init` here)
 reaches the cluster as a user's shell with the token would.
 
-`ray_cluster` (session-scoped; a test module imports `ray_cluster_fixture`) is shared by the
-session's tests; `fresh_ray_cluster` (function-scoped; imported as
-`fresh_ray_cluster_fixture`) is a test's own, for tests that break it. Both skip with the
-reason when Ray is missing or the cluster cannot start. The ray session runs with `-n 0`.
+The fixtures are registered once, by tests/conftest.py (imported into each test module, a
+session-scoped fixture would be each module's own, one cluster per module). `ray_cluster`
+(session-scoped) is shared by the session's tests; `spare_ray_cluster` is a second cluster
+that the tests losing a worker node share in turn, its worker replaced between them;
+`fresh_ray_cluster` (function-scoped) is a test's own, for a test that takes the whole
+cluster down.
+They skip with the reason when Ray is missing or the cluster cannot start. The ray session
+runs with `-n 0`.
 """
 
 from __future__ import annotations
@@ -448,16 +452,90 @@ def ray_cluster_fixture() -> Iterator[RayCluster]:
 
 @pytest.fixture(name="fresh_ray_cluster")
 def fresh_ray_cluster_fixture() -> Iterator[RayCluster]:
-    """A cluster of the test's own (for tests that lose nodes), stopped at its end."""
+    """A cluster of the test's own (for a test that takes the whole cluster down), stopped
+    at its end."""
     yield from _cluster()
 
 
+_SPARE: list[RayCluster] = []  # the session's spare cluster, while one runs
+
+
+@pytest.fixture(scope="session", name="spare_ray_clusters")
+def spare_ray_clusters_fixture() -> Iterator[list[RayCluster]]:
+    """Where `spare_ray_cluster` keeps its cluster; the one left is stopped at the
+    session's end."""
+    yield _SPARE
+    while _SPARE:
+        _stop(_SPARE.pop())
+
+
+@pytest.fixture(name="spare_ray_cluster")
+def spare_ray_cluster_fixture(
+    request: pytest.FixtureRequest, spare_ray_clusters: list[RayCluster]
+) -> Iterator[RayCluster]:
+    """A second cluster, apart from the session's, for tests that lose its worker node
+    (killed or drained): they share it in turn, each getting both nodes alive. A worker
+    node a test lost is replaced before the next test (`start_worker`: seconds, where a
+    whole cluster takes half a minute); a test that fails takes the cluster down with it,
+    and the next test starts a new one. After the last test using it, it is stopped (its
+    idle nodes would take CPU from the session's other tests)."""
+    with _auth_environment():
+        cluster = _repaired_spare(spare_ray_clusters)
+        failed = request.session.testsfailed
+        yield cluster
+        if request.session.testsfailed > failed or not _used_later(request):
+            spare_ray_clusters.remove(cluster)
+            _stop(cluster)
+
+
+def _used_later(request: pytest.FixtureRequest) -> bool:
+    """Whether a test after this one in the session uses the spare cluster."""
+    items = request.session.items
+    later = items[items.index(request.node) + 1 :] if request.node in items else items
+    return any("spare_ray_cluster" in getattr(item, "fixturenames", ()) for item in later)
+
+
+def _repaired_spare(spares: list[RayCluster]) -> RayCluster:
+    """The spare cluster with both nodes alive: its worker started again where a test lost
+    it; a new cluster where there is none or its head is gone."""
+    if spares:
+        cluster = spares[0]
+        try:
+            if cluster.head.process.poll() is not None or "head" not in cluster.node_ids():
+                raise ClusterUnavailable("the spare cluster's head is gone")
+            worker = cluster.worker
+            if worker is not None and (
+                worker.process.poll() is not None or "worker" not in cluster.node_ids()
+            ):
+                cluster.kill_worker()  # its leftovers, until the GCS counts it dead
+            if cluster.worker is None:
+                cluster.start_worker()
+            return cluster
+        except (ClusterUnavailable, OSError) as exc:
+            print(f"the spare Ray test cluster is started again: {exc}", file=sys.stderr)
+            spares.remove(cluster)
+            _stop(cluster)
+    spares.append(_started())
+    return spares[0]
+
+
 def _cluster() -> Iterator[RayCluster]:
+    with _auth_environment():
+        cluster = _started()
+        try:
+            yield cluster
+        finally:
+            _stop(cluster)
+
+
+@contextlib.contextmanager
+def _auth_environment() -> Iterator[None]:
+    """This process's environment naming the session's token while a cluster is in use."""
     saved = {name: os.environ.get(name) for name in (*auth_env(), "RAY_AUTH_TOKEN")}
     os.environ.pop("RAY_AUTH_TOKEN", None)
     os.environ.update(auth_env())
     try:
-        yield from _running()
+        yield
     finally:
         for name, value in saved.items():
             if value is None:
@@ -466,21 +544,23 @@ def _cluster() -> Iterator[RayCluster]:
                 os.environ[name] = value
 
 
-def _running() -> Iterator[RayCluster]:
+def _started() -> RayCluster:
+    """A new cluster; where it cannot start, the test fails (the ray session) or is skipped."""
     try:
-        cluster = _start_in_temp()
+        return _start_in_temp()
     except (ClusterUnavailable, OSError) as exc:
         if os.environ.get(REQUIRED_ENV) == "1":  # the ray session: no cluster is a failure
             pytest.fail(f"the Ray test cluster did not start: {exc}")
         pytest.skip(f"no Ray test cluster: {exc}")
-    try:
-        yield cluster
-    finally:
-        cluster.stop_head()
-        left = cluster.leftovers()
-        shutil.rmtree(cluster.root, ignore_errors=True)
-        if left:
-            raise AssertionError(f"processes of the Ray test cluster outlived it: {left}")
+
+
+def _stop(cluster: RayCluster) -> None:
+    """Stop the cluster and remove its folder; a process of it left is a failure."""
+    cluster.stop_head()
+    left = cluster.leftovers()
+    shutil.rmtree(cluster.root, ignore_errors=True)
+    if left:
+        raise AssertionError(f"processes of the Ray test cluster outlived it: {left}")
 
 
 def _start_in_temp(tries: int = 2) -> RayCluster:

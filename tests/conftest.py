@@ -12,6 +12,14 @@ from collections.abc import Iterator
 
 import pytest
 
+# The Ray clusters' fixtures, defined once here: a session-scoped fixture imported into each
+# test module would be a fixture of each module, and each module would start its own cluster.
+from tests._ray_cluster import (  # noqa: F401  (fixtures)
+    fresh_ray_cluster_fixture,
+    ray_cluster_fixture,
+    spare_ray_cluster_fixture,
+    spare_ray_clusters_fixture,
+)
 from tests._servers import _postgres_server, postgres  # noqa: F401  (fixtures)
 
 # The modules whose tests exercise what a Lightning release can change: the fit on Fabric

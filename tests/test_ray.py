@@ -11,12 +11,10 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import pathlib
 import re
 import signal
 import subprocess
-import sys
 import time
 from typing import Any
 
@@ -27,12 +25,7 @@ from lightning_bridge.record._registry import Registry
 from lightning_bridge.record._workspace import Workspace
 from tests import _folders as sf
 from tests._folders import weights_by_hparams
-from tests._ray_cluster import (  # noqa: F401 - fixtures
-    RayCluster,
-    fresh_ray_cluster_fixture,
-    head_held,
-    ray_cluster_fixture,
-)
+from tests._ray_cluster import RayCluster, head_held
 from tests._servers import free_port
 from tests.test_slurm import (
     _config,
@@ -84,31 +77,14 @@ def _search_trials(workspace: pathlib.Path) -> list[Any]:
 
 
 def _live_actors(cluster: RayCluster, prefix: str) -> list[str]:
-    """The names of the cluster's live actors starting with `prefix` (as `ray list actors`
-    shows them)."""
-    done = subprocess.run(
-        [
-            "ray",
-            "list",
-            "actors",
-            "--address",
-            cluster.address,
-            "--format",
-            "json",
-            "--limit",
-            "500",
-        ],
-        capture_output=True,
-        text=True,
-        check=False,
-        env={**os.environ, "PATH": f"{pathlib.Path(sys.executable).parent}:{os.environ['PATH']}"},
-    )
-    if done.returncode != 0:
-        return []
+    """The names of the cluster's live actors starting with `prefix`, as `ray list actors`
+    shows them (Ray's state API, asked from this process: no `ray` command to start)."""
+    from ray.util.state import list_actors
+
     return [
-        a["name"]
-        for a in json.loads(done.stdout or "[]")
-        if a.get("state") == "ALIVE" and str(a.get("name") or "").startswith(prefix)
+        str(actor.name)
+        for actor in list_actors(address=cluster.dashboard_url, limit=500)
+        if actor.state == "ALIVE" and str(actor.name or "").startswith(prefix)
     ]
 
 
@@ -441,13 +417,13 @@ def test_a_killed_coordinator_then_experiment_continue_finishes_the_search_on_po
 
 def test_a_lost_node_trial_continues_on_the_other_node_to_the_same_weights(
     tmp_path: pathlib.Path,
-    fresh_ray_cluster: RayCluster,
+    spare_ray_cluster: RayCluster,
     local_weights: dict[str, torch.Tensor],
 ) -> None:
     """The trial runs on the worker node (the head's CPUs held by another job while it is
     placed); the worker's raylet is killed mid-trial: the trial is placed again on the head
     and continues from its latest checkpoint to the uninterrupted run's weights."""
-    cluster = fresh_ray_cluster
+    cluster = spare_ray_cluster
     with head_held(cluster) as release_head:
         path = _folder(tmp_path, _config())
         ws = tmp_path / "ws"

@@ -13,7 +13,7 @@ import subprocess
 import pytest
 
 from tests import _folders as sf
-from tests._ray_cluster import RayCluster, auth_token, ray_cluster_fixture  # noqa: F401
+from tests._ray_cluster import RayCluster, auth_token
 from tests.test_ray import _experiments, on_ray
 from tests.test_slurm import (
     _config,
@@ -22,7 +22,6 @@ from tests.test_slurm import (
     _shown,
     _trial,
     _trial_batches,
-    _wait_for,
     finish,
 )
 
@@ -97,17 +96,17 @@ def test_the_token_in_ray_auth_token_reaches_the_cluster_through_ray_client_and_
     tmp_path: pathlib.Path, ray_cluster: RayCluster
 ) -> None:
     """The token in `RAY_AUTH_TOKEN` alone (no `RAY_AUTH_MODE`, no token file), the cluster
-    through Ray Client: the trial runs to its end; while it trains, no process's arguments
-    hold the token, and after it, neither the command's output, `experiment describe`, nor
-    any file in the workspace or the experiment's folder."""
+    through Ray Client: the trial runs to its end; while it trains (held at the test's gate
+    after 2 batches), no process's arguments hold the token, and after it, neither the
+    command's output, `experiment describe`, nor any file in the workspace or the
+    experiment's folder."""
     token = auth_token()
     path = _folder(tmp_path, _config())
     ws = tmp_path / "ws"
     env = _env_without_token(tmp_path / "home", RAY_AUTH_TOKEN=token)
+    gate = sf.Gate.at(tmp_path / "gate")
     command = sf.command(
-        *on_ray(path, ws, "--address", ray_cluster.client_address),
-        "--set",
-        "hyperparameters.delay=0.3",
+        *on_ray(path, ws, "--address", ray_cluster.client_address), *gate.options(2)
     )
     coordinator = subprocess.Popen(
         command,
@@ -118,11 +117,12 @@ def test_the_token_in_ray_auth_token_reaches_the_cluster_through_ray_client_and_
         text=True,
     )
     try:
-        _wait_for(lambda: _trial_batches(ws) >= 2, 600, "the trial to train 2 batches")
+        gate.wait(timeout=600, seen=lambda: _trial_batches(ws))
         sampled = _argument_lists()
         assert any("lightning_bridge _trial" in a for a in sampled), sampled
         assert not [a for a in sampled if token in a]
     finally:
+        gate.release()
         out = finish(coordinator)
     assert coordinator.returncode == 0, out[-4000:]
     assert _trial(ws).state == "COMPLETED" and _job(ws).state == "COMPLETED"

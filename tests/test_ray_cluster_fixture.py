@@ -1,7 +1,7 @@
 """The two-node Ray test cluster of `_ray_cluster` (marker `ray`): what the Ray launcher's tests
 rely on. Both nodes alive with the resources naming them, work placed on each node by its
 resource, clients finding the cluster by `env` and by `client_address`, and a worker node
-lost and replaced (on a cluster of the test's own).
+lost and replaced (on the spare cluster the tests that lose a worker share).
 
 A driver in this process attaches to the head node (Ray prefers the head when several nodes
 share the machine), so losing the worker never takes the test process with it.
@@ -18,13 +18,7 @@ from typing import Any
 
 import pytest
 
-from tests._ray_cluster import (  # noqa: F401 - fixtures
-    CPUS_PER_NODE,
-    RESOURCES,
-    RayCluster,
-    fresh_ray_cluster_fixture,
-    ray_cluster_fixture,
-)
+from tests._ray_cluster import CPUS_PER_NODE, RESOURCES, RayCluster
 
 pytestmark = pytest.mark.ray
 
@@ -115,9 +109,9 @@ def test_clients_find_the_cluster_by_env_and_by_client_address(
 
 
 def test_a_lost_worker_node_is_dead_and_a_new_one_takes_its_place(
-    fresh_ray_cluster: RayCluster, connect: Any
+    spare_ray_cluster: RayCluster, connect: Any
 ) -> None:
-    cluster = fresh_ray_cluster
+    cluster = spare_ray_cluster
     ray = connect(cluster)
     before = cluster.node_ids()
     assert node_of(ray, "node-b") == before["worker"]

@@ -16,22 +16,15 @@ import pytest
 
 from tests import _folders as sf
 from tests._core_api_runs import core_folder, seen_runs
-from tests._ray_cluster import (  # noqa: F401 - fixtures
-    RayCluster,
-    _ray,
-    fresh_ray_cluster_fixture,
-    head_held,
-    ray_cluster_fixture,
-)
+from tests._ray_cluster import RayCluster, _ray, head_held
 from tests.test_ray import _live_actors
 from tests.test_slurm import _job, _seen, _trial, finish, lb_start
 from tests.test_slurm_core_api import (
     asha_stops_trials_through_should_preempt,
-    on_local,
     paused_then_continued,
-    run_to_end,
     trial_dir,
     two_processes_store_shards,
+    uninterrupted_local_run,
 )
 
 pytestmark = pytest.mark.ray
@@ -44,6 +37,13 @@ def on_ray(folder: pathlib.Path, workspace: pathlib.Path, *extra: str) -> list[s
     return ["run", config, "--launcher", "ray", "--workspace", str(workspace), *extra]
 
 
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
+    """The plain Core API folder's uninterrupted local run, once for the module: the
+    workspace the paused and the drained trial compare with."""
+    return uninterrupted_local_run(tmp_path_factory.mktemp("plain"))
+
+
 def test_an_adaptive_asha_search_on_ray_stops_trials_through_should_preempt(
     tmp_path: pathlib.Path, ray_cluster: RayCluster
 ) -> None:
@@ -52,9 +52,9 @@ def test_an_adaptive_asha_search_on_ray_stops_trials_through_should_preempt(
 
 
 def test_a_paused_trial_on_ray_continues_from_its_latest_checkpoint_to_the_same_weights(
-    tmp_path: pathlib.Path, ray_cluster: RayCluster
+    tmp_path: pathlib.Path, ray_cluster: RayCluster, plain: pathlib.Path
 ) -> None:
-    paused_then_continued(tmp_path, on_ray, "--address", ray_cluster.address)
+    paused_then_continued(tmp_path, on_ray, "--address", ray_cluster.address, plain=plain)
     ws = tmp_path / "ws"
     assert _trial(ws).runs == 2 and _job(ws).launcher == "ray", _job(ws)
     assert not _live_actors(ray_cluster, "lb-1-")
@@ -71,19 +71,16 @@ def test_two_processes_across_the_nodes_on_ray_store_sharded_checkpoints(
 
 
 def test_a_drained_node_preempts_the_script_which_continues_on_the_other_node(
-    tmp_path: pathlib.Path, fresh_ray_cluster: RayCluster
+    tmp_path: pathlib.Path, spare_ray_cluster: RayCluster, plain: pathlib.Path
 ) -> None:
     """The script runs on the worker node (the head's CPUs held while it is placed), held
     before its 6th batch; the worker is drained (`ray drain-node`, reason preemption):
     `should_preempt()` turns true, the script checkpoints at its next boundary (8) and exits,
     and the launcher places it on the head, where it continues from that checkpoint to the
     uninterrupted local run's weights."""
+    (uninterrupted,) = seen_runs(trial_dir(plain))
 
-    plain = core_folder(tmp_path, "plain")
-    run_to_end(on_local(plain, tmp_path / "ws-plain"), tmp_path)
-    (uninterrupted,) = seen_runs(trial_dir(tmp_path / "ws-plain"))
-
-    cluster = fresh_ray_cluster
+    cluster = spare_ray_cluster
     with head_held(cluster) as release_head:
         gate = sf.Gate.at(tmp_path / "gate")
         folder = core_folder(tmp_path, "drained", hyperparameters=gate.hparams(5))
@@ -121,3 +118,5 @@ def test_a_drained_node_preempts_the_script_which_continues_on_the_other_node(
     assert first["preempted_at"] == 8 and first["trained"] == list(range(1, 9)), first
     assert resumed["trained"] == [9, 10, 11, 12], resumed
     assert resumed["weights"] == uninterrupted["weights"]
+    # The drained node leaves: the next test sharing the cluster gets a new worker node.
+    cluster.kill_worker()

@@ -14,7 +14,7 @@ import pytest
 from lightning_bridge.record._registry import Registry
 from tests._env_probes import TRIAL_PROBE
 from tests._folders import BASE_CONFIG, write_folder
-from tests._ray_cluster import RayCluster, ray_cluster_fixture  # noqa: F401 - fixture
+from tests._ray_cluster import RayCluster
 from tests._servers import moto_server, s3_filesystem
 from tests.test_secrets import BUCKET, RECORD_FILES, SecretRun
 from tests.test_slurm import lb

@@ -133,6 +133,12 @@ class Launcher(abc.ABC):
             "machine a search already starts its trials from one warm process)"
         )
 
+    def check_early(self, plan: _plan.Plan) -> None:  # noqa: B027 - most launchers need nothing
+        """Refuse what this launcher can tell without Lightning (its config section, a
+        cluster that does not answer or cannot place the trial), before the engine settings
+        are checked against Lightning: such a refusal comes in seconds, with no torch
+        loaded."""
+
     def check(self, plan: _plan.Plan) -> None:  # noqa: B027 - most launchers need nothing
         """Refuse a plan this launcher cannot run (InvalidArgumentError), before anything is
         recorded or submitted."""

@@ -3,10 +3,12 @@
 the workspace as it was, with one message.
 
 In order: the checkpoint storage and the size of the code to snapshot (a new experiment),
-the search's storage (a search with `--storage`), the engine settings against Lightning (a
-trial trained from here), the launcher's own checks (its binaries, what it can place),
-`--worker-jobs`, the record's file system as the launcher needs it, and the MLflow tracking
-server's answer to the command's credentials (a server that answers 401/403).
+the search's storage (a search with `--storage`), the launcher's checks that need no
+Lightning (its config section; a cluster's answer and room for the trial), the engine
+settings against Lightning (a trial trained from here), the launcher's other checks (its
+binaries, what it can place), `--worker-jobs`, the record's file system as the launcher
+needs it, and the MLflow tracking server's answer to the command's credentials (a server
+that answers 401/403).
 """
 
 from __future__ import annotations
@@ -49,9 +51,10 @@ def preflight(
         check_search_storage(search_storage)
     if new:
         _trial_runs.check_code(plan, workspace, *written)
+    launcher = launcher_for(plan.options.launcher)
+    launcher.check_early(plan)
     if engine:
         plan.check_engine()
-    launcher = launcher_for(plan.options.launcher)
     launcher.check(plan)
     if search:
         launcher.check_worker_jobs(plan, plan.options.worker_jobs)

@@ -240,7 +240,9 @@ class RayLauncher(Launcher):
         ]
         return settings.fitted(sizes, self.address, "GPUs" if self.gpus else "CPUs")
 
-    def check(self, plan: _plan.Plan) -> None:
+    def check_early(self, plan: _plan.Plan) -> None:
+        """The `ray` section, the cluster's answer and whether the cluster can place the
+        trial: all before Lightning is loaded (none of it depends on the engine check)."""
         settings = self.connect(plan)
         ray = _cluster.import_ray()
         unit = "GPUs" if self.gpus else "CPUs"
