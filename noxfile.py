@@ -70,12 +70,6 @@ def _shared_requirements() -> list[str]:
     return sorted(shared)
 
 
-# pip compiles nothing at install: Python writes the bytecode of what the tests import when
-# they import it. Compiling every file of transformers, MLflow or Ray at install costs CPU and
-# about 0.5 GB of `.nox` for modules no test imports.
-NO_COMPILE = "--no-compile"
-
-
 @contextlib.contextmanager
 def _install_lock() -> Iterator[None]:
     """One install at a time: ``./test`` runs two lanes of sessions at once, which share the
@@ -125,9 +119,9 @@ def _install_unlocked(session: nox.Session, *packages: str, lightning: str, edit
     constraints.write_text(
         f"torch=={TORCH}\nlightning=={lightning}.*\npytorch-lightning=={lightning}.*\n"
     )
-    session.install(NO_COMPILE, "-c", str(constraints), f"lightning=={lightning}.*", *packages)
+    session.install("-c", str(constraints), f"lightning=={lightning}.*", *packages)
     if editable:
-        session.install(NO_COMPILE, "-c", str(constraints), "-e", ".")
+        session.install("-c", str(constraints), "-e", ".")
     versions = session.run(
         "python", "-c", "import importlib.metadata as m\n"
         "for n in ('torch', 'lightning', 'pytorch-lightning'): print(n, m.version(n))",
@@ -146,7 +140,11 @@ def _env(session: nox.Session) -> dict[str, str]:
     XDG_DATA_HOME is ignored (the XDG specification), which sent the writes to ~/.local/share."""
     data_home = Path(session.create_tmp()).resolve() / "xdg-data"
     data_home.mkdir(parents=True, exist_ok=True)
-    return {"XDG_DATA_HOME": str(data_home), "MPLBACKEND": "Agg"}
+    # The tests' processes write the bytecode of what they import (the package, the shared
+    # folder's torch, installed without it), even where the machine sets
+    # PYTHONDONTWRITEBYTECODE: else each of the hundreds of processes a session starts
+    # compiles those modules again.
+    return {"XDG_DATA_HOME": str(data_home), "MPLBACKEND": "Agg", "PYTHONDONTWRITEBYTECODE": ""}
 
 
 # Every session prints its slowest tests: CI's log is where the run's minutes are measured.
@@ -194,7 +192,7 @@ def tests(session: nox.Session, lightning: str) -> None:
 def lint(session: nox.Session) -> None:
     """ruff check, ruff format --check and lint-imports (layers, no import cycle)."""
     with _install_lock():
-        session.install(NO_COMPILE, *_extra("lint"))
+        session.install(*_extra("lint"))
         # lint-imports reads the package's source; it needs it importable, not its dependencies.
         session.install("--no-deps", "-e", ".")
     session.run("ruff", "check", *LINT_PATHS)
