@@ -63,41 +63,35 @@ PER_TRIAL_ENV = frozenset(
     }
 )
 # What a trial's process imports before its first batch (a name missing here is imported by
-# the trial itself, as in a cold process).
-PRELOAD = (
-    "numpy",
-    "torch",
-    "lightning.fabric",
+# the trial itself, as in a cold process), in two parts. What every trial process imports: the
+# command, the record and the search it reports to (a script entrypoint's process starts the
+# script, which imports what it needs, and records how it ended).
+SCRIPT_PRELOAD = (
     "lightning_bridge.experiment.cli._main",
     "lightning_bridge.experiment.trials._trial_runs",
-    "lightning_bridge.translation.fit._init",
-    "lightning_bridge.translation.fit._trainer_api",
     "lightning_bridge.translation.services._search_report",
     "lightning_bridge.search._driver",
     "optuna",
     "lightning_bridge.record._registry",
     "sqlalchemy.dialects.sqlite",
-    # Optional: Lightning's TensorBoard logger imports every installed object-storage file
-    # system when it saves, at the end of each trial (0.7 s quiet, 6 s loaded for s3fs).
-    "?s3fs",
-    "?gcsfs",
-    "?adlfs",
 )
-# What a trial's MLflow mirror imports (its first send, at the latest at the trial's end: a
-# cold import of MLflow's client takes 4-8 s), preloaded when the record is mirrored.
-MIRROR_PRELOAD = ("?mlflow", "?mlflow.tracking", "lightning_bridge.tracking._mirror")
-# What only a trial trained in the process itself imports: a script entrypoint's trial process
-# starts the script (which imports what it needs) and records how it ended.
+# What only a trial trained in the process itself imports.
 FIT_PRELOAD = (
     "numpy",
     "torch",
     "lightning.fabric",
     "lightning_bridge.translation.fit._init",
     "lightning_bridge.translation.fit._trainer_api",
+    # Optional: Lightning's TensorBoard logger imports every installed object-storage file
+    # system when it saves, at the end of each trial (0.7 s quiet, 6 s loaded for s3fs).
     "?s3fs",
     "?gcsfs",
     "?adlfs",
 )
+PRELOAD = FIT_PRELOAD + SCRIPT_PRELOAD
+# What a trial's MLflow mirror imports (its first send, at the latest at the trial's end: a
+# cold import of MLflow's client takes 4-8 s), preloaded when the record is mirrored.
+MIRROR_PRELOAD = ("?mlflow", "?mlflow.tracking", "lightning_bridge.tracking._mirror")
 
 
 def preload_for(script: bool, mirrored: bool) -> tuple[str, ...]:
@@ -106,7 +100,7 @@ def preload_for(script: bool, mirrored: bool) -> tuple[str, ...]:
     process trains nothing itself (importing torch and Lightning there would cost each
     search seconds of CPU for nothing)."""
     if script:
-        return tuple(name for name in PRELOAD if name not in FIT_PRELOAD)
+        return SCRIPT_PRELOAD
     return PRELOAD + (MIRROR_PRELOAD if mirrored else ())
 
 
