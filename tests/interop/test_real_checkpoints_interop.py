@@ -35,7 +35,14 @@ VERSIONS = sorted(p.name for p in FIXTURES.iterdir() if (p / "state_dict.pth").i
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("reference") / "out.json"
-    env = {**os.environ, "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1", "PYTHONPATH": str(REPO)}
+    # Determined imports each checkpoint's code/ where it lies: no bytecode is written into the
+    # fixtures, which another session's tests read at the same time.
+    env = {
+        **os.environ,
+        "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1",
+        "PYTHONPATH": str(REPO),
+        "PYTHONDONTWRITEBYTECODE": "1",
+    }
     subprocess.run(
         [sys.executable, "-m", "tests.interop.real_ckpt_cases", str(out), str(FIXTURES), *VERSIONS],
         check=True,

@@ -97,7 +97,13 @@ def load_trial_class(spec: str, context_dir: pathlib.Path) -> type:
             "names a Python file of the context directory (model_def:MyTrial for "
             "model_def.py)."
         )
-    module = importlib.import_module(module_name)
+    # The trial runs from the user's folder in place: nothing is written beside the code, the
+    # bytecode of its modules included (Determined ran a copy of the folder).
+    saved_bytecode, sys.dont_write_bytecode = sys.dont_write_bytecode, True
+    try:
+        module = importlib.import_module(module_name)
+    finally:
+        sys.dont_write_bytecode = saved_bytecode
     obj: Any = module
     for part in qualname.split("."):
         if not hasattr(obj, part):
