@@ -26,10 +26,13 @@ from tests.test_resume import NoisyTrial
 
 class Held:
     """A value in a checkpoint whose serialization takes its time: it waits until `release`d
-    (or `delay` seconds) and records on which thread, and when, it was written."""
+    (or `delay` seconds, or until `until` is set) and records on which thread, and when, it
+    was written."""
 
-    def __init__(self, delay: float | None = None, fail: bool = False) -> None:
-        self.delay, self.fail = delay, fail
+    def __init__(
+        self, delay: float | None = None, fail: bool = False, until: threading.Event | None = None
+    ) -> None:
+        self.delay, self.fail, self.until = delay, fail, until
         self.started = threading.Event()
         self.released = threading.Event()
         self.writes: list[tuple[str, float, float]] = []  # (thread, start, end)
@@ -43,7 +46,9 @@ class Held:
     def __reduce__(self) -> Any:
         start = time.monotonic()
         self.started.set()
-        if self.delay is not None:
+        if self.until is not None:
+            self.until.wait(60)  # a bound: a fit that waits for the write is seen, not hung
+        elif self.delay is not None:
             time.sleep(self.delay)
         else:
             assert self.released.wait(60), "the test never released the write"
@@ -138,7 +143,12 @@ class Background(LinearTrial):
 
     def __init__(self, context: pytorch.PyTorchTrialContext) -> None:
         super().__init__(context)
-        self.weights = Weights(Held(delay=float(self.hp.get("write_s", 0.3))))
+        # Without `write_s`, a save is written until the third batch has begun: a fit that
+        # waited for the write before training on would hold it 60 s, and then begin batch 3.
+        self.third_batch = threading.Event()
+        write_s = self.hp.get("write_s")
+        held = Held(delay=float(write_s)) if write_s else Held(until=self.third_batch)
+        self.weights = Weights(held)
         self.signal_at = self.hp.get("signal_at")
 
     def build_callbacks(self) -> dict[str, pytorch.PyTorchCallback]:
@@ -146,6 +156,8 @@ class Background(LinearTrial):
 
     def train_batch(self, batch: Any, epoch_idx: int, batch_idx: int) -> Any:
         self.weights.batch_started.append(time.monotonic())
+        if batch_idx == 2:
+            self.third_batch.set()
         out = super().train_batch(batch, epoch_idx, batch_idx)
         self.weights.after_batch.append(self.model.weight.detach().clone())
         if self.signal_at == batch_idx:

@@ -17,7 +17,7 @@ from lightning_bridge.record._registry import Registry
 from lightning_bridge.record._workspace import Workspace
 from tests import _folders
 from tests._mlflow_server import MlflowServer, mlflow_server
-from tests.test_slurm import _config, _folder, _trial_batches, _wait_for, finish
+from tests.test_slurm import _config, _folder, _trial_batches, finish
 
 __all__ = ["mlflow_server"]  # the fixture, used by name
 
@@ -86,7 +86,8 @@ def test_the_trial_mirrors_with_the_credentials_of_its_environment_and_shows_the
     password = mlflow_server.password
     path = _folder(tmp_path, _config())
     ws = tmp_path / "ws"
-    command = _run(path, ws, "--set", "hyperparameters.delay=0.2")
+    gate = _folders.Gate.at(tmp_path / "gate")  # the trial is held at batch 2 until released
+    command = _run(path, ws, *gate.options(2))
     coordinator = subprocess.Popen(
         command,
         cwd=tmp_path,
@@ -96,7 +97,7 @@ def test_the_trial_mirrors_with_the_credentials_of_its_environment_and_shows_the
         text=True,
     )
     try:
-        _wait_for(lambda: _trial_batches(ws) >= 2, 600, "the trial to train 2 batches")
+        gate.wait(1, timeout=600, seen=lambda: _trial_batches(ws))
         arguments = []
         for entry in pathlib.Path("/proc").iterdir():
             if entry.name.isdigit():
@@ -107,6 +108,7 @@ def test_the_trial_mirrors_with_the_credentials_of_its_environment_and_shows_the
         assert any(b"_trial" in a for a in arguments)
         assert not [a for a in arguments if password.encode() in a]
     finally:
+        gate.release()
         out = finish(coordinator)
     assert coordinator.returncode == 0, out[-4000:]
     assert password not in out
