@@ -13,6 +13,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 import yaml
 
 from lightning_bridge.contract import _import_map
@@ -310,6 +311,126 @@ def test_lightning_bridge_run_records_a_deepspeed_trial(
         "2.weight": (1, 16),
         "2.bias": (1,),
     }
+
+
+PAUSE_CONFIG = """\
+name: deepspeed-pause
+entrypoint: model_def:LinearTrial
+hyperparameters:
+  overwrite_deepspeed_args:
+    zero_optimization: {{stage: {stage}}}
+{gate}searcher: {{name: single, metric: val_loss, max_length: {{batches: 12}}}}
+min_validation_period: {{batches: 4}}
+reproducibility: {{experiment_seed: 7}}
+resources: {{slots_per_trial: 2}}
+"""
+
+
+def _start_bridge(*args: str, cwd: pathlib.Path) -> subprocess.Popen[str]:
+    """`_bridge`'s command, started (its own session: the test ends its group if it fails)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LIGHTNING_BRIDGE_")}
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_PORT"):
+        env.pop(var, None)
+    env["DS_ACCELERATOR"] = "cpu"
+    env["PYTHONPATH"] = str(pathlib.Path(__file__).resolve().parents[1])
+    return subprocess.Popen(
+        [sys.executable, "-m", "lightning_bridge", *args],
+        cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+
+
+def _merged_weights(checkpoint: str | pathlib.Path) -> dict:
+    """A checkpoint's module weights, merged from the ranks' shards by DeepSpeed's own
+    function."""
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    return dict(get_fp32_state_dict_from_zero_checkpoint(str(checkpoint), tag="model0"))
+
+
+def _trial(folder: pathlib.Path) -> tuple[dict, dict]:
+    """Experiment 1's only trial in the record, and its last checkpoint's merged weights."""
+    ws = folder.with_name(folder.name + "-ws")
+    described = _bridge("experiment", "describe", "1", "--json", "--workspace", str(ws), cwd=folder)
+    assert described.returncode == 0, described.stderr
+    data = json.loads(described.stdout)
+    (trial,) = data["trials"]
+    last = max(data["checkpoints"], key=lambda c: c["batches"])
+    assert last["batches"] == trial["batches_trained"], data
+    return trial, _merged_weights(last["location"])
+
+
+PAUSE_STAGES = (1, 2, 3)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> dict[int, tuple[list, dict]]:
+    """The uninterrupted two-process runs of the paused trial (seeded as under
+    `lightning-bridge run`: the trial seeds its model and data itself), one per ZeRO stage,
+    in one process group: the chief's validations and the last checkpoint's merged weights."""
+    tmp = tmp_path_factory.mktemp("uninterrupted")
+    fit = {"max_length": 12, "validation_period": 4}
+    entries = [
+        [_ds(zero_optimization={"stage": s}), fit, str(tmp / f"whole{s}")] for s in PAUSE_STAGES
+    ]
+    chief = _run(entries, tmp, processes=2)[0]
+    return {
+        s: (r["validation"], _merged_weights(r["checkpoints"][-1]))
+        for s, r in zip(PAUSE_STAGES, chief, strict=True)
+    }
+
+
+@pytest.mark.deepspeed
+@pytest.mark.parametrize("stage", PAUSE_STAGES)
+def test_paused_mid_epoch_and_continued_ends_as_the_uninterrupted_run(
+    tmp_path: pathlib.Path, stage: int, uninterrupted: dict[int, tuple[list, dict]]
+) -> None:
+    """Two processes under `lightning-bridge run`, ZeRO `stage`: held (by a gate) in batch 1
+    of an epoch of 8, `experiment pause`d, then `experiment continue`d, the run ends with the
+    uninterrupted run's weights (merged from the ranks' shards by DeepSpeed's
+    `get_fp32_state_dict_from_zero_checkpoint`) and validation metrics, exactly.
+
+    The stop is at batch 3 by construction: the signal comes while both ranks wait at the
+    gate in batch 1, so the ranks' stop agreement started after batch 1 holds no signal and
+    the one after batch 2 (read after batch 3) does; the held batch keeps the agreement's
+    spacing at one batch."""
+    from tests._folders import GATE_CODE, Gate, finish, wait_for
+
+    gate = Gate.at(tmp_path / "gate")
+    folder = tmp_path / "paused"
+    folder.mkdir()
+    # The gate (after the trial's text) replaces the fixture's `hold_at_gate`.
+    (folder / "model_def.py").write_text(FIXTURE.read_text() + GATE_CODE)
+    hold = f"  gate: {gate.path}\n  hold_at: 1\n"
+    (folder / "const.yaml").write_text(PAUSE_CONFIG.format(stage=stage, gate=hold))
+    ws = ["--workspace", str(tmp_path / "paused-ws")]
+    run = _start_bridge("run", "const.yaml", *ws, cwd=folder)
+    try:
+        wait_for(lambda: gate.reached() == 2, run, timeout=300, what="both ranks at the gate")
+        paused = _bridge("experiment", "pause", "1", *ws, cwd=folder)
+        assert paused.returncode == 0, paused.stdout + paused.stderr
+        gate.release()
+        code, out, err, _ = finish(run, 300)
+        assert code == 0, out[-3000:] + err[-6000:]
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, 9)
+            run.communicate()
+    assert "Stopped by SIGTERM after batch 3" in out, out[-3000:]
+    stopped, _ = _trial(folder)
+    assert (stopped["state"], stopped["batches_trained"]) == ("STOPPED", 3), stopped
+    continued = _bridge("experiment", "continue", "1", *ws, cwd=folder)
+    assert continued.returncode == 0, continued.stdout[-3000:] + continued.stderr[-6000:]
+    trial, weights = _trial(folder)
+    assert (trial["state"], trial["batches_trained"]) == ("COMPLETED", 12), trial
+    validations, reference = uninterrupted[stage]
+    assert [(v["batches"], v["values"]["val_loss"]) for v in trial["validation"]] == [
+        (v["batches"], v["val_loss"]) for v in validations
+    ]
+    assert [v["batches"] for v in trial["validation"]] == [4, 8, 12]
+    assert set(weights) == set(reference)
+    for key, value in weights.items():
+        assert torch.equal(value, reference[key]), (key, value - reference[key])
 
 
 def test_a_deepspeed_trial_class_is_a_trial_entrypoint(mapped) -> None:
