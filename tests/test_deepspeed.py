@@ -363,6 +363,20 @@ def _trial(folder: pathlib.Path) -> tuple[dict, dict]:
 PAUSE_STAGES = (1, 2, 3)
 
 
+def _paused_stages() -> tuple[int, ...]:
+    """The ZeRO stages the pause test runs with this DeepSpeed: all on 0.16.9 (Determined's
+    era); ZeRO 3 alone on the releases after 0.16 (each stage costs two two-process runs of
+    CI time; stages 1 and 2 continue as exactly there, measured by hand on 0.19.8)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        installed = version("deepspeed")
+    except PackageNotFoundError:  # a session without DeepSpeed deselects the test
+        return PAUSE_STAGES
+    release = tuple(int(part) for part in installed.split("+")[0].split(".")[:2])
+    return PAUSE_STAGES if release < (0, 17) else (3,)
+
+
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> dict[int, tuple[list, dict]]:
     """The uninterrupted two-process runs of the paused trial (seeded as under
@@ -370,18 +384,29 @@ def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> dict[int, tuple[l
     in one process group: the chief's validations and the last checkpoint's merged weights."""
     tmp = tmp_path_factory.mktemp("uninterrupted")
     fit = {"max_length": 12, "validation_period": 4}
-    entries = [
-        [_ds(zero_optimization={"stage": s}), fit, str(tmp / f"whole{s}")] for s in PAUSE_STAGES
-    ]
+    stages = _paused_stages()
+    entries = [[_ds(zero_optimization={"stage": s}), fit, str(tmp / f"whole{s}")] for s in stages]
     chief = _run(entries, tmp, processes=2)[0]
     return {
         s: (r["validation"], _merged_weights(r["checkpoints"][-1]))
-        for s, r in zip(PAUSE_STAGES, chief, strict=True)
+        for s, r in zip(stages, chief, strict=True)
     }
 
 
 @pytest.mark.deepspeed
-@pytest.mark.parametrize("stage", PAUSE_STAGES)
+@pytest.mark.parametrize(
+    "stage",
+    [
+        pytest.param(
+            s,
+            marks=pytest.mark.skipif(
+                s not in _paused_stages(),
+                reason="ZeRO 1 and 2 run on DeepSpeed 0.16.9 (CI time; see _paused_stages)",
+            ),
+        )
+        for s in PAUSE_STAGES
+    ],
+)
 def test_paused_mid_epoch_and_continued_ends_as_the_uninterrupted_run(
     tmp_path: pathlib.Path, stage: int, uninterrupted: dict[int, tuple[list, dict]]
 ) -> None:
@@ -429,6 +454,97 @@ def test_paused_mid_epoch_and_continued_ends_as_the_uninterrupted_run(
     ]
     assert [v["batches"] for v in trial["validation"]] == [4, 8, 12]
     assert set(weights) == set(reference)
+    for key, value in weights.items():
+        assert torch.equal(value, reference[key]), (key, value - reference[key])
+
+
+PIPELINE = FIXTURE.with_name("pipeline_trial.py")
+PIPELINE_CONFIG = """\
+name: deepspeed-pipeline
+entrypoint: python3 -m determined.launch.deepspeed --trial model_def:PipelineTrial
+hyperparameters: {{{gate}}}
+searcher: {{name: single, metric: val_loss, max_length: {{batches: 6}}}}
+min_validation_period: {{batches: 2}}
+reproducibility: {{experiment_seed: 7}}
+resources: {{slots_per_trial: 2}}
+"""
+
+
+def _pipeline_weights(checkpoint: str | pathlib.Path) -> dict:
+    """A pipeline engine's layers from a checkpoint (`model0/layer_NN-model_states.pt`, each
+    stage's own layers, written by the stage's process)."""
+    return {
+        f"{path.name}:{key}": value
+        for path in sorted((pathlib.Path(checkpoint) / "model0").glob("layer_*-model_states.pt"))
+        for key, value in torch.load(path, weights_only=True).items()
+    }
+
+
+@pytest.mark.deepspeed
+def test_a_pipeline_parallel_trial_runs_pauses_and_continues(tmp_path: pathlib.Path) -> None:
+    """A DeepSpeedTrial of a `PipelineModule` in two stages (one per process, gloo), its
+    `train_batch` / `eval_batch` drawing a batch's 2 micro batches through the iterator, under
+    `lightning-bridge run` (Determined's DeepSpeed launcher word): its training and validation
+    metrics reach the record, its checkpoints hold each stage's layers; paused in batch 3 and
+    continued, it ends with the uninterrupted run's layers and validation metrics exactly."""
+    from tests._folders import GATE_CODE, Gate, finish, wait_for
+
+    gate = Gate.at(tmp_path / "gate")
+    folders = {}
+    for name, hold in (("whole", ""), ("paused", f"gate: {gate.path}, hold_at: 1")):
+        folder = folders[name] = tmp_path / name
+        folder.mkdir()
+        # The gate (after the trial's text) replaces the fixture's `hold_at_gate`.
+        (folder / "model_def.py").write_text(PIPELINE.read_text() + GATE_CODE)
+        (folder / "const.yaml").write_text(PIPELINE_CONFIG.format(gate=hold))
+    held = folders["paused"]
+    ws = ["--workspace", str(tmp_path / "paused-ws")]
+    runs = [
+        _start_bridge("run", "const.yaml", "--workspace", str(tmp_path / f"{name}-ws"), cwd=f)
+        for name, f in folders.items()
+    ]
+    try:
+        wait_for(lambda: gate.reached() == 2, runs[1], timeout=300, what="both stages at the gate")
+        paused = _bridge("experiment", "pause", "1", *ws, cwd=held)
+        assert paused.returncode == 0, paused.stdout + paused.stderr
+        gate.release()
+        outputs = [finish(run, 300) for run in runs]
+    finally:
+        for run in runs:
+            if run.poll() is None:
+                os.killpg(run.pid, 9)
+                run.communicate()
+    for code, out, err, _ in outputs:
+        assert code == 0, out[-3000:] + err[-6000:]
+    assert "Stopped by SIGTERM after batch 3" in outputs[1][1], outputs[1][1][-3000:]
+    continued = _bridge("experiment", "continue", "1", *ws, cwd=held)
+    assert continued.returncode == 0, continued.stdout[-3000:] + continued.stderr[-6000:]
+    ended = {}
+    for name, folder in folders.items():
+        described = _bridge(
+            "experiment", "describe", "1", "--json", "--workspace",
+            str(tmp_path / f"{name}-ws"), cwd=folder,
+        )  # fmt: skip
+        assert described.returncode == 0, described.stderr
+        data = json.loads(described.stdout)
+        (trial,) = data["trials"]
+        assert (trial["state"], trial["batches_trained"]) == ("COMPLETED", 6), trial
+        last = max(data["checkpoints"], key=lambda c: c["batches"])
+        assert last["batches"] == 6
+        names = {p.name for p in (pathlib.Path(last["location"]) / "model0").iterdir()}
+        # Each stage's layers and its own model states, DeepSpeed's pipeline layout.
+        assert {"mp_rank_00_model_states.pt", "mp_rank_01_model_states.pt"} <= names, names
+        ended[name] = (trial, _pipeline_weights(last["location"]))
+    (whole, reference), (trial, weights) = ended["whole"], ended["paused"]
+    assert [v["batches"] for v in trial["validation"]] == [2, 4, 6]
+    assert [v["values"]["val_loss"] for v in trial["validation"]] == [
+        v["values"]["val_loss"] for v in whole["validation"]
+    ]
+    assert trial["training"] and all(t["values"]["loss"] > 0 for t in trial["training"])
+    assert (
+        trial["validation"][-1]["values"]["val_loss"] < whole["validation"][0]["values"]["val_loss"]
+    )
+    assert len(reference) >= 6 and set(weights) == set(reference)  # 3 linear layers' tensors
     for key, value in weights.items():
         assert torch.equal(value, reference[key]), (key, value - reference[key])
 
