@@ -486,7 +486,9 @@ def test_a_pipeline_parallel_trial_runs_pauses_and_continues(tmp_path: pathlib.P
     `train_batch` / `eval_batch` drawing a batch's 2 micro batches through the iterator, under
     `lightning-bridge run` (Determined's DeepSpeed launcher word): its training and validation
     metrics reach the record, its checkpoints hold each stage's layers; paused in batch 3 and
-    continued, it ends with the uninterrupted run's layers and validation metrics exactly."""
+    continued, it ends with the uninterrupted run's layers and validation metrics exactly.
+    Where Determined 0.38.1 is installed, its own runner trains the same layers (within
+    1e-6)."""
     from tests._folders import GATE_CODE, Gate, finish, wait_for
 
     gate = Gate.at(tmp_path / "gate")
@@ -503,6 +505,35 @@ def test_a_pipeline_parallel_trial_runs_pauses_and_continues(tmp_path: pathlib.P
         _start_bridge("run", "const.yaml", "--workspace", str(tmp_path / f"{name}-ws"), cwd=f)
         for name, f in folders.items()
     ]
+    # Determined 0.38.1's own runner on the same trial, where it is installed beside DeepSpeed
+    # (the session of DeepSpeed 0.16.9): each stage's layers after the same 6 batches.
+    determined = importlib.util.find_spec("determined") is not None
+    if determined:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("LIGHTNING_BRIDGE_")}
+        for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_PORT"):
+            env.pop(var, None)
+        # Its local checkpoint storage, apart from its working folder (copied into each).
+        env.update(DS_ACCELERATOR="cpu", XDG_DATA_HOME=str(tmp_path / "xdg"))
+        (tmp_path / "determined").mkdir()
+        runs.append(
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "torch.distributed.run",
+                    "--standalone",
+                    "--nproc_per_node=2",
+                    str(PIPELINE.with_name("determined_pipeline_runner.py")),
+                    str(tmp_path),
+                ],
+                cwd=tmp_path / "determined",
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                start_new_session=True,
+            )  # fmt: skip
+        )
     try:
         wait_for(lambda: gate.reached() == 2, runs[1], timeout=300, what="both stages at the gate")
         paused = _bridge("experiment", "pause", "1", *ws, cwd=held)
@@ -547,6 +578,15 @@ def test_a_pipeline_parallel_trial_runs_pauses_and_continues(tmp_path: pathlib.P
     assert len(reference) >= 6 and set(weights) == set(reference)  # 3 linear layers' tensors
     for key, value in weights.items():
         assert torch.equal(value, reference[key]), (key, value - reference[key])
+    if determined:
+        code, out, err, _ = outputs[2]
+        assert code == 0, out[-3000:] + err[-6000:]
+        theirs = {}
+        for rank in (0, 1):
+            theirs.update(json.loads((tmp_path / f"rank{rank}.json").read_text()))
+        assert set(theirs) == set(reference)
+        for key, value in reference.items():
+            assert _close([value.flatten().tolist()], [theirs[key]], 1e-6), key
 
 
 def test_a_deepspeed_trial_class_is_a_trial_entrypoint(mapped) -> None:
