@@ -447,7 +447,7 @@ def test_determineds_private_context_attributes_keep_determineds_values() -> Non
     frequency given to init(); the batches per epoch from when the training loader is built
     (None before); the batch being trained (None before the first); no apex; one process is
     its machine's chief. Each is listed in `DETERMINED_PRIVATE_NAMES`."""
-    from lightning_bridge.contract._context import DETERMINED_PRIVATE_NAMES
+    from lightning_bridge.contract._determined_private import DETERMINED_PRIVATE_NAMES
 
     trial, _ = fit(
         _PrivateReader,

@@ -23,7 +23,7 @@ import logging
 from typing import Any
 
 from lightning_bridge.adapter._lightning_packages import is_a, overrides, package_of
-from lightning_bridge.contract._context import ConfigValues
+from lightning_bridge.contract._config_values import ConfigValues
 from lightning_bridge.translation._lightning_private import current_hook, set_current_hook
 
 logger = logging.getLogger("lightning_bridge")

@@ -13,7 +13,7 @@ from typing import Any
 from lightning_bridge.adapter._lightning_callbacks import callback_problems
 from lightning_bridge.adapter._lightning_packages import overrides
 from lightning_bridge.adapter._trainer_arguments import TrainerSettings
-from lightning_bridge.contract._context import ConfigValues
+from lightning_bridge.contract._config_values import ConfigValues
 
 
 def has_validation(module: Any, datamodule: Any) -> bool:

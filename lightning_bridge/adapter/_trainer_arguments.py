@@ -27,8 +27,8 @@ import math
 from typing import Any
 
 from lightning_bridge._errors import InvalidTrialError
+from lightning_bridge.contract._config_values import ConfigValues
 from lightning_bridge.contract._context import (
-    ConfigValues,
     PyTorchTrialContext,
     config_values,
     context_setup,

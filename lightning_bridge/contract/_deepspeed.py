@@ -18,19 +18,19 @@ import dataclasses
 import json
 import logging
 import pathlib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from lightning_bridge._errors import InvalidArgumentError, InvalidTrialError
-from lightning_bridge.contract._data import data_length, to_device
-from lightning_bridge.contract._distributed import DistributedContext, split_batch_size
-from lightning_bridge.contract._reducer import MetricReducer, Reducer, ReducerRegistry
+from lightning_bridge.contract._data import data_length
+from lightning_bridge.contract._distributed import DistributedContext
+from lightning_bridge.contract._reducer import Reducer
+from lightning_bridge.contract._trial_context import TrialContext
 
 if TYPE_CHECKING:
     from lightning_bridge.contract._callback import PyTorchCallback
-    from lightning_bridge.contract._context import FitView
 
 logger = logging.getLogger("lightning_bridge")
 
@@ -115,9 +115,11 @@ def _is_pipeline_engine(engine: Any) -> bool:
     return any(cls.__name__ == "PipelineEngine" for cls in type(engine).__mro__)
 
 
-class DeepSpeedTrialContext:
-    """The trial's view of the run, for a `DeepSpeedTrial`: hyperparameters, config,
-    distributed info, the engines it wrapped, its micro-batch settings and reducers."""
+class DeepSpeedTrialContext(TrialContext):
+    """A `DeepSpeedTrial`'s context: the run's accessors (`TrialContext`) and the engines the
+    trial wrapped, its model-parallel unit and its micro-batch settings."""
+
+    _init_call = "deepspeed.init"
 
     def __init__(
         self,
@@ -126,18 +128,16 @@ class DeepSpeedTrialContext:
         distributed: DistributedContext,
         device: torch.device | None = None,
         trial_seed: int | None = None,
+        tensorboard_dir: pathlib.Path | None = None,
     ) -> None:
-        if hparams is not None and not isinstance(hparams, dict):
-            raise InvalidArgumentError(f"hparams must be a dict; got {type(hparams).__name__}.")
-        if exp_conf is not None and not isinstance(exp_conf, dict):
-            raise InvalidArgumentError(f"exp_conf must be a dict; got {type(exp_conf).__name__}.")
-        self.distributed = distributed
-        self.device = device if device is not None else torch.device("cpu")
-        self._hparams = hparams
-        self._exp_conf = exp_conf
-        self._trial_seed = trial_seed
-        self._per_slot_batch_size, self._global_batch_size = split_batch_size(
-            hparams, max(distributed.size, 1)
+        super().__init__(
+            hparams,
+            exp_conf,
+            distributed,
+            processes=max(distributed.size, 1),
+            device=device,
+            trial_seed=trial_seed,
+            tensorboard_dir=tensorboard_dir,
         )
         self.models: list[Any] = []
         self._mpu = make_data_parallel_mpu(distributed)
@@ -147,15 +147,6 @@ class DeepSpeedTrialContext:
         self._use_pipeline_parallel = False
         self._data_repro_checks_disabled = False
         self._manual_grad_accumulation = False
-        self._stop_requested = False
-        self._reducers = ReducerRegistry(distributed.allgather)
-        self._warned_types: set[type] = set()
-        # The fit running the trial (its progress), attached by the runner.
-        self._fit: FitView | None = None
-        self._tensorboard_logging = True
-        # Where `get_tensorboard_writer` writes: the run's folder, set by `init()`.
-        self._tensorboard_dir = pathlib.Path("tensorboard")
-        self._tb_writer: Any = None
 
     # ----- engines -----
 
@@ -224,141 +215,10 @@ class DeepSpeedTrialContext:
             )
         return self._micro_batches
 
-    # ----- configuration -----
-
-    def get_hparams(self) -> dict[str, Any]:
-        if self._hparams is None:
-            raise InvalidArgumentError(
-                "No hyperparameters were given: pass them with deepspeed.init(hparams={...})."
-            )
-        return self._hparams
-
-    def get_hparam(self, name: str) -> Any:
-        hparams = self.get_hparams()
-        if name not in hparams:
-            raise InvalidArgumentError(
-                f"Hyperparameter {name!r} is not set; the hyperparameters are "
-                f"{sorted(hparams)}. Add it to the experiment config's hyperparameters."
-            )
-        return hparams[name]
-
-    def get_experiment_config(self) -> dict[str, Any]:
-        if self._exp_conf is None:
-            raise InvalidArgumentError(
-                "No experiment config was given: pass it with deepspeed.init(exp_conf={...})."
-            )
-        return self._exp_conf
-
-    def get_data_config(self) -> dict[str, Any]:
-        return dict((self._exp_conf or {}).get("data", {}) or {})
-
-    def get_global_batch_size(self) -> int:
-        if self._global_batch_size is None:
-            raise InvalidArgumentError("global_batch_size is not set in the hyperparameters.")
-        return self._global_batch_size
-
-    def get_per_slot_batch_size(self) -> int:
-        if self._per_slot_batch_size is None:
-            raise InvalidArgumentError("global_batch_size is not set in the hyperparameters.")
-        return self._per_slot_batch_size
-
-    def get_trial_seed(self) -> int:
-        if self._trial_seed is None:
-            raise InvalidArgumentError(
-                "No trial seed is set; set reproducibility.experiment_seed in the config."
-            )
-        return self._trial_seed
-
-    def get_experiment_id(self) -> int:
-        return 0
-
-    def get_trial_id(self) -> int:
-        return 0
-
-    def get_initial_batch(self) -> int:
-        return self._fit.start_batch if self._fit is not None else 0
-
-    def get_enable_tensorboard_logging(self) -> bool:
-        return self._tensorboard_logging
-
-    def get_tensorboard_path(self) -> pathlib.Path:
-        return self._tensorboard_dir
-
-    def get_tensorboard_writer(self) -> Any:
-        """A `SummaryWriter` writing into the run's TensorBoard folder (the same for every
-        call; closed when the fit ends)."""
-        if self._tb_writer is None:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-            except ImportError as exc:
-                raise InvalidArgumentError(
-                    "get_tensorboard_writer() needs the tensorboard package: "
-                    "pip install tensorboard"
-                ) from exc
-            self._tb_writer = SummaryWriter(str(self._tensorboard_dir))
-        return self._tb_writer
-
-    def _close_tensorboard_writer(self) -> None:
-        if self._tb_writer is not None:
-            self._tb_writer.close()
-
     @property
     def optimizers(self) -> list[Any]:
         """None wrapped: each engine owns its optimizer (checkpointed with the engine)."""
         return []
-
-    def get_stop_requested(self) -> bool:
-        return self._stop_requested
-
-    def set_stop_requested(self, stop_requested: bool) -> None:
-        if not isinstance(stop_requested, bool):
-            raise InvalidArgumentError("set_stop_requested() takes True or False.")
-        self._stop_requested = stop_requested
-
-    # ----- progress -----
-
-    def _epoch_len(self) -> int:
-        length = self._fit.epoch_length if self._fit is not None else None
-        if not length:
-            raise InvalidTrialError("The training data loader is not built yet.")
-        return length
-
-    def current_train_batch(self) -> int:
-        batch = self._fit.current_batch if self._fit is not None else None
-        if batch is None:
-            raise InvalidTrialError("Training has not started yet: call this from train_batch().")
-        return batch
-
-    def current_train_epoch(self) -> int:
-        return self.current_train_batch() // self._epoch_len()
-
-    def is_epoch_start(self) -> bool:
-        return self.current_train_batch() % self._epoch_len() == 0
-
-    def is_epoch_end(self) -> bool:
-        length = self._epoch_len()
-        return self.current_train_batch() % length == length - 1
-
-    # ----- data and metrics -----
-
-    def to_device(self, data: Any) -> Any:
-        return to_device(data, self.device, self._warned_types)
-
-    def wrap_reducer(
-        self,
-        reducer: Callable | MetricReducer,
-        name: str | None = None,
-        for_training: bool = True,
-        for_validation: bool = True,
-    ) -> Any:
-        """Register a custom metric reducer (a function of all values, or a MetricReducer)."""
-        return self._reducers.wrap_reducer(reducer, name, for_training, for_validation)
-
-    def reset_reducers(self) -> None:
-        self._reducers.reset()
-
-    def reduce_metrics(self, for_training: bool) -> dict[str, Any]:
-        return self._reducers.reduce(for_training)
 
 
 class DeepSpeedTrial(metaclass=abc.ABCMeta):

@@ -22,7 +22,8 @@ from lightning_bridge.checkpoint._models import entries, load_models
 from lightning_bridge.checkpoint._safe_load import load_state_file, read_metadata
 from lightning_bridge.contract import _import_map
 from lightning_bridge.contract._code_import import import_trial_class
-from lightning_bridge.contract._context import ConfigValues, PyTorchTrialContext
+from lightning_bridge.contract._config_values import ConfigValues
+from lightning_bridge.contract._context import PyTorchTrialContext
 from lightning_bridge.contract._distributed import DistributedContext
 from lightning_bridge.contract._trial import is_deepspeed_trial_class, is_trial_class
 

@@ -20,7 +20,7 @@ from lightning_bridge._errors import InvalidHP, is_invalid_hp
 from lightning_bridge.checkpoint._retention import CheckpointRetention
 from lightning_bridge.checkpoint._storage_backend import CheckpointStorage
 from lightning_bridge.checkpoint._storage_config import storage_from_config
-from lightning_bridge.contract._context import ConfigValues
+from lightning_bridge.contract._config_values import ConfigValues
 from lightning_bridge.contract._distributed import DistributedContext
 from lightning_bridge.translation._observer import FitOutcome, Progress
 from lightning_bridge.translation._values import searcher_value

@@ -26,7 +26,7 @@ from lightning_bridge.adapter._lightning_callbacks import checkpoint_monitor, me
 from lightning_bridge.adapter._lightning_packages import package_of
 from lightning_bridge.adapter._refusals import has_validation, refusals
 from lightning_bridge.adapter._trainer_arguments import TrainerSettings
-from lightning_bridge.contract._context import ConfigValues
+from lightning_bridge.contract._config_values import ConfigValues
 from lightning_bridge.port._folder import Loaded, Searcher
 
 # Words in a metric name that mean larger values are better (accuracy, F1, AUC, ...).

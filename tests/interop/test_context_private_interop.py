@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import torch
 
-from lightning_bridge.contract._context import DETERMINED_PRIVATE_NAMES
+from lightning_bridge.contract._determined_private import DETERMINED_PRIVATE_NAMES
 
 from .compare import diff_values, format_report
 from .harness import isolated_environment, seed_everything

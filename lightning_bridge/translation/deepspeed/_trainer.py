@@ -6,8 +6,9 @@ else is the fit's, as for a `PyTorchTrial`: `FitLoop` with the `Schedule` of `fi
 arguments, the `StopRequest` (signals, the trial's `set_stop_requested`, a searcher), the
 `Checkpointer` (directory claim, policy, retention, `latest`; the checkpoint written by every
 rank in Determined's DeepSpeedTrial layout) and the fit's observers (under
-`lightning-bridge run`: the run record, a search's report, the MLflow mirror). The trial's
-side is `DeepSpeedCore`; the engine the loop runs steps on is `DeepSpeedEngines`.
+`lightning-bridge run`: the run record, a search's report, the MLflow mirror), built by the
+same functions as `pytorch.Trainer`'s (`fit._fit_services`). The trial's side is
+`DeepSpeedCore`; the engine the loop runs steps on is `DeepSpeedEngines`.
 """
 
 from __future__ import annotations
@@ -29,20 +30,19 @@ import torch
 from lightning_bridge import _logging
 from lightning_bridge._errors import BridgeError, InvalidArgumentError, InvalidTrialError
 from lightning_bridge.checkpoint._layout import resolve_checkpoint
-from lightning_bridge.checkpoint._retention import CheckpointRetention
 from lightning_bridge.checkpoint._safe_load import read_trial_state
 from lightning_bridge.checkpoint._writable import check_writable
-from lightning_bridge.contract._context import ConfigValues
+from lightning_bridge.contract._config_values import ConfigValues
 from lightning_bridge.contract._deepspeed import DeepSpeedTrial, DeepSpeedTrialContext
 from lightning_bridge.contract._distributed import DistributedContext
+from lightning_bridge.contract._trial_context import close_tensorboard_writer
 from lightning_bridge.contract._units import Batch, TrainUnit
 from lightning_bridge.translation._observer import FitObserver, Progress
 from lightning_bridge.translation.deepspeed._core import DeepSpeedCore
-from lightning_bridge.translation.fit._checkpointer import CHECKPOINT_POLICIES, Checkpointer
 from lightning_bridge.translation.fit._fit_loop import FitLoop
+from lightning_bridge.translation.fit._fit_services import fit_services, settled_policy, stopped
 from lightning_bridge.translation.fit._resume import starts_new_run
 from lightning_bridge.translation.fit._schedule import Schedule
-from lightning_bridge.translation.fit._trainer_api import mlflow_mirror, runner_reports
 from lightning_bridge.translation.services._run_description import RunDescription
 
 logger = logging.getLogger("lightning_bridge")
@@ -127,20 +127,24 @@ def init(
         random.seed(seed)
         np.random.seed(seed)
         torch.random.manual_seed(seed)
+    run_dir = run.run_dir if run is not None and run.run_dir is not None else pathlib.Path.cwd()
     context = DeepSpeedTrialContext(
-        hparams, exp_conf, distributed, device=_device(distributed), trial_seed=seed
+        hparams,
+        exp_conf,
+        distributed,
+        device=_device(distributed),
+        trial_seed=seed,
+        tensorboard_dir=run_dir / "tensorboard",
     )
     if checkpoint_dir is None:
         storage = values.checkpoint_storage or {}
         host = storage.get("host_path") if storage.get("type") == "shared_fs" else None
         checkpoint_dir = host if host else "checkpoints"
     _SETUPS[context] = DeepSpeedSetup(pathlib.Path(checkpoint_dir), run)
-    run_dir = run.run_dir if run is not None and run.run_dir is not None else pathlib.Path.cwd()
-    context._tensorboard_dir = run_dir / "tensorboard"
     try:
         yield context
     finally:
-        context._close_tensorboard_writer()
+        close_tensorboard_writer(context)
 
 
 # DeepSpeed's shared-memory all-reduce kernel of its CPU accelerator (`ShareMemCommBuilder`).
@@ -328,14 +332,8 @@ class Trainer:
         warm_start: bool | None,
     ) -> None:
         ctx = self.context
-        if checkpoint_policy not in CHECKPOINT_POLICIES:
-            raise InvalidArgumentError(
-                f"checkpoint_policy must be one of {', '.join(CHECKPOINT_POLICIES)}; got "
-                f"{checkpoint_policy!r}."
-            )
         config = ConfigValues.of(ctx._exp_conf)
-        if checkpoint_policy == "best" and not config.searcher_metric:
-            checkpoint_policy = "all"
+        checkpoint_policy = settled_policy(checkpoint_policy, config)
         ckpt_dir = setup.checkpoint_dir
         check_writable(ckpt_dir)
         core = DeepSpeedCore(
@@ -348,34 +346,22 @@ class Trainer:
             if starts_new_run(state, ctx.get_trial_id(), warm_start, str(path)):
                 state = None
             core.continue_from(path, state)
-        record, search = runner_reports(setup.run, config, ckpt_dir, test_mode)
-        chief_record = record if record is not None and core.is_chief else None
-        retention = CheckpointRetention.from_section(
-            config.checkpoint_storage,
-            smaller_is_better=config.smaller_is_better,
-            remove=chief_record.remove if chief_record is not None else None,
-        )
-        if retention is not None and chief_record is not None:
-            chief_record.track_kept(retention)
-        if search is not None:
-            schedule = schedule.with_rungs(*search.rungs())
         reports = _Reports()
-        observers = core.observers
-        observers.add(reports)
-        for observer in (record, search, mlflow_mirror(setup.run)):
-            if observer is not None:
-                observers.add(observer)
-        checkpointer = Checkpointer(
+        services = fit_services(
+            setup.run,
+            config,
             ckpt_dir,
-            policy=checkpoint_policy,
-            searcher_metric=config.searcher_metric,
-            smaller_is_better=config.smaller_is_better,
-            retention=retention,
-            observer=observers,
+            schedule=schedule,
+            checkpoint_policy=checkpoint_policy,
+            observers=core.observers,
+            own_observers=[reports],
+            is_chief=core.is_chief,
+            test_mode=test_mode,
         )
+        search, checkpointer = services.search, services.checkpointer
         loop = FitLoop(
             core,
-            schedule,
+            services.schedule,
             checkpointer,
             searcher_asks=(lambda: search.stopped) if search is not None else None,
             progress_bar=False,
@@ -387,20 +373,13 @@ class Trainer:
             self.training_reports = reports.training
             self.validation_reports = reports.validation
         if outcome.preempted_by is not None:
-            saved = checkpointer.saved
-            where: Any = saved[-1] if saved else ckpt_dir
-            how = f"Continue with fit(latest_checkpoint={str(where)!r})."
-            if record is not None and record.continue_command:
-                if saved:
-                    where = record.storage.url(saved[-1].name)
-                how = f"Continue with: {record.continue_command}"
-            if core.is_chief:
-                print(
-                    f"Stopped by {outcome.preempted_by} after batch "
-                    f"{core.state.batches_trained}; checkpoint {where}. {how}",
-                    flush=True,
-                )
-            raise SystemExit(0)
+            stopped(
+                outcome.preempted_by,
+                services,
+                ckpt_dir,
+                core.state.batches_trained,
+                core.is_chief,
+            )
 
 
 # DeepSpeed's refusal of a backward pass it does not run itself (`engine.backward`), from its

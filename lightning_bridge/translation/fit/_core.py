@@ -26,13 +26,10 @@ import torch
 from lightning_bridge._errors import InvalidTrialError
 from lightning_bridge.checkpoint._layout import EXTRAS_KEY, TrialState
 from lightning_bridge.contract._callback import PyTorchCallback
-from lightning_bridge.contract._context import (
-    PyTorchTrialContext,
-    attach_fit,
-    step_lr_schedulers,
-)
+from lightning_bridge.contract._context import PyTorchTrialContext, step_lr_schedulers
 from lightning_bridge.contract._step import StepDriver
 from lightning_bridge.contract._trial import is_overridden, takes_batch_idx
+from lightning_bridge.contract._trial_context import attach_fit
 from lightning_bridge.translation._metrics import (
     ValidationPass,
     average_across_processes,

@@ -31,16 +31,16 @@ from lightning_bridge import _logging
 from lightning_bridge._errors import InvalidArgumentError, is_invalid_hp
 from lightning_bridge.checkpoint._bounded import check_expanded_size
 from lightning_bridge.checkpoint._code import snapshot as snapshot_code
+from lightning_bridge.contract._config_values import ConfigValues
 from lightning_bridge.contract._context import (
-    ConfigValues,
     PyTorchTrialContext,
-    close_tensorboard_writer,
     config_values,
     context_setup,
     profiler_options,
 )
 from lightning_bridge.contract._determined_compat import is_determined_object
 from lightning_bridge.contract._distributed import DistributedContext
+from lightning_bridge.contract._trial_context import close_tensorboard_writer
 from lightning_bridge.translation._engine_settings import EngineSettings
 from lightning_bridge.translation.fit._launch import launch_processes
 from lightning_bridge.translation.services._logger_reports import run_loggers

@@ -1,10 +1,11 @@
 """`Trainer`: the Trainer API's fit, running the trial's loop on `lightning.Fabric`.
 
 `Trainer(trial, context).fit(...)` (the context from `init()`) checks the arguments and builds
-the fit's parts: the trial's `TrialCore`, the `Schedule` of its arguments, the `Checkpointer`
-of its checkpoint directory, the observers beside it (loggers; under `lightning-bridge run`
-the run record and a search's report) and a `lightning.Fabric`, and runs `FitLoop` (which
-launches the processes of a multi-device run). A trial that should run under a
+the fit's parts: the trial's `TrialCore`, the `Schedule` of its arguments, the loggers and a
+`lightning.Fabric`; the services around the loop (the `Checkpointer`, under
+`lightning-bridge run` the run record and a search's report) are built as for a
+`DeepSpeedTrial` (`_fit_services`). It runs `FitLoop` (which launches the processes of a
+multi-device run). A trial that should run under a
 `lightning.Trainer` instead is handed to one as a `TrialModule`.
 """
 
@@ -12,22 +13,21 @@ from __future__ import annotations
 
 import logging
 import pathlib
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import lightning as L
 
 from lightning_bridge import _logging
 from lightning_bridge._errors import BridgeError, InvalidArgumentError, TrialTypeError
 from lightning_bridge.checkpoint._layout import resolve_checkpoint
-from lightning_bridge.checkpoint._retention import CheckpointRetention
 from lightning_bridge.checkpoint._safe_load import read_checkpoint
 from lightning_bridge.checkpoint._writable import check_writable
-from lightning_bridge.contract._context import ConfigValues, PyTorchTrialContext, config_values
+from lightning_bridge.contract._context import PyTorchTrialContext, config_values
 from lightning_bridge.contract._units import Batch, TrainUnit
-from lightning_bridge.translation.fit._checkpointer import CHECKPOINT_POLICIES, Checkpointer
 from lightning_bridge.translation.fit._core import TrialCore
 from lightning_bridge.translation.fit._fabric_engine import FabricEngine
 from lightning_bridge.translation.fit._fit_loop import FitLoop, model_summary
+from lightning_bridge.translation.fit._fit_services import fit_services, settled_policy, stopped
 from lightning_bridge.translation.fit._init import (
     FitSettings,
     checkpoint_dir,
@@ -38,12 +38,6 @@ from lightning_bridge.translation.fit._launch import check_launcher
 from lightning_bridge.translation.fit._metric_reports import LoggerReports
 from lightning_bridge.translation.fit._resume import starts_new_run
 from lightning_bridge.translation.fit._schedule import Schedule
-
-if TYPE_CHECKING:  # loaded only under `lightning-bridge run` (see runner_reports)
-    from lightning_bridge.translation.services._mlflow_mirror import MlflowMirror
-    from lightning_bridge.translation.services._run_description import RunDescription
-    from lightning_bridge.translation.services._run_record import RunRecord
-    from lightning_bridge.translation.services._search_report import SearchReport
 
 logger = logging.getLogger("lightning_bridge")
 
@@ -140,18 +134,8 @@ class Trainer:
             test_mode=test_mode,
             step_zero_validation=step_zero_validation,
         )
-        if checkpoint_policy not in CHECKPOINT_POLICIES:
-            raise InvalidArgumentError(
-                f"checkpoint_policy must be one of {', '.join(CHECKPOINT_POLICIES)}; got "
-                f"{checkpoint_policy!r}."
-            )
         config = config_values(ctx)
-        if checkpoint_policy == "best" and not config.searcher_metric:
-            logger.warning(
-                "checkpoint_policy='best' needs searcher.metric in the experiment config to "
-                "compare validations; checkpointing after every validation ('all') instead."
-            )
-            checkpoint_policy = "all"
+        checkpoint_policy = settled_policy(checkpoint_policy, config)
         for name, flag in (
             ("step_zero_validation", step_zero_validation),
             ("test_mode", test_mode),
@@ -179,34 +163,22 @@ class Trainer:
             )
             warm = starts_new_run(state, ctx.get_trial_id(), warm_start, latest_checkpoint)
             core.resume_from(payload, state, warm_start=warm)
-        record, search = runner_reports(setup.run, config, ckpt_dir, test_mode)
-        chief_record = record if record is not None and core.is_chief else None
-        retention = CheckpointRetention.from_section(
-            config.checkpoint_storage,
-            smaller_is_better=config.smaller_is_better,
-            remove=chief_record.remove if chief_record is not None else None,
-        )
-        if retention is not None and chief_record is not None:
-            chief_record.track_kept(retention)
-        if search is not None:
-            schedule = schedule.with_rungs(*search.rungs())
         _logging.adopt_lightning()
         settings = fit_settings(
             ctx, setup.engine, test_mode=test_mode, profiling_enabled=profiling_enabled
         )
-        observers = core.observers
-        observers.add(LoggerReports(settings.loggers, ctx.get_enable_tensorboard_logging))
-        for observer in (record, search, mlflow_mirror(setup.run)):
-            if observer is not None:
-                observers.add(observer)
-        checkpointer = Checkpointer(
+        services = fit_services(
+            setup.run,
+            config,
             ckpt_dir,
-            policy=checkpoint_policy,
-            searcher_metric=config.searcher_metric,
-            smaller_is_better=config.smaller_is_better,
-            retention=retention,
-            observer=observers,
+            schedule=schedule,
+            checkpoint_policy=checkpoint_policy,
+            observers=core.observers,
+            own_observers=[LoggerReports(settings.loggers, ctx.get_enable_tensorboard_logging)],
+            is_chief=core.is_chief,
+            test_mode=test_mode,
         )
+        record, search, checkpointer = services.record, services.search, services.checkpointer
         if latest_checkpoint is not None and record is None and not warm:
             # A run continued outside the command: retention covers the checkpoints the run
             # it continues kept (the command's record knows them itself).
@@ -216,7 +188,7 @@ class Trainer:
         self.fabric = fabric
         loop = FitLoop(
             core,
-            schedule,
+            services.schedule,
             checkpointer,
             searcher_asks=(lambda: search.stopped) if search is not None else None,
             progress_bar=settings.progress_bar,
@@ -231,20 +203,13 @@ class Trainer:
         if record is None and saved:
             logger.info("Checkpoints are in %s", ckpt_dir)
         if outcome.preempted_by is not None:
-            where: Any = saved[-1] if saved else ckpt_dir
-            how = f"Continue with fit(latest_checkpoint={str(where)!r})."
-            if record is not None and record.continue_command:
-                # Under the command: its own continue command, the checkpoint where it is kept.
-                if saved:
-                    where = record.storage.url(saved[-1].name)
-                how = f"Continue with: {record.continue_command}"
-            if core.is_chief:
-                print(
-                    f"Stopped by {outcome.preempted_by} after batch "
-                    f"{core.state.batches_trained}; checkpoint {where}. {how}",
-                    flush=True,
-                )
-            raise SystemExit(0)
+            stopped(
+                outcome.preempted_by,
+                services,
+                ckpt_dir,
+                core.state.batches_trained,
+                core.is_chief,
+            )
 
 
 def _start_engine(fabric: L.Fabric, core: TrialCore, settings: FitSettings) -> FabricEngine:
@@ -273,30 +238,3 @@ def _log_engine(fabric: L.Fabric) -> None:
         processes,
         "" if processes == 1 else "es",
     )
-
-
-def runner_reports(
-    run: RunDescription | None,
-    config: ConfigValues,
-    ckpt_dir: pathlib.Path,
-    test_mode: bool,
-) -> tuple[RunRecord | None, SearchReport | None]:
-    """The run's record and its search report when `lightning-bridge run` started the fit
-    (None, None otherwise: their modules, with SQLAlchemy and pydantic, are not even loaded)."""
-    if run is None:
-        return None, None
-    from lightning_bridge.translation.services._run_record import record_from_runner
-    from lightning_bridge.translation.services._search_report import search_from_runner
-
-    record = record_from_runner(run, config, ckpt_dir)
-    return record, None if test_mode else search_from_runner(run)
-
-
-def mlflow_mirror(run: RunDescription | None) -> MlflowMirror | None:
-    """The run's MLflow mirror when `lightning-bridge run` started the fit and a tracking URI
-    (or MLflow's embedded store) is configured."""
-    if run is None:
-        return None
-    from lightning_bridge.translation.services._mlflow_mirror import mirror_from_runner
-
-    return mirror_from_runner(run)

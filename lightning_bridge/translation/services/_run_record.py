@@ -22,7 +22,7 @@ from lightning_bridge.checkpoint._retention import CheckpointRetention
 from lightning_bridge.checkpoint._storage_backend import CheckpointStorage
 from lightning_bridge.checkpoint._storage_config import storage_from_config
 from lightning_bridge.checkpoint._writable import directory_bytes, write_failure
-from lightning_bridge.contract._context import ConfigValues
+from lightning_bridge.contract._config_values import ConfigValues
 from lightning_bridge.record._outage import HeldBack
 from lightning_bridge.record._registry import Registry, record_location
 from lightning_bridge.record._schema import TrialState
