@@ -110,7 +110,7 @@ def _run(args: argparse.Namespace, from_command_line: bool) -> int:
         address=_ray_address(args),
     )
     if not options.test_mode:  # a search runs its trials (test mode trains its first one)
-        from lightning_bridge.experiment.searches._search import run_search
+        from lightning_bridge.experiment.cli._search_commands import run_search
 
         searched = run_search(args, options, config, seed_line if is_chief() else None)
         if searched is not None:
@@ -183,7 +183,7 @@ def _trial(args: argparse.Namespace, from_command_line: bool) -> int:
 
 
 def _search_worker(args: argparse.Namespace, from_command_line: bool) -> int:
-    from lightning_bridge.experiment.searches._search import search_worker
+    from lightning_bridge.experiment.cli._search_commands import search_worker
 
     return search_worker(args)
 

@@ -259,7 +259,7 @@ def experiment_continue(args: argparse.Namespace) -> int:
 
     with open_registry(args) as registry:
         if registry.experiment(args.id).options.get("search"):
-            from lightning_bridge.experiment.searches._search import continue_search
+            from lightning_bridge.experiment.cli._search_commands import continue_search
 
             launcher = getattr(args, "launcher", None)
             worker_jobs = getattr(args, "worker_jobs", None)

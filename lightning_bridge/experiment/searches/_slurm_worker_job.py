@@ -30,9 +30,10 @@ from lightning_bridge.experiment.searches._coordinator import (
     SearchCoordinator,
     SearchStorageUnavailable,
 )
-from lightning_bridge.experiment.searches._search import _launched_by, _source, search_storage_url
+from lightning_bridge.experiment.searches._search_to_serve import launched_by, search_storage_url
 from lightning_bridge.experiment.trial_process._exit_codes import EXIT_UNREACHABLE
 from lightning_bridge.experiment.trials._search_storage import check_search_storage
+from lightning_bridge.experiment.trials._source_checkpoint import warm_start_source
 from lightning_bridge.record._registry import Registry
 from lightning_bridge.search import SearchDriver
 from lightning_bridge.search._storage import import_optuna
@@ -69,7 +70,7 @@ def main(argv: list[str]) -> int:
         driver = SearchDriver(storage, str(search["name"]), job=job_id or None)
         try:
             config = parse_config(experiment.config)
-            options = _launched_by(experiment.options, "local")  # no worker jobs of its own
+            options = launched_by(experiment.options, "local")  # no worker jobs of its own
             worker = SearchCoordinator(
                 registry,
                 driver,
@@ -78,7 +79,7 @@ def main(argv: list[str]) -> int:
                 context_dir=pathlib.Path(experiment.context_dir),
                 options=options,
                 storage=storage,
-                source=_source(registry, config),
+                source=warm_start_source(registry, config.model.searcher),
                 lost_after_s=float(args.lost_after),
                 slurm_job=(job_id, _output_of(job_id)),
                 environment=SlurmJobEnvironment(job_id=job_id, restart_count=restarts),

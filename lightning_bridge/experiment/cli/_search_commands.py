@@ -13,7 +13,6 @@ takes in its own workspace, as an experiment of its own.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import logging
 import math
 import pathlib
@@ -31,6 +30,7 @@ from lightning_bridge.experiment.searches._coordinator import (
     SearchCoordinator,
     SearchStorageUnavailable,
 )
+from lightning_bridge.experiment.searches._search_to_serve import launched_by, search_storage_url
 from lightning_bridge.experiment.searches._slurm_workers import WorkerJobs
 from lightning_bridge.experiment.trial_process._exit_codes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from lightning_bridge.experiment.trials._checkpoints import Source
@@ -71,14 +71,6 @@ def _search_name(config: ResolvedConfig) -> str:
     """A name unique in any storage: the experiment's name and a random suffix."""
     name = re.sub(r"[^A-Za-z0-9_.-]+", "-", config.name or "search").strip("-")
     return f"{name[:40] or 'search'}-{secrets.token_hex(3)}"
-
-
-def search_storage_url(registry: Registry, experiment_id: int, search: dict[str, Any]) -> str:
-    """The storage of a recorded search (its default: a journal file in its folder)."""
-    stored = search.get("storage")
-    if stored:
-        return str(stored)
-    return str(registry.workspace.experiment_dir(experiment_id) / "search.journal")
 
 
 def _source(registry: Registry, config: ResolvedConfig) -> Any:
@@ -283,7 +275,7 @@ def search_worker(args: argparse.Namespace) -> int:
         folder = pathlib.Path(args.context_dir or info["context_dir"]).expanduser().resolve()
         try:
             config = parse_config(info["config"])
-            options = _launched_by(info["options"], args.launcher)
+            options = launched_by(info["options"], args.launcher)
             first = _plan.prepare_config(config.first_configuration(), folder, options)
         except BridgeError as exc:
             return _error(
@@ -333,22 +325,6 @@ def search_worker(args: argparse.Namespace) -> int:
         driver.close()
 
 
-def _launched_by(
-    recorded: dict[str, Any], launcher: str | None, worker_jobs: int | None = None
-) -> _plan.Options:
-    """The options a search's trials run with: those the search was started with, its
-    launcher and worker jobs among them (not the workspace's default: it is the search's
-    choice, as an experiment's own launcher is `experiment continue`'s), unless `launcher`
-    (`--launcher`) or `worker_jobs` (`--worker-jobs`) names another (another launcher
-    drops the recorded worker jobs)."""
-    options = _plan.Options.from_record(recorded)
-    if launcher and launcher != options.launcher:
-        options = dataclasses.replace(options, launcher=launcher, worker_jobs=None)
-    if worker_jobs is not None:
-        options = dataclasses.replace(options, worker_jobs=worker_jobs)
-    return options
-
-
 def _worker_source(
     registry: Registry, config: ResolvedConfig, folder: pathlib.Path, info: dict[str, Any]
 ) -> Source | None:
@@ -387,7 +363,7 @@ def continue_search(
             return EXIT_OK
         config = parse_config(experiment.config)
         folder = pathlib.Path(experiment.context_dir)
-        options = _launched_by(experiment.options, launcher, worker_jobs)
+        options = launched_by(experiment.options, launcher, worker_jobs)
         first = _plan.prepare_config(config.first_configuration(), folder, options)
         preflight(first, registry.workspace, search=True)
         source = _source(registry, config)
