@@ -123,10 +123,10 @@ def _run(args: argparse.Namespace, from_command_line: bool) -> int:
                 "trains one trial (a single searcher, or --test); leave --worker-jobs out"
             )
         # Loaded after the config checks, so a config error answers at once.
+        from lightning_bridge.experiment.cli._summary import run_summary
         from lightning_bridge.experiment.launch._preflight import preflight
         from lightning_bridge.experiment.trials import _trial_runs
         from lightning_bridge.experiment.trials._checkpoints import AlreadyComplete
-        from lightning_bridge.experiment.trials._summary import run_summary
         from lightning_bridge.record._registry import Registry
 
         launcher = preflight(plan, Workspace(args.workspace), new=True, engine=True)

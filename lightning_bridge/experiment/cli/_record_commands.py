@@ -17,14 +17,14 @@ from typing import TYPE_CHECKING, Any
 
 from lightning_bridge._errors import InvalidArgumentError
 from lightning_bridge._secrets import redact_config
-from lightning_bridge.experiment.config._config import parse_config
-from lightning_bridge.experiment.trials._summary import (
+from lightning_bridge.experiment.cli._summary import (
     checkpoint_line,
     format_time,
     format_value,
     run_summary,
     table,
 )
+from lightning_bridge.experiment.config._config import parse_config
 from lightning_bridge.record._records import Checkpoint, Experiment, Trial, as_dict
 from lightning_bridge.record._registry import Registry, experiment_state
 from lightning_bridge.tracking._mirror import read_link

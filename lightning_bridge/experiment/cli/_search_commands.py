@@ -23,6 +23,7 @@ from typing import Any
 
 from lightning_bridge._errors import BridgeError, InvalidArgumentError
 from lightning_bridge._secrets import redact_url
+from lightning_bridge.experiment.cli._summary import checkpoint_line, format_value, table
 from lightning_bridge.experiment.config import _plan
 from lightning_bridge.experiment.config._config import ResolvedConfig, parse_config
 from lightning_bridge.experiment.launch._preflight import preflight
@@ -36,7 +37,6 @@ from lightning_bridge.experiment.trial_process._exit_codes import EXIT_FAILED, E
 from lightning_bridge.experiment.trials._checkpoints import Source
 from lightning_bridge.experiment.trials._search_storage import check_search_storage
 from lightning_bridge.experiment.trials._source_checkpoint import warm_start_source
-from lightning_bridge.experiment.trials._summary import checkpoint_line, format_value, table
 from lightning_bridge.experiment.trials._trial_runs import (
     _options_record,
     continue_command,
