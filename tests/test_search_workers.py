@@ -20,6 +20,7 @@ import pytest
 from lightning_bridge.experiment.config._config import load_config
 from lightning_bridge.experiment.config._plan import Options
 from lightning_bridge.experiment.searches._coordinator import SearchCoordinator
+from lightning_bridge.experiment.searches._search_to_serve import SearchToServe
 from lightning_bridge.record._registry import Registry
 from lightning_bridge.search import SearchDriver
 from tests import _folders as sf
@@ -139,13 +140,7 @@ def _worker_on(
     if not registry.experiments():
         registry.create_experiment(config.raw, context_dir=str(path.parent))
     worker = SearchCoordinator(
-        registry,
-        driver,
-        experiment_id=1,
-        config=config,
-        context_dir=path.parent,
-        options=Options(accelerator="cpu"),
-        storage=storage,
+        registry, driver, SearchToServe(1, config, path.parent, Options(accelerator="cpu"), storage)
     )
     return driver, worker
 

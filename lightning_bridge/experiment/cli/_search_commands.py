@@ -31,7 +31,11 @@ from lightning_bridge.experiment.searches._coordinator import (
     SearchCoordinator,
     SearchStorageUnavailable,
 )
-from lightning_bridge.experiment.searches._search_to_serve import launched_by, search_storage_url
+from lightning_bridge.experiment.searches._search_to_serve import (
+    SearchToServe,
+    launched_by,
+    search_storage_url,
+)
 from lightning_bridge.experiment.searches._slurm_workers import WorkerJobs
 from lightning_bridge.experiment.trial_process._exit_codes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from lightning_bridge.experiment.trials._checkpoints import Source
@@ -166,13 +170,9 @@ def run_search(
             return _serve(
                 registry,
                 driver,
-                experiment_id,
-                config,
-                folder,
-                options,
-                url,
-                source,
-                float(args.lost_after),
+                SearchToServe(
+                    experiment_id, config, folder, options, url, source, float(args.lost_after)
+                ),
             )
         finally:
             driver.close()
@@ -190,47 +190,20 @@ def _source_dir(registry: Registry, source: Source | None) -> str | None:
     return None
 
 
-def _serve(
-    registry: Registry,
-    driver: SearchDriver,
-    experiment_id: int,
-    config: ResolvedConfig,
-    folder: pathlib.Path,
-    options: _plan.Options,
-    storage: str,
-    source: Source | None,
-    lost_after_s: float,
-) -> int:
+def _serve(registry: Registry, driver: SearchDriver, search: SearchToServe) -> int:
+    """Serve `search` to its end or a stop (its worker jobs' when the launcher took them, else
+    this machine's worker); print its summary; the command's exit code."""
     worker: SearchCoordinator | WorkerJobs
-    if options.worker_jobs:  # the launcher took them (`preflight`): its worker jobs
-        worker = WorkerJobs(
-            registry,
-            driver,
-            experiment_id=experiment_id,
-            config=config,
-            context_dir=folder,
-            options=options,
-            storage=storage,
-            lost_after_s=lost_after_s,
-            say=lambda line: print(line, flush=True),
-        )
+    if search.options.worker_jobs:  # the launcher took them (`preflight`): its worker jobs
+        worker = WorkerJobs(registry, driver, search, say=lambda line: print(line, flush=True))
     else:
-        worker = SearchCoordinator(
-            registry,
-            driver,
-            experiment_id=experiment_id,
-            config=config,
-            context_dir=folder,
-            options=options,
-            storage=storage,
-            source=source,
-            lost_after_s=lost_after_s,
-        )
+        worker = SearchCoordinator(registry, driver, search)
     try:
         finished = worker.serve()
     except SearchStorageUnavailable as exc:
         print(f"lightning-bridge: error: {exc}", file=sys.stderr, flush=True)
         return EXIT_FAILED
+    experiment_id = search.experiment_id
     print(search_summary(registry, worker.driver, experiment_id), flush=True)
     from lightning_bridge.tracking._sync import sync_after_run
 
@@ -245,7 +218,7 @@ def _serve(
         )
         return EXIT_OK
     trials = registry.trials(experiment_id)
-    if not trials and config.starts_no_trial:
+    if not trials and search.config.starts_no_trial:
         return EXIT_OK  # an empty grid: completed without a trial, as on Determined
     return EXIT_OK if any(t.state == TrialState.COMPLETED.value for t in trials) else EXIT_FAILED
 
@@ -313,13 +286,9 @@ def search_worker(args: argparse.Namespace) -> int:
             return _serve(
                 registry,
                 driver,
-                experiment_id,
-                config,
-                folder,
-                options,
-                storage,
-                source,
-                float(args.lost_after),
+                SearchToServe(
+                    experiment_id, config, folder, options, storage, source, float(args.lost_after)
+                ),
             )
     finally:
         driver.close()
@@ -369,7 +338,9 @@ def continue_search(
         source = _source(registry, config)
         print(f"Experiment {experiment_id}: continuing search {search['name']}", flush=True)
         return _serve(
-            registry, driver, experiment_id, config, folder, options, storage, source, lost_after_s
+            registry,
+            driver,
+            SearchToServe(experiment_id, config, folder, options, storage, source, lost_after_s),
         )
     finally:
         driver.close()

@@ -1,14 +1,37 @@
-"""A search to serve, as the commands that serve one (`run`, `search-worker`, `experiment
-continue`) and a Slurm worker job read it from its record: where its storage is, and the
-options its trials run with."""
+"""A search to serve (`SearchToServe`): the one value the commands that serve a search (`run`,
+`search-worker`, `experiment continue`, a Slurm worker job) build once and hand to what serves
+it (`SearchWorker`, `WorkerJobs`); and how a recorded search is read back: where its storage
+is, the options its trials run with."""
 
 from __future__ import annotations
 
 import dataclasses
+import pathlib
 from typing import Any
 
 from lightning_bridge.experiment.config import _plan
+from lightning_bridge.experiment.config._config import ResolvedConfig
+from lightning_bridge.experiment.trials._checkpoints import Source
 from lightning_bridge.record._registry import Registry
+
+# A running trial not heard of for this long is taken as lost with its worker and given back.
+LOST_AFTER_S = 300.0
+
+
+@dataclasses.dataclass(frozen=True)
+class SearchToServe:
+    """A search as its workers serve it: the experiment that records its trials in this
+    workspace, its config and code folder, the options its trials run with, its storage, the
+    checkpoint each of its trials starts from (a warm start), and how long a trial of another
+    worker may go unheard of before it is given back."""
+
+    experiment_id: int
+    config: ResolvedConfig
+    context_dir: pathlib.Path
+    options: _plan.Options
+    storage: str
+    source: Source | None = None
+    lost_after_s: float = LOST_AFTER_S
 
 
 def search_storage_url(registry: Registry, experiment_id: int, search: dict[str, Any]) -> str:
