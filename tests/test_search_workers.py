@@ -19,8 +19,8 @@ import pytest
 
 from lightning_bridge.experiment.config._config import load_config
 from lightning_bridge.experiment.config._plan import Options
-from lightning_bridge.experiment.searches._coordinator import SearchCoordinator
 from lightning_bridge.experiment.searches._search_to_serve import SearchToServe
+from lightning_bridge.experiment.searches._worker import SearchWorker
 from lightning_bridge.record._registry import Registry
 from lightning_bridge.search import SearchDriver
 from tests import _folders as sf
@@ -129,9 +129,9 @@ def test_a_second_machine_serves_a_postgresql_search(
 
 def _worker_on(
     host: str, workspace: pathlib.Path, storage: str, name: str, monkeypatch: pytest.MonkeyPatch
-) -> tuple[SearchDriver, SearchCoordinator]:
+) -> tuple[SearchDriver, SearchWorker]:
     """A search worker as `search-worker` builds it, on a node named `host`: its driver and
-    its `SearchCoordinator` (nothing started)."""
+    its `SearchWorker` (nothing started)."""
     monkeypatch.setattr(socket, "gethostname", lambda: host)
     path = sf.write_folder(workspace.parent, copy.deepcopy(SEARCH), "folder", sf.TINY)
     config = load_config(path)
@@ -139,7 +139,7 @@ def _worker_on(
     registry = Registry(workspace)
     if not registry.experiments():
         registry.create_experiment(config.raw, context_dir=str(path.parent))
-    worker = SearchCoordinator(
+    worker = SearchWorker(
         registry, driver, SearchToServe(1, config, path.parent, Options(accelerator="cpu"), storage)
     )
     return driver, worker

@@ -27,16 +27,16 @@ from lightning_bridge.experiment.cli._summary import checkpoint_line, format_val
 from lightning_bridge.experiment.config import _plan
 from lightning_bridge.experiment.config._config import ResolvedConfig, parse_config
 from lightning_bridge.experiment.launch._preflight import preflight
-from lightning_bridge.experiment.searches._coordinator import (
-    SearchCoordinator,
-    SearchStorageUnavailable,
-)
 from lightning_bridge.experiment.searches._search_to_serve import (
     SearchToServe,
     launched_by,
     search_storage_url,
 )
 from lightning_bridge.experiment.searches._slurm_workers import WorkerJobs
+from lightning_bridge.experiment.searches._worker import (
+    SearchStorageUnavailable,
+    SearchWorker,
+)
 from lightning_bridge.experiment.trial_process._exit_codes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from lightning_bridge.experiment.trials._checkpoints import Source
 from lightning_bridge.experiment.trials._search_storage import check_search_storage
@@ -193,11 +193,11 @@ def _source_dir(registry: Registry, source: Source | None) -> str | None:
 def _serve(registry: Registry, driver: SearchDriver, search: SearchToServe) -> int:
     """Serve `search` to its end or a stop (its worker jobs' when the launcher took them, else
     this machine's worker); print its summary; the command's exit code."""
-    worker: SearchCoordinator | WorkerJobs
+    worker: SearchWorker | WorkerJobs
     if search.options.worker_jobs:  # the launcher took them (`preflight`): its worker jobs
         worker = WorkerJobs(registry, driver, search, say=lambda line: print(line, flush=True))
     else:
-        worker = SearchCoordinator(registry, driver, search)
+        worker = SearchWorker(registry, driver, search)
     try:
         finished = worker.serve()
     except SearchStorageUnavailable as exc:

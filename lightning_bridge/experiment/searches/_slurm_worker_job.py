@@ -2,7 +2,7 @@
 `python -m lightning_bridge.experiment._slurm_worker_job WORKSPACE ID` (a name that forwards
 here, kept stable for the job scripts on disk).
 
-A search worker (`SearchCoordinator`) serving the recorded search `ID` of `WORKSPACE` from this
+A search worker (`SearchWorker`) serving the recorded search `ID` of `WORKSPACE` from this
 allocation, its trials forked from a warm process, until the search is finished or the job is
 stopped. It first reaches the services every trial reports to (the record, the search's
 storage): one this node cannot reach ends the job at once with the `UNREACHABLE` line the
@@ -26,14 +26,14 @@ from lightning_bridge._errors import BridgeError
 from lightning_bridge.experiment.config._config import parse_config
 from lightning_bridge.experiment.launch.slurm._job import _requeue
 from lightning_bridge.experiment.launch.slurm._launcher import UNREACHABLE, _slurm
-from lightning_bridge.experiment.searches._coordinator import (
-    SearchCoordinator,
-    SearchStorageUnavailable,
-)
 from lightning_bridge.experiment.searches._search_to_serve import (
     SearchToServe,
     launched_by,
     search_storage_url,
+)
+from lightning_bridge.experiment.searches._worker import (
+    SearchStorageUnavailable,
+    SearchWorker,
 )
 from lightning_bridge.experiment.trial_process._exit_codes import EXIT_UNREACHABLE
 from lightning_bridge.experiment.trials._search_storage import check_search_storage
@@ -84,7 +84,7 @@ def main(argv: list[str]) -> int:
                 warm_start_source(registry, config.model.searcher),
                 float(args.lost_after),
             )
-            worker = SearchCoordinator(
+            worker = SearchWorker(
                 registry,
                 driver,
                 search,

@@ -3,7 +3,7 @@
 One job per trial imports Python, torch and Lightning anew for every trial (15-40 s before its
 first batch). With `--worker-jobs N` the coordinator submits N jobs instead, each sized for
 one trial (the trial's `sbatch` options, as `SlurmLauncher` builds them); each runs a search
-worker (`SearchCoordinator`, as `search-worker` does) that pulls the search's trials from
+worker (`SearchWorker`, as `search-worker` does) that pulls the search's trials from
 its storage and forks each from its warm process (`_warm`): after the job's own start, a
 trial starts in about a second. Every trial keeps what a trial job gives it: its own process,
 process group, log and working copy; the record names its job (`experiment describe`:
@@ -90,7 +90,7 @@ class WorkerJob:
 
 class WorkerJobs:
     """Serve a search from `N` Slurm worker jobs (see the module docstring); the same
-    `serve()` as `SearchCoordinator`'s."""
+    `serve()` as `SearchWorker`'s."""
 
     def __init__(
         self,
@@ -149,7 +149,7 @@ class WorkerJobs:
         """Submit the worker jobs and follow them to their end; whether the search finished.
         A job's node that could not reach the record or the search's storage raises
         `SearchStorageUnavailable` with its message, once every job has ended."""
-        from lightning_bridge.experiment.searches._coordinator import SearchStorageUnavailable
+        from lightning_bridge.experiment.searches._worker import SearchStorageUnavailable
 
         launcher = SlurmLauncher()
         launcher.check(self.plan)

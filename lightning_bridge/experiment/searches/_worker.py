@@ -1,13 +1,15 @@
-"""`SearchCoordinator`: a worker of a hyperparameter search, training its trials as subprocesses.
+"""`SearchWorker`: a worker of a hyperparameter search, starting its trials through a launcher.
 
-The worker pulls trials from the search (`SearchDriver.next_trial`) while the machine has room
-for one more (its GPUs, else its CPU cores, divided by the processes a trial takes), records
-each in the workspace (a trial of the search's experiment, with its folder, log and
-checkpoints) and starts it as `python -m lightning_bridge _trial RUN_FILE`. The trial's own
-process validates at its rungs and reports to the search, which answers at once
-(`translation._search_report`), so the worker only starts processes and waits for them to
-end; a thread per process turns its end into an event, and the worker sleeps until one comes
-or a poll (other workers' trials may create new ones) or a heartbeat is due.
+The worker pulls trials from the search (`SearchDriver.next_trial`) while its launcher has
+room for one more (`Launcher.capacity`: on this machine its GPUs, else its CPU cores, divided by
+the processes a trial takes; on a cluster the scheduler places them), records each in the
+workspace (a trial of the search's experiment, with its folder, log and checkpoints) and starts
+it through the launcher (`Launcher.start`: a process forked from the warm one or
+`python -m lightning_bridge _trial RUN_FILE` on this machine, a Slurm job, a Ray actor). The
+trial's own process validates at its rungs and reports to the search, which answers at once
+(`translation/services/_search_report.py`), so the worker only starts trials and waits for
+them to end; a thread per trial turns its end into an event, and the worker sleeps until one
+comes or a poll (other workers' trials may create new ones) or a heartbeat is due.
 
 A trial whose process ends without closing itself in the search crashed: it is recorded
 ERROR, the search is told, and the search goes on. SIGINT / SIGTERM stop the worker: each
@@ -76,7 +78,7 @@ def _say(message: str) -> None:
     print(message, flush=True)
 
 
-class SearchCoordinator:
+class SearchWorker:
     """Serve one search from this machine until it is finished or stopped (`serve`)."""
 
     def __init__(
