@@ -39,7 +39,6 @@ from lightning_bridge.experiment.searches._worker import (
 )
 from lightning_bridge.experiment.trial_process._exit_codes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from lightning_bridge.experiment.trials._checkpoints import Source
-from lightning_bridge.experiment.trials._search_storage import check_search_storage
 from lightning_bridge.experiment.trials._source_checkpoint import warm_start_source
 from lightning_bridge.experiment.trials._trial_runs import (
     _options_record,
@@ -51,6 +50,7 @@ from lightning_bridge.record._workspace import Workspace
 from lightning_bridge.search import SearchDriver
 from lightning_bridge.search._space import flat
 from lightning_bridge.search._storage import import_optuna
+from lightning_bridge.search._storage_check import check_search_storage
 
 logger = logging.getLogger("lightning_bridge")
 

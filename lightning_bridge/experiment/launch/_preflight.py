@@ -46,7 +46,7 @@ def preflight(
 
         import_optuna()
     if search_storage is not None:  # reached before the search is recorded
-        from lightning_bridge.experiment.trials._search_storage import check_search_storage
+        from lightning_bridge.search._storage_check import check_search_storage
 
         check_search_storage(search_storage)
     if new:

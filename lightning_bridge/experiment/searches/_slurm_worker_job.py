@@ -36,11 +36,11 @@ from lightning_bridge.experiment.searches._worker import (
     SearchWorker,
 )
 from lightning_bridge.experiment.trial_process._exit_codes import EXIT_UNREACHABLE
-from lightning_bridge.experiment.trials._search_storage import check_search_storage
 from lightning_bridge.experiment.trials._source_checkpoint import warm_start_source
 from lightning_bridge.record._registry import Registry
 from lightning_bridge.search import SearchDriver
 from lightning_bridge.search._storage import import_optuna
+from lightning_bridge.search._storage_check import check_search_storage
 from lightning_bridge.translation.services._trial_environment import (
     SlurmJobEnvironment,
     scontrol_fields,

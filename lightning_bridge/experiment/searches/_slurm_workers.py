@@ -53,8 +53,8 @@ from lightning_bridge.experiment.launch.slurm._launcher import (
     unreachable_in,
 )
 from lightning_bridge.experiment.searches._search_to_serve import SearchToServe
+from lightning_bridge.experiment.searches._storage_outage import StorageOutage
 from lightning_bridge.experiment.trial_process._signals import handling
-from lightning_bridge.experiment.trials._search_storage import StorageOutage
 from lightning_bridge.record._outage import RETRY_S, is_unavailable, reason
 from lightning_bridge.record._registry import LIVE_JOB_STATES, Registry
 from lightning_bridge.record._schema import TrialState

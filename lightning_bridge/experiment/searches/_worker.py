@@ -40,9 +40,9 @@ from lightning_bridge.experiment.launch import _warm
 from lightning_bridge.experiment.launch._handle import TrialProcess
 from lightning_bridge.experiment.launch._registry import launcher_for
 from lightning_bridge.experiment.searches._search_to_serve import SearchToServe
+from lightning_bridge.experiment.searches._storage_outage import StorageOutage
 from lightning_bridge.experiment.trial_process._signals import handling
 from lightning_bridge.experiment.trials._checkpoints import fetch, settle_checkpoints
-from lightning_bridge.experiment.trials._search_storage import StorageOutage
 from lightning_bridge.experiment.trials._trial_runs import continue_command
 from lightning_bridge.record._outage import RETRY_S, is_unavailable, reason
 from lightning_bridge.record._postgres import shown

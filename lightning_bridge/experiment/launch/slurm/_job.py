@@ -98,7 +98,7 @@ def unreachable(run: RunDescription) -> str | None:
         except Exception as exc:  # noqa: BLE001 - the driver's own errors
             return f"the experiment record of {workspace.root}: {type(exc).__name__}: {exc}"
     if run.search is not None:
-        from lightning_bridge.experiment.trials._search_storage import check_search_storage
+        from lightning_bridge.search._storage_check import check_search_storage
 
         try:
             check_search_storage(run.search.storage, run.search.name)
