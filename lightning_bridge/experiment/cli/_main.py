@@ -125,7 +125,7 @@ def _run(args: argparse.Namespace, from_command_line: bool) -> int:
         # Loaded after the config checks, so a config error answers at once.
         from lightning_bridge.experiment.cli._summary import run_summary
         from lightning_bridge.experiment.launch._preflight import preflight
-        from lightning_bridge.experiment.trials import _trial_runs
+        from lightning_bridge.experiment.trials import _experiments
         from lightning_bridge.experiment.trials._checkpoints import AlreadyComplete
         from lightning_bridge.record._registry import Registry
 
@@ -142,7 +142,7 @@ def _run(args: argparse.Namespace, from_command_line: bool) -> int:
         return EXIT_USAGE
     with Registry(args.workspace) as registry:
         try:
-            experiment_id, trial = _trial_runs.start_experiment(
+            experiment_id, trial = _experiments.start_experiment(
                 registry, plan, pathlib.Path(args.config).resolve(), args.resume
             )
         except AlreadyComplete as done:
@@ -172,8 +172,8 @@ def _print_mirror(registry: Any, experiment_id: int) -> None:
 
 
 def _trial(args: argparse.Namespace, from_command_line: bool) -> int:
+    from lightning_bridge.experiment.trial_process._run import run_from_file
     from lightning_bridge.experiment.trial_process._signals import held_until_training
-    from lightning_bridge.experiment.trials._trial_runs import run_from_file
     from lightning_bridge.translation.services._trial_environment import TrialEnvironment
 
     if not TrialEnvironment.current().holds_early_stop:

@@ -255,7 +255,7 @@ def _checkpoint_table(checkpoints: list[Checkpoint], metric: str | None, indent:
 
 
 def experiment_continue(args: argparse.Namespace) -> int:
-    from lightning_bridge.experiment.trials._trial_runs import continue_experiment
+    from lightning_bridge.experiment.trials._experiments import continue_experiment
 
     with open_registry(args) as registry:
         if registry.experiment(args.id).options.get("search"):

@@ -39,11 +39,11 @@ from lightning_bridge.experiment.searches._worker import (
 )
 from lightning_bridge.experiment.trial_process._exit_codes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from lightning_bridge.experiment.trials._checkpoints import Source
-from lightning_bridge.experiment.trials._source_checkpoint import warm_start_source
-from lightning_bridge.experiment.trials._trial_runs import (
-    _options_record,
+from lightning_bridge.experiment.trials._experiments import (
     continue_command,
+    options_record,
 )
+from lightning_bridge.experiment.trials._source_checkpoint import warm_start_source
 from lightning_bridge.record._registry import Registry
 from lightning_bridge.record._schema import TrialState
 from lightning_bridge.record._workspace import Workspace
@@ -137,7 +137,7 @@ def run_search(
                 description=config.description,
                 config_path=str(config_file),
                 context_dir=str(folder),
-                options={**_options_record(options), "search": {"storage": storage, "name": name}},
+                options={**options_record(options), "search": {"storage": storage, "name": name}},
                 searcher_metric=config.model.searcher.metric,
                 smaller_is_better=config.model.searcher.smaller_is_better,
             )
@@ -152,7 +152,7 @@ def run_search(
                     "config": config.raw,
                     "config_path": str(config_file),
                     "context_dir": str(folder),
-                    "options": _options_record(options),
+                    "options": options_record(options),
                     "source_dir": _source_dir(registry, source),
                 },
             )

@@ -43,7 +43,7 @@ from lightning_bridge.experiment.searches._search_to_serve import SearchToServe
 from lightning_bridge.experiment.searches._storage_outage import StorageOutage
 from lightning_bridge.experiment.trial_process._signals import handling
 from lightning_bridge.experiment.trials._checkpoints import fetch, settle_checkpoints
-from lightning_bridge.experiment.trials._trial_runs import continue_command
+from lightning_bridge.experiment.trials._experiments import continue_command
 from lightning_bridge.record._outage import RETRY_S, is_unavailable, reason
 from lightning_bridge.record._postgres import shown
 from lightning_bridge.record._registry import Registry

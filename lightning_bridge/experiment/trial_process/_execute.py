@@ -29,7 +29,7 @@ from lightning_bridge._errors import InvalidArgumentError, InvalidTrialError
 from lightning_bridge.contract import _import_map
 from lightning_bridge.contract._units import Batch
 from lightning_bridge.experiment.config._entrypoint import Entrypoint
-from lightning_bridge.experiment.config._plan import Plan, TrialRun
+from lightning_bridge.experiment.config._plan import Plan, TrialRun, trial_seed
 from lightning_bridge.experiment.trial_process._child import EntrypointFailed, run_child
 from lightning_bridge.experiment.trial_process._environment import (
     configured_environment,
@@ -39,7 +39,6 @@ from lightning_bridge.experiment.trial_process._startup_hook import (
     interpreter_first,
     startup_hook_environment,
 )
-from lightning_bridge.search._space import trial_draw
 from lightning_bridge.translation._engine_settings import EngineSettings
 from lightning_bridge.translation.services._run_description import (
     ENV_VAR,
@@ -213,19 +212,6 @@ def script_command(plan: Plan) -> list[str]:
     if rest and rest[0] == "-m":
         return [*torchrun, "-m", *rest[1:]]
     return [*torchrun, *rest]
-
-
-def trial_seed(plan: Plan, trial: TrialRun) -> int:
-    """The trial's seed: a search's trial has its own; a single trial's derives from the
-    experiment seed as a search's first trial's does (Determined draws every trial's seed from
-    the experiment seed)."""
-    if trial.seed is not None:
-        return int(trial.seed)
-    if trial.search is not None:
-        return int(trial.search.trial.seed)
-    return trial_draw(plan.config.space, plan.config.model.reproducibility.experiment_seed or 0, 0)[
-        0
-    ]
 
 
 def describe_run(plan: Plan, trial: TrialRun) -> RunDescription:

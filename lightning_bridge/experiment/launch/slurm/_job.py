@@ -227,7 +227,7 @@ def _train(run: RunDescription, run_file: pathlib.Path) -> int:
     """Train the trial of the run description, as `lightning-bridge _trial RUN_FILE` does but
     without the command line: the bridge's logging, then the trial runner; its exit code."""
     from lightning_bridge import _logging
-    from lightning_bridge.experiment.trials._trial_runs import run_described
+    from lightning_bridge.experiment.trial_process._run import run_described
 
     _logging.configure()
     try:
