@@ -1,13 +1,16 @@
-"""The `lightning-bridge` command: `run` a Determined experiment folder, read the record of
-runs, `port` a Lightning project.
+"""The `lightning-bridge` command: `run` a Determined experiment folder (a search's runs are
+`_search_commands`'), read and steer the record of runs, mirror it to MLflow's registry,
+`port` a Lightning project; argv to the handler that answers it.
 
     lightning-bridge run const.yaml [CONTEXT_DIR] [--set KEY.PATH=VALUE ...] [--test]
         [--resume CKPT] [--devices N] [--accelerator A] [--precision P] [--strategy S]
         [--storage URL]
     lightning-bridge search-worker NAME --storage URL [--context-dir DIR]
-    lightning-bridge experiment list | describe ID | continue ID | plot ID [--out FILE]
+    lightning-bridge experiment list | describe ID | continue ID | pause ID | kill ID
+        | plot ID [--out FILE] | sync ID
     lightning-bridge trial logs ID
     lightning-bridge checkpoint list [--experiment ID] [--best [N]] | download UUID --out DIR
+    lightning-bridge model create | register-version | list | list-versions | describe | alias
     lightning-bridge port package.module:MyLightningModule --out DIR [--datamodule DM] [--force]
 
 Every record command takes `--workspace DIR`; the reading ones `--json`. Exit codes: 0 success;

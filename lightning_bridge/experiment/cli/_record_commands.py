@@ -1,9 +1,9 @@
 """The record's commands, in Determined's habits: `experiment list | describe | continue |
-plot`, `trial logs`, `checkpoint list | download`.
+pause | kill | plot`, `trial logs`, `checkpoint list | download`.
 
 Each reads the workspace's registry (`--workspace`, default the user's data directory) and
 prints a table, or JSON with `--json` for scripts. None of them imports torch or Lightning,
-except `experiment continue`, which trains.
+except `experiment continue`, which trains (a search's continue is `_search_commands`').
 """
 
 from __future__ import annotations
