@@ -31,13 +31,18 @@ logger = logging.getLogger("lightning_bridge")
 
 
 def run_trial(
-    registry: Registry, plan: _plan.Plan, trial: _plan.TrialRun, relaunch: bool = False
+    registry: Registry,
+    plan: _plan.Plan,
+    trial: _plan.TrialRun,
+    relaunch: bool = False,
+    started_with: tuple[RunDescription, pathlib.Path] | None = None,
 ) -> int:
     """Run one trial; record how it ended unless its process did; return the exit code.
 
     `relaunch`: this process runs the `lightning-bridge` command itself, whose command line
     Lightning's launcher repeats for the other ranks; they get `_trial RUN_FILE` instead, so
-    they train this trial and record nothing new."""
+    they train this trial and record nothing new. `started_with`: the run description (and
+    its file) this process was started with (`run_described`)."""
     if relaunch:
         sys.argv[:] = [sys.argv[0], "_trial", str(trial.run_file)]
     _logging.configure(trial.log_file)
@@ -63,7 +68,7 @@ def run_trial(
                 synced.path,
                 synced.describe(),
             )
-        code = _execute.execute(plan, trial)
+        code = _execute.execute(plan, trial, started_with)
     except KeyboardInterrupt:
         registry.trial_ended(trial.trial_id, TrialState.STOPPED, "interrupted", if_active=True)
         ended = True
@@ -135,7 +140,13 @@ def run_described(run: RunDescription, run_file: pathlib.Path) -> int:
         seed=run.trial_seed,
         search=run.search,
     )
+    # The plan is rebuilt for what runs the trial (its entrypoint, processes, working copy);
+    # the description it came from is what the trial reads, not written again from the plan
+    # (its file named as the trial's folder names it, an absolute path).
+    named = run_file.resolve()
+    if named == trial.run_file.resolve():
+        named = trial.run_file
     if not is_chief():
-        return _execute.execute(plan, trial)
+        return _execute.execute(plan, trial, (run, named))
     with Registry(workspace) as registry:
-        return run_trial(registry, plan, trial)
+        return run_trial(registry, plan, trial, started_with=(run, named))
