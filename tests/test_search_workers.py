@@ -19,7 +19,8 @@ import pytest
 
 from lightning_bridge.experiment.config._config import load_config
 from lightning_bridge.experiment.config._plan import Options
-from lightning_bridge.experiment.searches._coordinator import SearchCoordinator
+from lightning_bridge.experiment.searches._search_to_serve import SearchToServe
+from lightning_bridge.experiment.searches._worker import SearchWorker
 from lightning_bridge.record._registry import Registry
 from lightning_bridge.search import SearchDriver
 from tests import _folders as sf
@@ -128,9 +129,9 @@ def test_a_second_machine_serves_a_postgresql_search(
 
 def _worker_on(
     host: str, workspace: pathlib.Path, storage: str, name: str, monkeypatch: pytest.MonkeyPatch
-) -> tuple[SearchDriver, SearchCoordinator]:
+) -> tuple[SearchDriver, SearchWorker]:
     """A search worker as `search-worker` builds it, on a node named `host`: its driver and
-    its `SearchCoordinator` (nothing started)."""
+    its `SearchWorker` (nothing started)."""
     monkeypatch.setattr(socket, "gethostname", lambda: host)
     path = sf.write_folder(workspace.parent, copy.deepcopy(SEARCH), "folder", sf.TINY)
     config = load_config(path)
@@ -138,14 +139,8 @@ def _worker_on(
     registry = Registry(workspace)
     if not registry.experiments():
         registry.create_experiment(config.raw, context_dir=str(path.parent))
-    worker = SearchCoordinator(
-        registry,
-        driver,
-        experiment_id=1,
-        config=config,
-        context_dir=path.parent,
-        options=Options(accelerator="cpu"),
-        storage=storage,
+    worker = SearchWorker(
+        registry, driver, SearchToServe(1, config, path.parent, Options(accelerator="cpu"), storage)
     )
     return driver, worker
 

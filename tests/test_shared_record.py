@@ -32,7 +32,7 @@ from lightning_bridge.experiment.launch.slurm._job import (
 )
 from lightning_bridge.experiment.launch.slurm._job import main as job_main
 from lightning_bridge.experiment.launch.slurm._launcher import SlurmLauncher, _outcome
-from lightning_bridge.experiment.trials._trial_runs import _options_record
+from lightning_bridge.experiment.trials._experiments import options_record
 from lightning_bridge.record._filesystem import filesystem_type, network_filesystem
 from lightning_bridge.record._registry import Registry
 from lightning_bridge.record._workspace import Workspace
@@ -119,7 +119,7 @@ def test_a_search_worker_runs_the_searchs_launcher_unless_its_command_line_names
             "config": config.raw,
             "config_path": str(path),
             "context_dir": str(path.parent),
-            "options": _options_record(options),
+            "options": options_record(options),
             "source_dir": None,
         },
     )

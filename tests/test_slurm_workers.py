@@ -19,6 +19,7 @@ from lightning_bridge.experiment.cli._main import main
 from lightning_bridge.experiment.config._config import load_config
 from lightning_bridge.experiment.config._plan import Options, prepare
 from lightning_bridge.experiment.searches import _slurm_workers
+from lightning_bridge.experiment.searches._search_to_serve import SearchToServe
 from lightning_bridge.experiment.searches._slurm_workers import WorkerJobs, check_worker_jobs
 from lightning_bridge.record._registry import Registry
 from lightning_bridge.search import SearchDriver
@@ -271,12 +272,14 @@ def test_the_coordinator_of_worker_jobs_rides_out_a_storage_restart(
         jobs = WorkerJobs(
             registry,
             SearchDriver(storage, "s", config.search),
-            experiment_id=1,
-            config=config,
-            context_dir=path.parent,
-            options=Options(launcher="slurm", worker_jobs=1, accelerator="cpu"),
-            storage=storage,
-            lost_after_s=300,
+            SearchToServe(
+                1,
+                config,
+                path.parent,
+                Options(launcher="slurm", worker_jobs=1, accelerator="cpu"),
+                storage,
+                lost_after_s=300,
+            ),
             say=said.append,
         )
         postgres.stop()

@@ -15,7 +15,7 @@ import textwrap
 
 import pytest
 
-from lightning_bridge.experiment.trial_process._workdir import sync
+from lightning_bridge.experiment.trials._workdir import sync
 from lightning_bridge.record._registry import Registry
 from tests import _folders as sf
 

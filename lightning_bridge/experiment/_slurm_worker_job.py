@@ -1,6 +1,12 @@
-"""`python -m lightning_bridge.experiment._slurm_worker_job WORKSPACE ID`: the name worker job
-scripts call (those written by earlier versions too), kept stable while the modules behind it
-move. It runs the worker job's `main` (`searches/_slurm_worker_job.py`)."""
+"""`python -m lightning_bridge.experiment._slurm_worker_job WORKSPACE ID`: the stable name every
+search worker job script calls (`searches/_slurm_workers.py` writes it; scripts written by
+earlier revisions name it too), so that a worker job queued or requeued across an update still
+starts while the modules behind it move. It runs the worker job's `main`
+(`searches/_slurm_worker_job.py`).
+
+It stays while worker job scripts name it; it may go only once they name the module behind it
+and no script written before can still run.
+"""
 
 # forwarding module: worker job scripts name this path.
 from __future__ import annotations

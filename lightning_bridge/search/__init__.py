@@ -7,8 +7,12 @@ Optuna study (a journal file, SQLite or PostgreSQL: `_storage`; its trials' atte
 `_attempts`) through Optuna's ask / report / tell, so several processes can serve it and a
 restarted one goes on: the workers that start trials and the trials' own processes, which
 report to it (`_views` holds what they pass each other). `search_exists` says whether a storage
-holds a search. Optuna is the `search` extra; nothing here imports it until a driver is made or
-a storage read.
+holds a search; `_storage_check` refuses a storage that is not one before anything is recorded.
+Optuna is the `search` extra; nothing here imports it until a driver is made or a storage read.
+
+This package is the searcher, what decides: which trials, which stop, which rung. Running a
+search's trials (its worker, its Slurm worker jobs, a search to serve) is the experiment
+layer's, `lightning_bridge.experiment.searches`; its commands are `experiment.cli`'s.
 """
 
 from lightning_bridge.search._driver import SearchDriver

@@ -1,13 +1,16 @@
-"""The `lightning-bridge` command: `run` a Determined experiment folder, read the record of
-runs, `port` a Lightning project.
+"""The `lightning-bridge` command: `run` a Determined experiment folder (a search's runs are
+`_search_commands`'), read and steer the record of runs, mirror it to MLflow's registry,
+`port` a Lightning project; argv to the handler that answers it.
 
     lightning-bridge run const.yaml [CONTEXT_DIR] [--set KEY.PATH=VALUE ...] [--test]
         [--resume CKPT] [--devices N] [--accelerator A] [--precision P] [--strategy S]
         [--storage URL]
     lightning-bridge search-worker NAME --storage URL [--context-dir DIR]
-    lightning-bridge experiment list | describe ID | continue ID | plot ID [--out FILE]
+    lightning-bridge experiment list | describe ID | continue ID | pause ID | kill ID
+        | plot ID [--out FILE] | sync ID
     lightning-bridge trial logs ID
     lightning-bridge checkpoint list [--experiment ID] [--best [N]] | download UUID --out DIR
+    lightning-bridge model create | register-version | list | list-versions | describe | alias
     lightning-bridge port package.module:MyLightningModule --out DIR [--datamodule DM] [--force]
 
 Every record command takes `--workspace DIR`; the reading ones `--json`. Exit codes: 0 success;
@@ -110,7 +113,7 @@ def _run(args: argparse.Namespace, from_command_line: bool) -> int:
         address=_ray_address(args),
     )
     if not options.test_mode:  # a search runs its trials (test mode trains its first one)
-        from lightning_bridge.experiment.searches._search import run_search
+        from lightning_bridge.experiment.cli._search_commands import run_search
 
         searched = run_search(args, options, config, seed_line if is_chief() else None)
         if searched is not None:
@@ -123,10 +126,10 @@ def _run(args: argparse.Namespace, from_command_line: bool) -> int:
                 "trains one trial (a single searcher, or --test); leave --worker-jobs out"
             )
         # Loaded after the config checks, so a config error answers at once.
+        from lightning_bridge.experiment.cli._summary import run_summary
         from lightning_bridge.experiment.launch._preflight import preflight
-        from lightning_bridge.experiment.trials import _trial_runs
+        from lightning_bridge.experiment.trials import _experiments
         from lightning_bridge.experiment.trials._checkpoints import AlreadyComplete
-        from lightning_bridge.experiment.trials._summary import run_summary
         from lightning_bridge.record._registry import Registry
 
         launcher = preflight(plan, Workspace(args.workspace), new=True, engine=True)
@@ -142,7 +145,7 @@ def _run(args: argparse.Namespace, from_command_line: bool) -> int:
         return EXIT_USAGE
     with Registry(args.workspace) as registry:
         try:
-            experiment_id, trial = _trial_runs.start_experiment(
+            experiment_id, trial = _experiments.start_experiment(
                 registry, plan, pathlib.Path(args.config).resolve(), args.resume
             )
         except AlreadyComplete as done:
@@ -172,8 +175,8 @@ def _print_mirror(registry: Any, experiment_id: int) -> None:
 
 
 def _trial(args: argparse.Namespace, from_command_line: bool) -> int:
+    from lightning_bridge.experiment.trial_process._run import run_from_file
     from lightning_bridge.experiment.trial_process._signals import held_until_training
-    from lightning_bridge.experiment.trials._trial_runs import run_from_file
     from lightning_bridge.translation.services._trial_environment import TrialEnvironment
 
     if not TrialEnvironment.current().holds_early_stop:
@@ -183,7 +186,7 @@ def _trial(args: argparse.Namespace, from_command_line: bool) -> int:
 
 
 def _search_worker(args: argparse.Namespace, from_command_line: bool) -> int:
-    from lightning_bridge.experiment.searches._search import search_worker
+    from lightning_bridge.experiment.cli._search_commands import search_worker
 
     return search_worker(args)
 

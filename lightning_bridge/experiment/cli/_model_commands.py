@@ -15,7 +15,7 @@ import pathlib
 from typing import Any
 
 from lightning_bridge._errors import InvalidArgumentError
-from lightning_bridge.experiment.trials._summary import format_time, table
+from lightning_bridge.experiment.cli._summary import format_time, table
 from lightning_bridge.record._registry import Registry
 from lightning_bridge.tracking._settings import (
     EXTRA_HINT,

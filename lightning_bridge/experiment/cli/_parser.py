@@ -1,6 +1,6 @@
 """The `lightning-bridge` command line: its subcommands and options (argparse).
 
-Each subcommand names its handler (`handler`, a key `_cli` resolves), so the parser stays a
+Each subcommand names its handler (`handler`, a key `_main` resolves), so the parser stays a
 description of the command line and imports nothing of what the commands run.
 """
 

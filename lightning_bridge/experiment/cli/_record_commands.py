@@ -1,9 +1,9 @@
 """The record's commands, in Determined's habits: `experiment list | describe | continue |
-plot`, `trial logs`, `checkpoint list | download`.
+pause | kill | plot`, `trial logs`, `checkpoint list | download`.
 
 Each reads the workspace's registry (`--workspace`, default the user's data directory) and
 prints a table, or JSON with `--json` for scripts. None of them imports torch or Lightning,
-except `experiment continue`, which trains.
+except `experiment continue`, which trains (a search's continue is `_search_commands`').
 """
 
 from __future__ import annotations
@@ -17,14 +17,14 @@ from typing import TYPE_CHECKING, Any
 
 from lightning_bridge._errors import InvalidArgumentError
 from lightning_bridge._secrets import redact_config
-from lightning_bridge.experiment.config._config import parse_config
-from lightning_bridge.experiment.trials._summary import (
+from lightning_bridge.experiment.cli._summary import (
     checkpoint_line,
     format_time,
     format_value,
     run_summary,
     table,
 )
+from lightning_bridge.experiment.config._config import parse_config
 from lightning_bridge.record._records import Checkpoint, Experiment, Trial, as_dict
 from lightning_bridge.record._registry import Registry, experiment_state
 from lightning_bridge.tracking._mirror import read_link
@@ -255,11 +255,11 @@ def _checkpoint_table(checkpoints: list[Checkpoint], metric: str | None, indent:
 
 
 def experiment_continue(args: argparse.Namespace) -> int:
-    from lightning_bridge.experiment.trials._trial_runs import continue_experiment
+    from lightning_bridge.experiment.trials._experiments import continue_experiment
 
     with open_registry(args) as registry:
         if registry.experiment(args.id).options.get("search"):
-            from lightning_bridge.experiment.searches._search import continue_search
+            from lightning_bridge.experiment.cli._search_commands import continue_search
 
             launcher = getattr(args, "launcher", None)
             worker_jobs = getattr(args, "worker_jobs", None)

@@ -1,8 +1,9 @@
 """What a config becomes before anything runs: the `run` command's `Options`, the validated
 `Plan` (the config, the folder holding the code, the entrypoint, the options) and a `TrialRun`
-(one trial's ids and folders). `prepare()` loads and checks a config and its entrypoint
-without running anything (nor importing torch); the launchers, the searches and the record's
-commands take a `Plan`, and the trial's process runs one (`trial_process/_execute.py`).
+(one trial's ids and folders; its seed, `trial_seed`). `prepare()` loads and checks a config
+and its entrypoint without running anything (nor importing torch); the launchers, the
+searches and the record's commands take a `Plan`, and the trial's process runs one
+(`trial_process/_execute.py`).
 """
 
 from __future__ import annotations
@@ -15,11 +16,12 @@ from typing import Any
 from lightning_bridge._errors import InvalidArgumentError
 from lightning_bridge.experiment.config._config import ResolvedConfig, load_config
 from lightning_bridge.experiment.config._entrypoint import Entrypoint, parse_entrypoint
+from lightning_bridge.search._space import trial_draw
 from lightning_bridge.translation._engine_settings import EngineSettings
 from lightning_bridge.translation.services._run_description import SearchConnection
 
 # The folder of a search trial's own copy of the experiment folder, in its trial folder
-# (`trial_process/_workdir.py` makes it).
+# (`trials/_workdir.py` makes it).
 WORKDIR = "workdir"
 
 # Seconds a script entrypoint gets to stop after SIGTERM / SIGINT (config: preemption_timeout).
@@ -146,6 +148,19 @@ class TrialRun:
     def working_dir(self, plan: Plan) -> pathlib.Path:
         """Where the trial's hook and entrypoint run and its code is imported from."""
         return self.work_dir if self.work_dir is not None else plan.context_dir
+
+
+def trial_seed(plan: Plan, trial: TrialRun) -> int:
+    """The trial's seed: a search's trial has its own; a single trial's derives from the
+    experiment seed as a search's first trial's does (Determined draws every trial's seed from
+    the experiment seed)."""
+    if trial.seed is not None:
+        return int(trial.seed)
+    if trial.search is not None:
+        return int(trial.search.trial.seed)
+    return trial_draw(plan.config.space, plan.config.model.reproducibility.experiment_seed or 0, 0)[
+        0
+    ]
 
 
 def prepare(

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from lightning_bridge.experiment.config import _plan
 from lightning_bridge.experiment.launch._contract import Launcher
 from lightning_bridge.experiment.launch._registry import launcher_for
-from lightning_bridge.experiment.trials import _trial_runs
+from lightning_bridge.experiment.trials import _experiments
 from lightning_bridge.record._workspace import Workspace
 
 
@@ -40,17 +40,17 @@ def preflight(
     the engine settings of a trial trained from here. Raises the first refusal (a
     BridgeError); returns the plan's launcher."""
     if new:
-        _trial_runs.check_storage(plan)
+        _experiments.check_storage(plan)
     if search:
         from lightning_bridge.search._storage import import_optuna
 
         import_optuna()
     if search_storage is not None:  # reached before the search is recorded
-        from lightning_bridge.experiment.trials._search_storage import check_search_storage
+        from lightning_bridge.search._storage_check import check_search_storage
 
         check_search_storage(search_storage)
     if new:
-        _trial_runs.check_code(plan, workspace, *written)
+        _experiments.check_code(plan, workspace, *written)
     launcher = launcher_for(plan.options.launcher)
     launcher.check_early(plan)
     if engine:

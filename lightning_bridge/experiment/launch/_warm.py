@@ -68,7 +68,7 @@ PER_TRIAL_ENV = frozenset(
 # script, which imports what it needs, and records how it ended).
 SCRIPT_PRELOAD = (
     "lightning_bridge.experiment.cli._main",
-    "lightning_bridge.experiment.trials._trial_runs",
+    "lightning_bridge.experiment.trial_process._run",
     "lightning_bridge.translation.services._search_report",
     "lightning_bridge.search._driver",
     "optuna",

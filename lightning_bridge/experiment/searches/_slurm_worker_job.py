@@ -2,7 +2,7 @@
 `python -m lightning_bridge.experiment._slurm_worker_job WORKSPACE ID` (a name that forwards
 here, kept stable for the job scripts on disk).
 
-A search worker (`SearchCoordinator`) serving the recorded search `ID` of `WORKSPACE` from this
+A search worker (`SearchWorker`) serving the recorded search `ID` of `WORKSPACE` from this
 allocation, its trials forked from a warm process, until the search is finished or the job is
 stopped. It first reaches the services every trial reports to (the record, the search's
 storage): one this node cannot reach ends the job at once with the `UNREACHABLE` line the
@@ -26,16 +26,21 @@ from lightning_bridge._errors import BridgeError
 from lightning_bridge.experiment.config._config import parse_config
 from lightning_bridge.experiment.launch.slurm._job import _requeue
 from lightning_bridge.experiment.launch.slurm._launcher import UNREACHABLE, _slurm
-from lightning_bridge.experiment.searches._coordinator import (
-    SearchCoordinator,
-    SearchStorageUnavailable,
+from lightning_bridge.experiment.searches._search_to_serve import (
+    SearchToServe,
+    launched_by,
+    search_storage_url,
 )
-from lightning_bridge.experiment.searches._search import _launched_by, _source, search_storage_url
+from lightning_bridge.experiment.searches._worker import (
+    SearchStorageUnavailable,
+    SearchWorker,
+)
 from lightning_bridge.experiment.trial_process._exit_codes import EXIT_UNREACHABLE
-from lightning_bridge.experiment.trials._search_storage import check_search_storage
+from lightning_bridge.experiment.trials._source_checkpoint import warm_start_source
 from lightning_bridge.record._registry import Registry
 from lightning_bridge.search import SearchDriver
 from lightning_bridge.search._storage import import_optuna
+from lightning_bridge.search._storage_check import check_search_storage
 from lightning_bridge.translation.services._trial_environment import (
     SlurmJobEnvironment,
     scontrol_fields,
@@ -57,29 +62,32 @@ def main(argv: list[str]) -> int:
     try:  # the services every trial reports to, from this node
         registry = Registry(args.workspace)
         experiment = registry.experiment(args.experiment_id)
-        search = experiment.options["search"]
-        storage = search_storage_url(registry, args.experiment_id, search)
+        recorded = experiment.options["search"]
+        storage = search_storage_url(registry, args.experiment_id, recorded)
         import_optuna()
-        check_search_storage(storage, str(search["name"]))
+        check_search_storage(storage, str(recorded["name"]))
     except Exception as exc:  # noqa: BLE001 - the drivers' own errors too
         print(f"{UNREACHABLE} {node}: {exc}", file=sys.stderr, flush=True)
         return EXIT_UNREACHABLE  # not requeued: the next run would fail the same way
     near_limit: list[int] = []
     with registry:
-        driver = SearchDriver(storage, str(search["name"]), job=job_id or None)
+        driver = SearchDriver(storage, str(recorded["name"]), job=job_id or None)
         try:
             config = parse_config(experiment.config)
-            options = _launched_by(experiment.options, "local")  # no worker jobs of its own
-            worker = SearchCoordinator(
+            options = launched_by(experiment.options, "local")  # no worker jobs of its own
+            search = SearchToServe(
+                args.experiment_id,
+                config,
+                pathlib.Path(experiment.context_dir),
+                options,
+                storage,
+                warm_start_source(registry, config.model.searcher),
+                float(args.lost_after),
+            )
+            worker = SearchWorker(
                 registry,
                 driver,
-                experiment_id=args.experiment_id,
-                config=config,
-                context_dir=pathlib.Path(experiment.context_dir),
-                options=options,
-                storage=storage,
-                source=_source(registry, config),
-                lost_after_s=float(args.lost_after),
+                search,
                 slurm_job=(job_id, _output_of(job_id)),
                 environment=SlurmJobEnvironment(job_id=job_id, restart_count=restarts),
             )

@@ -3,7 +3,7 @@
 One job per trial imports Python, torch and Lightning anew for every trial (15-40 s before its
 first batch). With `--worker-jobs N` the coordinator submits N jobs instead, each sized for
 one trial (the trial's `sbatch` options, as `SlurmLauncher` builds them); each runs a search
-worker (`SearchCoordinator`, as `search-worker` does) that pulls the search's trials from
+worker (`SearchWorker`, as `search-worker` does) that pulls the search's trials from
 its storage and forks each from its warm process (`_warm`): after the job's own start, a
 trial starts in about a second. Every trial keeps what a trial job gives it: its own process,
 process group, log and working copy; the record names its job (`experiment describe`:
@@ -41,7 +41,6 @@ from collections.abc import Callable
 from typing import Any
 
 from lightning_bridge.experiment.config import _plan
-from lightning_bridge.experiment.config._config import ResolvedConfig
 from lightning_bridge.experiment.launch.slurm._launcher import (
     POLL_S,
     JobInfo,
@@ -53,8 +52,9 @@ from lightning_bridge.experiment.launch.slurm._launcher import (
     signal_job,
     unreachable_in,
 )
+from lightning_bridge.experiment.searches._search_to_serve import SearchToServe
+from lightning_bridge.experiment.searches._storage_outage import StorageOutage
 from lightning_bridge.experiment.trial_process._signals import handling
-from lightning_bridge.experiment.trials._search_storage import StorageOutage
 from lightning_bridge.record._outage import RETRY_S, is_unavailable, reason
 from lightning_bridge.record._registry import LIVE_JOB_STATES, Registry
 from lightning_bridge.record._schema import TrialState
@@ -90,57 +90,52 @@ class WorkerJob:
 
 class WorkerJobs:
     """Serve a search from `N` Slurm worker jobs (see the module docstring); the same
-    `serve()` as `SearchCoordinator`'s."""
+    `serve()` as `SearchWorker`'s."""
 
     def __init__(
         self,
         registry: Registry,
         driver: SearchDriver,
+        search: SearchToServe,
         *,
-        experiment_id: int,
-        config: ResolvedConfig,
-        context_dir: pathlib.Path,
-        options: _plan.Options,
-        storage: str,
-        lost_after_s: float,
         say: Callable[[str], None],
     ) -> None:
         self.registry = registry
         self.driver = driver
-        self.experiment_id = experiment_id
-        self.count = int(options.worker_jobs or 1)
-        self.plan = _plan.prepare_config(config.first_configuration(), context_dir, options)
-        self.lost_after_s = lost_after_s
+        self.search = search
+        self.count = int(search.options.worker_jobs or 1)
+        self.plan = _plan.prepare_config(
+            search.config.first_configuration(), search.context_dir, search.options
+        )
         self.say = say
         self.jobs: list[WorkerJob] = []
         self.unreachable: str | None = None
         self._signals = 0
         self._stopped_because: str | None = None
-        self.storage = storage
         self._outage = StorageOutage()
 
     # ----- submitting -----
 
     def _submit(self, launcher: SlurmLauncher, number: int) -> WorkerJob:
-        folder = self.registry.workspace.experiment_dir(self.experiment_id) / "workers"
+        folder = self.registry.workspace.experiment_dir(self.search.experiment_id) / "workers"
         folder.mkdir(parents=True, exist_ok=True)
         command = [
             sys.executable,
             "-m",
             "lightning_bridge.experiment._slurm_worker_job",  # a name kept stable for job scripts
             str(self.registry.workspace.root),
-            str(self.experiment_id),
-            f"--lost-after={self.lost_after_s}",
+            str(self.search.experiment_id),
+            f"--lost-after={self.search.lost_after_s}",
         ]
         script = folder / "worker.sh"
         script.write_text(
             "#!/bin/bash\n"
-            f"# lightning-bridge: experiment {self.experiment_id}, a search worker job\n"
+            f"# lightning-bridge: experiment {self.search.experiment_id}, a search worker job\n"
             f"exec {shlex.join(command)}\n"
         )
         job_id, path = sbatch(
             script,
-            name=f"lb-{self.experiment_id}-w{number}",
+            name=f"lb-{self.search.experiment_id}-w{number}",
             chdir=folder,
             options=launcher.job_options(SlurmSettings.of(self.plan)),
             what="a search worker job",
@@ -154,7 +149,7 @@ class WorkerJobs:
         """Submit the worker jobs and follow them to their end; whether the search finished.
         A job's node that could not reach the record or the search's storage raises
         `SearchStorageUnavailable` with its message, once every job has ended."""
-        from lightning_bridge.experiment.searches._coordinator import SearchStorageUnavailable
+        from lightning_bridge.experiment.searches._worker import SearchStorageUnavailable
 
         launcher = SlurmLauncher()
         launcher.check(self.plan)
@@ -185,7 +180,7 @@ class WorkerJobs:
         end is handled once the storage is back. Away longer than `RETRY_S`: the error."""
         try:
             if self._outage.reopen():
-                self.driver = SearchDriver(self.storage, self.driver.name)
+                self.driver = SearchDriver(self.search.storage, self.driver.name)
             self._turn()
             self._outage.back()
         except Exception as exc:
@@ -243,7 +238,7 @@ class WorkerJobs:
             problem = unreachable_in(job.output)
             if problem is not None:
                 self.unreachable = problem
-        for row in self.registry.jobs(self.experiment_id):
+        for row in self.registry.jobs(self.search.experiment_id):
             if row.job_id != job.job_id or row.state not in LIVE_JOB_STATES:
                 continue
             self.registry.job_state(row.trial_id, state, f"search worker job {job.job_id} ended")

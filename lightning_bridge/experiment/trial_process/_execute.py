@@ -29,7 +29,7 @@ from lightning_bridge._errors import InvalidArgumentError, InvalidTrialError
 from lightning_bridge.contract import _import_map
 from lightning_bridge.contract._units import Batch
 from lightning_bridge.experiment.config._entrypoint import Entrypoint
-from lightning_bridge.experiment.config._plan import Plan, TrialRun
+from lightning_bridge.experiment.config._plan import Plan, TrialRun, trial_seed
 from lightning_bridge.experiment.trial_process._child import EntrypointFailed, run_child
 from lightning_bridge.experiment.trial_process._environment import (
     configured_environment,
@@ -39,7 +39,6 @@ from lightning_bridge.experiment.trial_process._startup_hook import (
     interpreter_first,
     startup_hook_environment,
 )
-from lightning_bridge.search._space import trial_draw
 from lightning_bridge.translation._engine_settings import EngineSettings
 from lightning_bridge.translation.services._run_description import (
     ENV_VAR,
@@ -215,19 +214,6 @@ def script_command(plan: Plan) -> list[str]:
     return [*torchrun, *rest]
 
 
-def trial_seed(plan: Plan, trial: TrialRun) -> int:
-    """The trial's seed: a search's trial has its own; a single trial's derives from the
-    experiment seed as a search's first trial's does (Determined draws every trial's seed from
-    the experiment seed)."""
-    if trial.seed is not None:
-        return int(trial.seed)
-    if trial.search is not None:
-        return int(trial.search.trial.seed)
-    return trial_draw(plan.config.space, plan.config.model.reproducibility.experiment_seed or 0, 0)[
-        0
-    ]
-
-
 def describe_run(plan: Plan, trial: TrialRun) -> RunDescription:
     """The run description a trial's processes read (see `RunDescription`)."""
     conf = plan.config
@@ -265,14 +251,20 @@ def describe_run(plan: Plan, trial: TrialRun) -> RunDescription:
 
 
 @contextmanager
-def described(plan: Plan, trial: TrialRun) -> Iterator[RunDescription]:
+def described(
+    plan: Plan, trial: TrialRun, started_with: tuple[RunDescription, pathlib.Path] | None = None
+) -> Iterator[RunDescription]:
     """Write the trial's run description and name it in this process's environment for the
-    duration (processes started meanwhile inherit it)."""
+    duration (processes started meanwhile inherit it). `started_with`: the description this
+    process was started with and its file, named as it is (its launcher wrote it)."""
     trial.trial_dir.mkdir(parents=True, exist_ok=True)
-    run = describe_run(plan, trial)
-    run.write(trial.run_file)
+    if started_with is None:
+        run, run_file = describe_run(plan, trial), trial.run_file
+        run.write(run_file)
+    else:
+        run, run_file = started_with
     previous = os.environ.get(ENV_VAR)
-    os.environ[ENV_VAR] = str(trial.run_file)
+    os.environ[ENV_VAR] = str(run_file)
     try:
         yield run
     finally:
@@ -315,17 +307,20 @@ def _run_script(plan: Plan, trial: TrialRun) -> int:
     return ended.code
 
 
-def execute(plan: Plan, trial: TrialRun) -> int:
+def execute(
+    plan: Plan, trial: TrialRun, started_with: tuple[RunDescription, pathlib.Path] | None = None
+) -> int:
     """Run one trial of a prepared plan in its working directory (a search's trial: its own
     copy of the context directory, made by its launcher); returns the exit code (a trial
-    class's exceptions propagate)."""
+    class's exceptions propagate). `started_with`: the run description (and its file) this
+    process was started with, used as it is rather than described again from the plan."""
     previous = pathlib.Path.cwd()
     work_dir = trial.working_dir(plan)
     variables = trial_variables(plan.config.model.environment, plan.options.accelerator)
     os.chdir(work_dir)
     try:
         with (
-            described(plan, trial) as run,
+            described(plan, trial, started_with) as run,
             configured_environment(variables),
             startup_hook_environment(work_dir),
         ):

@@ -3,8 +3,11 @@
 `--resume` names a checkpoint by directory, by uuid (any storage) or as `latest` (the newest
 checkpoint of an earlier run of the same config); `experiment continue` takes each unfinished
 trial's latest. A checkpoint in an object store is downloaded into the trial's folder first.
-Retention across the trials of an experiment (`save_experiment_best`) is applied when a trial
-ends.
+A trial's checkpoints are settled before it runs again (what a killed run left half done is
+recorded or removed), and a trial run again where it stopped (a requeued Slurm job, a Ray
+trial whose node was lost) has its latest named in its run description
+(`continue_from_latest`). Retention across the trials of an experiment
+(`save_experiment_best`) is applied when a trial ends.
 """
 
 from __future__ import annotations

@@ -14,9 +14,9 @@ from lightning_bridge.experiment.config import _plan
 from lightning_bridge.experiment.launch._contract import Launcher, RunningTrial
 from lightning_bridge.experiment.launch._handle import TrialProcess
 from lightning_bridge.experiment.launch._warm import WarmStarter
-from lightning_bridge.experiment.trial_process import _execute
+from lightning_bridge.experiment.trial_process import _execute, _run
 from lightning_bridge.experiment.trial_process._parent import PARENT_ENV
-from lightning_bridge.experiment.trials import _trial_runs
+from lightning_bridge.experiment.trials import _workdir
 from lightning_bridge.record._records import Job, Trial
 from lightning_bridge.record._registry import Registry
 from lightning_bridge.record._schema import TrialState
@@ -40,7 +40,7 @@ class ProcessOnThisMachine(RunningTrial):
 
 
 class LocalLauncher(Launcher):
-    """The trial runs on this machine, as `run` always ran it (`_trial_runs.run_trial`); a
+    """The trial runs on this machine, as `run` always ran it (`_run.run_trial`); a
     search's trial in a process of its own, forked from a warm process where it is safe
     (`_warm.WarmStarter`), else started cold."""
 
@@ -78,7 +78,7 @@ class LocalLauncher(Launcher):
         it (`PARENT_ENV`)."""
         trial.trial_dir.mkdir(parents=True, exist_ok=True)
         _execute.describe_run(plan, trial).write(trial.run_file)
-        _trial_runs.prepare_work_dir(plan, trial)  # the trial's process starts in its copy
+        _workdir.prepare_work_dir(plan, trial)  # the trial's process starts in its copy
         env = {k: v for k, v in os.environ.items() if k != ENV_VAR}
         env[PARENT_ENV] = str(os.getpid())
         if devices:
@@ -117,4 +117,4 @@ class LocalLauncher(Launcher):
         trial: _plan.TrialRun,
         relaunch: bool = False,
     ) -> int:
-        return _trial_runs.run_trial(registry, plan, trial, relaunch)
+        return _run.run_trial(registry, plan, trial, relaunch)

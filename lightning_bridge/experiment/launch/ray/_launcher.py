@@ -48,7 +48,7 @@ from lightning_bridge.experiment.launch._contract import Launcher, RunningTrial,
 from lightning_bridge.experiment.launch.ray import _cluster
 from lightning_bridge.experiment.trial_process import _execute
 from lightning_bridge.experiment.trial_process._signals import handling
-from lightning_bridge.experiment.trials import _trial_runs
+from lightning_bridge.experiment.trials import _workdir
 from lightning_bridge.experiment.trials._checkpoints import continue_from_latest
 from lightning_bridge.record._records import Job, Trial
 from lightning_bridge.record._registry import LIVE_JOB_STATES, Registry
@@ -299,7 +299,7 @@ class RayLauncher(Launcher):
             )
             plan = dataclasses.replace(plan, options=options)
         _execute.describe_run(plan, trial).write(trial.run_file)
-        _trial_runs.prepare_work_dir(plan, trial)
+        _workdir.prepare_work_dir(plan, trial)
         return settings
 
     def _placement(

@@ -98,7 +98,7 @@ def unreachable(run: RunDescription) -> str | None:
         except Exception as exc:  # noqa: BLE001 - the driver's own errors
             return f"the experiment record of {workspace.root}: {type(exc).__name__}: {exc}"
     if run.search is not None:
-        from lightning_bridge.experiment.trials._search_storage import check_search_storage
+        from lightning_bridge.search._storage_check import check_search_storage
 
         try:
             check_search_storage(run.search.storage, run.search.name)
@@ -227,7 +227,7 @@ def _train(run: RunDescription, run_file: pathlib.Path) -> int:
     """Train the trial of the run description, as `lightning-bridge _trial RUN_FILE` does but
     without the command line: the bridge's logging, then the trial runner; its exit code."""
     from lightning_bridge import _logging
-    from lightning_bridge.experiment.trials._trial_runs import run_described
+    from lightning_bridge.experiment.trial_process._run import run_described
 
     _logging.configure()
     try:

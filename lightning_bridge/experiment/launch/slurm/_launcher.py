@@ -42,7 +42,7 @@ from lightning_bridge.experiment.config._config_schema import SLURM_MESSAGES, Sl
 from lightning_bridge.experiment.launch._contract import Launcher, RunningTrial, settle_end
 from lightning_bridge.experiment.trial_process import _execute
 from lightning_bridge.experiment.trial_process._signals import handling
-from lightning_bridge.experiment.trials import _trial_runs
+from lightning_bridge.experiment.trials import _workdir
 from lightning_bridge.record._records import Job, Trial
 from lightning_bridge.record._registry import LIVE_JOB_STATES, Registry
 from lightning_bridge.record._schema import TrialState
@@ -372,7 +372,7 @@ class SlurmLauncher(Launcher):
             plan = dataclasses.replace(plan, options=options)
         _execute.describe_run(plan, trial).write(trial.run_file)
         # A search's trial runs in its own copy of the folder, there before any task starts.
-        _trial_runs.prepare_work_dir(plan, trial)
+        _workdir.prepare_work_dir(plan, trial)
         script = trial.trial_dir / "job.sh"
         command = [sys.executable, "-m", JOB_MODULE]
         command.append(str(trial.run_file))

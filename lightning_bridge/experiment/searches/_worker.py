@@ -1,13 +1,15 @@
-"""`SearchCoordinator`: a worker of a hyperparameter search, training its trials as subprocesses.
+"""`SearchWorker`: a worker of a hyperparameter search, starting its trials through a launcher.
 
-The worker pulls trials from the search (`SearchDriver.next_trial`) while the machine has room
-for one more (its GPUs, else its CPU cores, divided by the processes a trial takes), records
-each in the workspace (a trial of the search's experiment, with its folder, log and
-checkpoints) and starts it as `python -m lightning_bridge _trial RUN_FILE`. The trial's own
-process validates at its rungs and reports to the search, which answers at once
-(`translation._search_report`), so the worker only starts processes and waits for them to
-end; a thread per process turns its end into an event, and the worker sleeps until one comes
-or a poll (other workers' trials may create new ones) or a heartbeat is due.
+The worker pulls trials from the search (`SearchDriver.next_trial`) while its launcher has
+room for one more (`Launcher.capacity`: on this machine its GPUs, else its CPU cores, divided by
+the processes a trial takes; on a cluster the scheduler places them), records each in the
+workspace (a trial of the search's experiment, with its folder, log and checkpoints) and starts
+it through the launcher (`Launcher.start`: a process forked from the warm one or
+`python -m lightning_bridge _trial RUN_FILE` on this machine, a Slurm job, a Ray actor). The
+trial's own process validates at its rungs and reports to the search, which answers at once
+(`translation/services/_search_report.py`), so the worker only starts trials and waits for
+them to end; a thread per trial turns its end into an event, and the worker sleeps until one
+comes or a poll (other workers' trials may create new ones) or a heartbeat is due.
 
 A trial whose process ends without closing itself in the search crashed: it is recorded
 ERROR, the search is told, and the search goes on. SIGINT / SIGTERM stop the worker: each
@@ -37,10 +39,11 @@ from lightning_bridge.experiment.config._config import ResolvedConfig
 from lightning_bridge.experiment.launch import _warm
 from lightning_bridge.experiment.launch._handle import TrialProcess
 from lightning_bridge.experiment.launch._registry import launcher_for
+from lightning_bridge.experiment.searches._search_to_serve import SearchToServe
+from lightning_bridge.experiment.searches._storage_outage import StorageOutage
 from lightning_bridge.experiment.trial_process._signals import handling
-from lightning_bridge.experiment.trials._checkpoints import Source, fetch, settle_checkpoints
-from lightning_bridge.experiment.trials._search_storage import StorageOutage
-from lightning_bridge.experiment.trials._trial_runs import continue_command
+from lightning_bridge.experiment.trials._checkpoints import fetch, settle_checkpoints
+from lightning_bridge.experiment.trials._experiments import continue_command
 from lightning_bridge.record._outage import RETRY_S, is_unavailable, reason
 from lightning_bridge.record._postgres import shown
 from lightning_bridge.record._registry import Registry
@@ -53,8 +56,6 @@ from lightning_bridge.translation.services._trial_environment import TrialEnviro
 # How often a worker with room looks for pending trials (seconds): a trial closes itself in
 # the search when its fit ends, before its process exits, and the next may start then.
 POLL_S = 0.25
-# A running trial not heard of for this long is taken as lost with its worker and given back.
-LOST_AFTER_S = 300.0
 
 
 class SearchStorageUnavailable(BridgeError):
@@ -77,35 +78,23 @@ def _say(message: str) -> None:
     print(message, flush=True)
 
 
-class SearchCoordinator:
+class SearchWorker:
     """Serve one search from this machine until it is finished or stopped (`serve`)."""
 
     def __init__(
         self,
         registry: Registry,
         driver: SearchDriver,
+        search: SearchToServe,
         *,
-        experiment_id: int,
-        config: ResolvedConfig,
-        context_dir: pathlib.Path,
-        options: _plan.Options,
-        storage: str,
-        source: Source | None = None,
-        lost_after_s: float = LOST_AFTER_S,
         say: Callable[[str], None] = _say,
         slurm_job: tuple[str, str] | None = None,
         environment: TrialEnvironment | None = None,
     ) -> None:
         self.registry = registry
         self.driver = driver
-        self.experiment_id = experiment_id
-        self.config = config
-        self.context_dir = context_dir
-        self.options = options
-        self.storage = storage
-        self.source = source
-        self.lost_after_s = lost_after_s
-        self.heartbeat_s = max(min(30.0, lost_after_s / 4), 0.5)
+        self.search = search
+        self.heartbeat_s = max(min(30.0, search.lost_after_s / 4), 0.5)
         self.say = say
         self.workspace = registry.workspace
         # The Slurm worker job this worker runs in (`_slurm_workers`), its id and output
@@ -120,9 +109,11 @@ class SearchCoordinator:
         self._host_key = f"record@{socket.gethostname()}:{self.workspace.root}"
         shared = WorkspaceSettings.read(self.workspace.root).record
         self.note_key = f"record@{shown(shared)}" if shared else self._host_key
-        first = _plan.prepare_config(config.first_configuration(), context_dir, options)
+        first = _plan.prepare_config(
+            search.config.first_configuration(), search.context_dir, search.options
+        )
         self.processes = first.processes
-        self.launcher = launcher_for(options.launcher)
+        self.launcher = launcher_for(search.options.launcher)
         # On a cluster the scheduler places the trials (the searcher bounds how many run).
         self.capacity, self._gpus = self.launcher.capacity(first, self.processes)
         self.running: dict[int, Launched] = {}
@@ -136,7 +127,7 @@ class SearchCoordinator:
         self._outage = StorageOutage()
         # Forks the trials' processes (see _warm); with their MLflow mirror's client imported
         # when the record is mirrored (else each trial imports it, seconds, at its end).
-        mirrored = _mirrored(self.workspace.root, options.tracking_uri)
+        mirrored = _mirrored(self.workspace.root, search.options.tracking_uri)
         self._preload = _warm.preload_for(first.entrypoint.trial is None, mirrored)
 
     # ----- the loop -----
@@ -174,7 +165,7 @@ class SearchCoordinator:
         """One turn of the loop: start trials while there is room, handle the trials that
         ended, keep this worker's trials alive. True when the worker is done."""
         if self._outage.reopen():
-            self.driver = SearchDriver(self.storage, self.driver.name, job=self.driver.job)
+            self.driver = SearchDriver(self.search.storage, self.driver.name, job=self.driver.job)
         if not self._stopping:
             self._fill()
         if not self.running and (self._stopping or self.driver.is_finished()):
@@ -212,7 +203,7 @@ class SearchCoordinator:
             )
         elif away > RETRY_S:
             raise SearchStorageUnavailable(
-                f"the search storage {self.storage} stayed unavailable for {RETRY_S:.0f} s "
+                f"the search storage {self.search.storage} stayed unavailable for {RETRY_S:.0f} s "
                 f"({reason(exc)}); the trials are checkpointed: continue the search once it "
                 "is back (lightning-bridge experiment continue ID, or search-worker)"
             ) from None
@@ -269,7 +260,7 @@ class SearchCoordinator:
         not heard of for `lost_after_s` (their machine is gone)."""
         for launched in self.running.values():
             self.driver.heartbeat(launched.spec)
-        for number in self.driver.requeue_stale(self.lost_after_s):
+        for number in self.driver.requeue_stale(self.search.lost_after_s):
             self.say(f"Search trial {number}: its worker was not heard of; pending again")
 
     def _fill(self) -> None:
@@ -293,29 +284,29 @@ class SearchCoordinator:
         """The trial's record in this workspace: a new trial of the experiment, or (a trial
         given back earlier) the one this workspace already has, continued from its latest
         checkpoint."""
-        registry = self.registry
+        registry, search = self.registry, self.search
         noted = spec.notes.get(self.note_key) or spec.notes.get(self._host_key) or {}
         trial_id: int | None = None
-        if noted.get("experiment_id") == self.experiment_id:
-            known = [t.id for t in registry.trials(self.experiment_id)]
+        if noted.get("experiment_id") == search.experiment_id:
+            known = [t.id for t in registry.trials(search.experiment_id)]
             trial_id = noted.get("trial_id") if noted.get("trial_id") in known else None
         fresh = trial_id is None
         if trial_id is None:
-            label = self.source.label if self.source is not None else None
+            label = search.source.label if search.source is not None else None
             trial_id = registry.create_trial(
-                self.experiment_id, hparams=spec.hparams, seed=spec.seed, source_checkpoint=label
+                search.experiment_id, hparams=spec.hparams, seed=spec.seed, source_checkpoint=label
             )
             self.driver.note(
-                spec, self.note_key, {"experiment_id": self.experiment_id, "trial_id": trial_id}
+                spec, self.note_key, {"experiment_id": search.experiment_id, "trial_id": trial_id}
             )
         trial = _plan.TrialRun(
             workspace=self.workspace.root,
-            experiment_id=self.experiment_id,
+            experiment_id=search.experiment_id,
             trial_id=trial_id,
-            trial_dir=self.workspace.trial_dir(self.experiment_id, trial_id),
-            continue_command=continue_command(self.workspace, self.experiment_id),
+            trial_dir=self.workspace.trial_dir(search.experiment_id, trial_id),
+            continue_command=continue_command(self.workspace, search.experiment_id),
             search=SearchConnection(
-                self.storage, self.driver.name, str(self.config.model.searcher.metric), spec
+                search.storage, self.driver.name, str(search.config.model.searcher.metric), spec
             ),
         )
         latest = None
@@ -326,18 +317,21 @@ class SearchCoordinator:
         restore = trial.trial_dir / "restore"
         if latest is not None:
             trial.latest_checkpoint = str(fetch(registry, latest, restore))
-        elif self.source is not None:  # every trial of the search starts from the source
+        elif search.source is not None:  # every trial of the search starts from the source
             trial.warm_start = True
-            if self.source.checkpoint is not None:
-                trial.latest_checkpoint = str(fetch(registry, self.source.checkpoint, restore))
-            elif self.source.directory is not None:
-                trial.latest_checkpoint = str(self.source.directory)
+            if search.source.checkpoint is not None:
+                trial.latest_checkpoint = str(fetch(registry, search.source.checkpoint, restore))
+            elif search.source.directory is not None:
+                trial.latest_checkpoint = str(search.source.directory)
         return trial
 
     def _launch(self, spec: TrialSpec) -> None:
         trial = self._record(spec)
-        config = ResolvedConfig(self.config.raw, self.config.model, self.config.space, spec.hparams)
-        plan = _plan.prepare_config(config, self.context_dir, self.options)
+        search = self.search
+        config = ResolvedConfig(
+            search.config.raw, search.config.model, search.config.space, spec.hparams
+        )
+        plan = _plan.prepare_config(config, search.context_dir, search.options)
         gpus: list[str] = []
         if self._gpus:
             taken = {g for launched in self.running.values() for g in launched.gpus}

@@ -13,7 +13,6 @@ takes in its own workspace, as an experiment of its own.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import logging
 import math
 import pathlib
@@ -24,29 +23,34 @@ from typing import Any
 
 from lightning_bridge._errors import BridgeError, InvalidArgumentError
 from lightning_bridge._secrets import redact_url
+from lightning_bridge.experiment.cli._summary import checkpoint_line, format_value, table
 from lightning_bridge.experiment.config import _plan
 from lightning_bridge.experiment.config._config import ResolvedConfig, parse_config
 from lightning_bridge.experiment.launch._preflight import preflight
-from lightning_bridge.experiment.searches._coordinator import (
-    SearchCoordinator,
-    SearchStorageUnavailable,
+from lightning_bridge.experiment.searches._search_to_serve import (
+    SearchToServe,
+    launched_by,
+    search_storage_url,
 )
 from lightning_bridge.experiment.searches._slurm_workers import WorkerJobs
+from lightning_bridge.experiment.searches._worker import (
+    SearchStorageUnavailable,
+    SearchWorker,
+)
 from lightning_bridge.experiment.trial_process._exit_codes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from lightning_bridge.experiment.trials._checkpoints import Source
-from lightning_bridge.experiment.trials._search_storage import check_search_storage
-from lightning_bridge.experiment.trials._source_checkpoint import warm_start_source
-from lightning_bridge.experiment.trials._summary import checkpoint_line, format_value, table
-from lightning_bridge.experiment.trials._trial_runs import (
-    _options_record,
+from lightning_bridge.experiment.trials._experiments import (
     continue_command,
+    options_record,
 )
+from lightning_bridge.experiment.trials._source_checkpoint import warm_start_source
 from lightning_bridge.record._registry import Registry
 from lightning_bridge.record._schema import TrialState
 from lightning_bridge.record._workspace import Workspace
 from lightning_bridge.search import SearchDriver
 from lightning_bridge.search._space import flat
 from lightning_bridge.search._storage import import_optuna
+from lightning_bridge.search._storage_check import check_search_storage
 
 logger = logging.getLogger("lightning_bridge")
 
@@ -71,14 +75,6 @@ def _search_name(config: ResolvedConfig) -> str:
     """A name unique in any storage: the experiment's name and a random suffix."""
     name = re.sub(r"[^A-Za-z0-9_.-]+", "-", config.name or "search").strip("-")
     return f"{name[:40] or 'search'}-{secrets.token_hex(3)}"
-
-
-def search_storage_url(registry: Registry, experiment_id: int, search: dict[str, Any]) -> str:
-    """The storage of a recorded search (its default: a journal file in its folder)."""
-    stored = search.get("storage")
-    if stored:
-        return str(stored)
-    return str(registry.workspace.experiment_dir(experiment_id) / "search.journal")
 
 
 def _source(registry: Registry, config: ResolvedConfig) -> Any:
@@ -141,7 +137,7 @@ def run_search(
                 description=config.description,
                 config_path=str(config_file),
                 context_dir=str(folder),
-                options={**_options_record(options), "search": {"storage": storage, "name": name}},
+                options={**options_record(options), "search": {"storage": storage, "name": name}},
                 searcher_metric=config.model.searcher.metric,
                 smaller_is_better=config.model.searcher.smaller_is_better,
             )
@@ -156,7 +152,7 @@ def run_search(
                     "config": config.raw,
                     "config_path": str(config_file),
                     "context_dir": str(folder),
-                    "options": _options_record(options),
+                    "options": options_record(options),
                     "source_dir": _source_dir(registry, source),
                 },
             )
@@ -174,13 +170,9 @@ def run_search(
             return _serve(
                 registry,
                 driver,
-                experiment_id,
-                config,
-                folder,
-                options,
-                url,
-                source,
-                float(args.lost_after),
+                SearchToServe(
+                    experiment_id, config, folder, options, url, source, float(args.lost_after)
+                ),
             )
         finally:
             driver.close()
@@ -198,47 +190,20 @@ def _source_dir(registry: Registry, source: Source | None) -> str | None:
     return None
 
 
-def _serve(
-    registry: Registry,
-    driver: SearchDriver,
-    experiment_id: int,
-    config: ResolvedConfig,
-    folder: pathlib.Path,
-    options: _plan.Options,
-    storage: str,
-    source: Source | None,
-    lost_after_s: float,
-) -> int:
-    worker: SearchCoordinator | WorkerJobs
-    if options.worker_jobs:  # the launcher took them (`preflight`): its worker jobs
-        worker = WorkerJobs(
-            registry,
-            driver,
-            experiment_id=experiment_id,
-            config=config,
-            context_dir=folder,
-            options=options,
-            storage=storage,
-            lost_after_s=lost_after_s,
-            say=lambda line: print(line, flush=True),
-        )
+def _serve(registry: Registry, driver: SearchDriver, search: SearchToServe) -> int:
+    """Serve `search` to its end or a stop (its worker jobs' when the launcher took them, else
+    this machine's worker); print its summary; the command's exit code."""
+    worker: SearchWorker | WorkerJobs
+    if search.options.worker_jobs:  # the launcher took them (`preflight`): its worker jobs
+        worker = WorkerJobs(registry, driver, search, say=lambda line: print(line, flush=True))
     else:
-        worker = SearchCoordinator(
-            registry,
-            driver,
-            experiment_id=experiment_id,
-            config=config,
-            context_dir=folder,
-            options=options,
-            storage=storage,
-            source=source,
-            lost_after_s=lost_after_s,
-        )
+        worker = SearchWorker(registry, driver, search)
     try:
         finished = worker.serve()
     except SearchStorageUnavailable as exc:
         print(f"lightning-bridge: error: {exc}", file=sys.stderr, flush=True)
         return EXIT_FAILED
+    experiment_id = search.experiment_id
     print(search_summary(registry, worker.driver, experiment_id), flush=True)
     from lightning_bridge.tracking._sync import sync_after_run
 
@@ -253,7 +218,7 @@ def _serve(
         )
         return EXIT_OK
     trials = registry.trials(experiment_id)
-    if not trials and config.starts_no_trial:
+    if not trials and search.config.starts_no_trial:
         return EXIT_OK  # an empty grid: completed without a trial, as on Determined
     return EXIT_OK if any(t.state == TrialState.COMPLETED.value for t in trials) else EXIT_FAILED
 
@@ -283,7 +248,7 @@ def search_worker(args: argparse.Namespace) -> int:
         folder = pathlib.Path(args.context_dir or info["context_dir"]).expanduser().resolve()
         try:
             config = parse_config(info["config"])
-            options = _launched_by(info["options"], args.launcher)
+            options = launched_by(info["options"], args.launcher)
             first = _plan.prepare_config(config.first_configuration(), folder, options)
         except BridgeError as exc:
             return _error(
@@ -321,32 +286,12 @@ def search_worker(args: argparse.Namespace) -> int:
             return _serve(
                 registry,
                 driver,
-                experiment_id,
-                config,
-                folder,
-                options,
-                storage,
-                source,
-                float(args.lost_after),
+                SearchToServe(
+                    experiment_id, config, folder, options, storage, source, float(args.lost_after)
+                ),
             )
     finally:
         driver.close()
-
-
-def _launched_by(
-    recorded: dict[str, Any], launcher: str | None, worker_jobs: int | None = None
-) -> _plan.Options:
-    """The options a search's trials run with: those the search was started with, its
-    launcher and worker jobs among them (not the workspace's default: it is the search's
-    choice, as an experiment's own launcher is `experiment continue`'s), unless `launcher`
-    (`--launcher`) or `worker_jobs` (`--worker-jobs`) names another (another launcher
-    drops the recorded worker jobs)."""
-    options = _plan.Options.from_record(recorded)
-    if launcher and launcher != options.launcher:
-        options = dataclasses.replace(options, launcher=launcher, worker_jobs=None)
-    if worker_jobs is not None:
-        options = dataclasses.replace(options, worker_jobs=worker_jobs)
-    return options
 
 
 def _worker_source(
@@ -387,13 +332,15 @@ def continue_search(
             return EXIT_OK
         config = parse_config(experiment.config)
         folder = pathlib.Path(experiment.context_dir)
-        options = _launched_by(experiment.options, launcher, worker_jobs)
+        options = launched_by(experiment.options, launcher, worker_jobs)
         first = _plan.prepare_config(config.first_configuration(), folder, options)
         preflight(first, registry.workspace, search=True)
         source = _source(registry, config)
         print(f"Experiment {experiment_id}: continuing search {search['name']}", flush=True)
         return _serve(
-            registry, driver, experiment_id, config, folder, options, storage, source, lost_after_s
+            registry,
+            driver,
+            SearchToServe(experiment_id, config, folder, options, storage, source, lost_after_s),
         )
     finally:
         driver.close()

@@ -6,15 +6,14 @@ file that is not an SQLite database, a scheme Optuna does not store in, a server
 answer) before the experiment is recorded, so a refusal leaves nothing behind. `search-worker`
 joins a search that exists: a path that does not exist, or a storage without that search, is
 refused before the worker opens the storage (which would create a journal and its lock file).
-The check reads the storage through Optuna's public API (`get_all_study_names`) only.
+The check reads the storage through Optuna's public API (`get_all_study_names`) only. It is the
+search layer's, beside the storage it checks (`_storage`): the commands run it before they
+record anything, the launchers' pre-flight and a Slurm job before a trial starts.
 """
 
 from __future__ import annotations
 
-import contextlib
 import pathlib
-import time
-from collections.abc import Callable
 from typing import Any
 
 from lightning_bridge._errors import InvalidArgumentError
@@ -156,38 +155,3 @@ def check_search_storage(url: str, search: str | None = None) -> None:
             f"it holds no search named {search!r} (searches there: {listed})",
             "give the name and --storage printed by the `lightning-bridge run` that started it",
         )
-
-
-class StorageOutage:
-    """The search's storage away for a while (a database server restarting), as a search's
-    coordinator or worker rides it out: since when, and whether its connections must be
-    opened again before the next use (they do not recover). The one home of the
-    retry-and-reopen both follow; each says and refuses in its own words."""
-
-    def __init__(self) -> None:
-        self.since: float | None = None
-        self._reopen = False
-
-    def away(self, close: Callable[[], None]) -> float | None:
-        """The storage did not answer: None the first time (the caller says so), else the
-        seconds since (the caller gives up past `RETRY_S`). Its connections are closed
-        (`close`) once, to be opened again (`reopen`)."""
-        now = time.monotonic()
-        first = self.since is None
-        if self.since is None:
-            self.since = now
-        if not self._reopen:
-            self._reopen = True
-            with contextlib.suppress(Exception):  # a connection that is already gone
-                close()
-        return None if first else now - self.since
-
-    def back(self) -> float | None:
-        """The storage answered: the seconds it was away (None: it was not)."""
-        since, self.since = self.since, None
-        return None if since is None else time.monotonic() - since
-
-    def reopen(self) -> bool:
-        """Whether the connections are to be opened again now (once after an outage)."""
-        reopen, self._reopen = self._reopen, False
-        return reopen

@@ -28,6 +28,7 @@ from collections.abc import Iterable
 
 from lightning_bridge.checkpoint._code import code_files
 from lightning_bridge.checkpoint._storage_config import storage_from_config
+from lightning_bridge.experiment.config import _plan
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,3 +126,17 @@ def sync(folder: pathlib.Path, dest: pathlib.Path, exclude: Iterable[pathlib.Pat
             linked.append(rel)
     seconds = time.perf_counter() - start
     return Synced(dest, copied, len(files) - copied, linked, seconds)
+
+
+def prepare_work_dir(plan: _plan.Plan, trial: _plan.TrialRun) -> Synced | None:
+    """Make (or bring up to date) a search trial's own copy of the experiment folder, where its
+    hook and entrypoint run; None for a single trial, which runs in the folder."""
+    if trial.work_dir is None:
+        return None
+    written = []
+    if trial.search is not None:
+        found = storage_file(trial.search.storage)
+        if found is not None:
+            written.append(found)
+    skipped = run_outputs(plan.context_dir, plan.experiment_config(), trial.workspace, *written)
+    return sync(plan.context_dir, trial.work_dir, skipped)
