@@ -423,7 +423,7 @@ def transformers_legacy(session: nox.Session) -> None:
     """Tests marked ``transformers_legacy``: Determined's own
     ``hf_trainer_api/hf_language_modeling`` example run unchanged (const, adaptive, two
     processes) with local stand-ins for the Hub's gpt2, wikitext and accuracy metric. About
-    230 MB beyond the transformers session's packages (datasets' pyarrow and pandas)."""
+    270 MB beyond the transformers session's packages (datasets' pyarrow and pandas)."""
     _install(session, *_extra("test"), *_extra("transformers"), *TRANSFORMERS_LEGACY)
     _pytest(session, "-m", "transformers_legacy", "-rs", "-n", "0")
 
@@ -437,7 +437,7 @@ def transformers(session: nox.Session) -> None:
 
     DeepSpeed through the Trainer (``--deepspeed``, tests/test_transformers_deepspeed.py):
     the newest DeepSpeed release the deepspeed session tests, built from its sdist with its
-    ops disabled as there, on the CPU accelerator (about 30 MB and under three minutes of
+    ops disabled as there, on the CPU accelerator (about 25 MB and under three minutes of
     install, where the deepspeed session would add transformers' 170 MB once per release)."""
     session.env.update({"DS_BUILD_OPS": "0", "DS_ACCELERATOR": "cpu"})
     _install(

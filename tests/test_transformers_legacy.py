@@ -127,13 +127,19 @@ def test_distributed_two_processes(tmp_path: pathlib.Path) -> None:
 
 
 def test_adaptive_asha_stops_trials(tmp_path: pathlib.Path) -> None:
-    # The config's own search with 4 trials instead of 64, one at a time, from a fixed seed,
-    # and one process a trial (distributed.yaml's test runs two).
+    # The config's own search, smaller: 4 trials instead of 64 (two brackets, one of rungs at
+    # 10 and 40 batches), 40 steps instead of 100 (the Trainer's `--max_steps` through the
+    # example's hyperparameters, and the searcher's max_time, which DetCallback checks against
+    # it), one process a trial (distributed.yaml's test runs two), from a fixed seed.
     _, data = run_example(
         tmp_path,
         "adaptive.yaml",
         "--set",
         "resources.slots_per_trial=1",
+        "--set",
+        "hyperparameters.training_arguments.max_steps=40",
+        "--set",
+        "searcher.max_time=40",
         "--set",
         "searcher.max_trials=4",
         "--set",
@@ -145,9 +151,9 @@ def test_adaptive_asha_stops_trials(tmp_path: pathlib.Path) -> None:
     assert len(trials) == 4 and {t["state"] for t in trials} == {"COMPLETED"}, trials
     lengths = {t["id"]: max(m["batches"] for m in t["validation"]) for t in trials}
     print(f"adaptive: the trials' last validations {lengths}")
-    # ASHA stopped trials at a rung short of max_time (100 batches) through should_preempt();
-    # at least one trained to it.
-    assert min(lengths.values()) < 100 and max(lengths.values()) == 100, lengths
+    # ASHA stopped a trial at a rung short of max_time (40 batches) through should_preempt();
+    # others trained to it.
+    assert min(lengths.values()) < 40 and max(lengths.values()) == 40, lengths
     for t in trials:
         rates = t["hparams"]["training_arguments"]
         assert 1e-5 <= rates["learning_rate"] <= 1e-2 and 1e-10 <= rates["adam_epsilon"] <= 1e-7
