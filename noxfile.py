@@ -160,7 +160,7 @@ def _pytest(session: nox.Session, *args: str) -> None:
 # Tests that have sessions of their own (their own installs or servers).
 OWN_SESSIONS = (
     "not interop and not examples and not mlflow and not slurm and not ray and not transformers"
-    " and not deepspeed"
+    " and not deepspeed and not transformers_legacy"
 )
 
 
@@ -354,9 +354,11 @@ def mlflow(session: nox.Session) -> None:
     start (tests/_mlflow_server.py), the model registry, a server stopped mid-run, and MLflow's
     UI in headless Chromium (screenshots kept in ``.nox/mlflow-artifacts``). The client is the
     ``[mlflow]`` extra (mlflow-skinny); the full ``mlflow[auth]`` is installed for its server,
-    its basic-auth app and its UI."""
+    its basic-auth app and its UI. The ``[transformers]`` extra too, for a Hugging Face Trainer
+    run mirrored into the server: about 170 MB and two minutes of install, less than the full
+    MLflow (about 360 MB) would add to the transformers session."""
     _apt_install(session, "chromium", "chromium")
-    _install(session, *_extra("test"), *_extra("mlflow"), "mlflow[auth]")
+    _install(session, *_extra("test"), *_extra("mlflow"), "mlflow[auth]", *_extra("transformers"))
     artifacts = ROOT / ".nox" / "mlflow-artifacts"
     artifacts.mkdir(parents=True, exist_ok=True)
     env = {**_env(session), "LIGHTNING_BRIDGE_TEST_ARTIFACTS": str(artifacts)}
@@ -410,11 +412,35 @@ def ray(session: nox.Session) -> None:
     )
 
 
+# Determined's hf_trainer_api examples (transformers 4.28's era): transformers before 4.46
+# (`is_torch_tpu_available`, `--evaluation_strategy`), datasets before 3 (`use_auth_token`)
+# and evaluate, each pinned to a release that installs beside torch 2.13 and numpy 2.
+TRANSFORMERS_LEGACY = ["transformers==4.45.2", "datasets==2.21.0", "evaluate==0.4.6"]
+
+
+@nox.session(python=PYTHON)
+def transformers_legacy(session: nox.Session) -> None:
+    """Tests marked ``transformers_legacy``: Determined's own
+    ``hf_trainer_api/hf_language_modeling`` example run unchanged (const, adaptive, two
+    processes) with local stand-ins for the Hub's gpt2, wikitext and accuracy metric. About
+    270 MB beyond the transformers session's packages (datasets' pyarrow and pandas)."""
+    _install(session, *_extra("test"), *_extra("transformers"), *TRANSFORMERS_LEGACY)
+    _pytest(session, "-m", "transformers_legacy", "-rs", "-n", "0")
+
+
 @nox.session(python=PYTHON)
 def transformers(session: nox.Session) -> None:
     """Tests marked ``transformers``: Hugging Face's Trainer with ``determined.transformers``'
     DetCallback under ``lightning-bridge run`` (tiny GPT-2 models built from a config, no
     download). transformers and accelerate are the ``[transformers]`` extra. The module's runs
-    are spread over the workers one test at a time (each is a few trial processes)."""
-    _install(session, *_extra("test"), *_extra("transformers"))
+    are spread over the workers one test at a time (each is a few trial processes).
+
+    DeepSpeed through the Trainer (``--deepspeed``, tests/test_transformers_deepspeed.py):
+    the newest DeepSpeed release the deepspeed session tests, built from its sdist with its
+    ops disabled as there, on the CPU accelerator (about 25 MB and under three minutes of
+    install, where the deepspeed session would add transformers' 170 MB once per release)."""
+    session.env.update({"DS_BUILD_OPS": "0", "DS_ACCELERATOR": "cpu"})
+    _install(
+        session, *_extra("test"), *_extra("transformers"), f"deepspeed=={DEEPSPEED_RELEASES[-1]}"
+    )
     _pytest(session, "-m", "transformers", "-rs", "-n", "auto", "--dist", "load")

@@ -16,8 +16,10 @@ from tests._folders import GATE_CODE
 # `DetCallback`. The hyperparameters give `learning_rate` (into the training arguments, as
 # Determined's examples do), `filter_metrics` / `user_data` (for the callback) and `gate` /
 # `hold_at` (`GATE_CODE`: held before that step). Every process appends what it saw (the step
-# it resumed from, its last step, its arguments' `resume_from_checkpoint`) to `seen.<rank>.jsonl`
-# in its run folder, and rank 0 saves the final weights there (`weights.<n>.pt`).
+# it resumed from, its last step, its arguments' `resume_from_checkpoint`; with `--deepspeed
+# CONFIG`, the ZeRO stage of the config it found through `get_ds_config_path_from_args` and its
+# engine's) to `seen.<rank>.jsonl` in its run folder, and rank 0 saves the final weights there
+# (`weights.<n>.pt`).
 HF_TRAIN = (
     """
 import json
@@ -62,12 +64,20 @@ def main():
     info = det.get_cluster_info()
     assert info is not None, "run it with lightning-bridge run"
     hp = info.trial.hparams
+    ds_config = None
+    if "--deepspeed" in sys.argv:
+        # The DeepSpeed config the Trainer is given, found as Determined's examples find it.
+        from determined.transformers import get_ds_config_path_from_args
+
+        ds_config = get_ds_config_path_from_args(sys.argv)
     parser = transformers.HfArgumentParser(transformers.TrainingArguments)
     (args,) = parser.parse_args_into_dataclasses(sys.argv[1:])
     args.learning_rate = hp.get("learning_rate", args.learning_rate)
     args.report_to = ["tensorboard"]
     distributed = None
-    if args.world_size > 1:
+    if args.world_size > 1 and ds_config:
+        distributed = det.core.DistributedContext.from_deepspeed()
+    elif args.world_size > 1:
         distributed = det.core.DistributedContext.from_torch_distributed()
     with det.core.init(distributed=distributed) as core_context:
         callback = DetCallback(
@@ -92,6 +102,14 @@ def main():
             "global_step": trainer.state.global_step,
             "train_loss": result.training_loss,
         }
+        if ds_config:
+            with open(ds_config) as f:
+                stage = json.load(f)["zero_optimization"]["stage"]
+            engine = trainer.model_wrapped
+            seen.update(
+                config_stage=stage, engine=type(engine).__name__,
+                engine_stage=engine.zero_optimization_stage(),
+            )
         with open(run_dir / f"seen.{rank}.jsonl", "a") as f:
             f.write(json.dumps(seen) + "\\n")
         if rank == 0:

@@ -256,3 +256,27 @@ def test_the_rank_of_a_process_lightnings_launcher_started(
     assert DistributedContext().rank == 3
     monkeypatch.setenv("RANK", "2")  # torchrun's, where it is given
     assert DistributedContext().rank == 2
+
+
+def test_from_torch_distributed_in_a_trials_only_process(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: pathlib.Path
+) -> None:
+    """Behind Determined's launcher, one slot is torchrun's one worker (RANK 0 of 1); the bridge
+    runs that process alone, and the context answers the same. Outside a trial, without
+    torchrun's environment, it says how to launch."""
+    from lightning_bridge.contract._distributed import DistributedContext
+
+    for name in (
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "LOCAL_WORLD_SIZE",
+        "LIGHTNING_BRIDGE_EXPERIMENT",
+    ):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(RuntimeError, match="needs torchrun's environment"):
+        DistributedContext.from_torch_distributed()
+    monkeypatch.setenv("LIGHTNING_BRIDGE_EXPERIMENT", str(tmp_path / "run.json"))
+    context = DistributedContext.from_torch_distributed()
+    assert (context.rank, context.size, context.local_rank, context.local_size) == (0, 1, 0, 1)
+    assert (context.cross_rank, context.cross_size) == (0, 1)

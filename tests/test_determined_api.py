@@ -109,7 +109,8 @@ def test_log_format_logs_as_on_determined(mapped: None, capsys: pytest.CaptureFi
         ("import determined.pytorch.dsat", ImportError, "DeepSpeed autotuning"),
         ("import determined.launch.torch_distributed", ImportError, "torchrun"),
         ("import determined.keras", ImportError, "TensorFlow trials run only"),
-        ("import determined as det; det.util", AttributeError, "it holds ClusterInfo"),
+        ("import determined as det; det.ipc", AttributeError, "it holds ClusterInfo"),
+        ("from determined import util; util.json_encode", AttributeError, "holds merge_dicts"),
     ],
 )
 def test_what_is_not_mapped_is_refused_by_name(
@@ -119,6 +120,22 @@ def test_what_is_not_mapped_is_refused_by_name(
         exec(statement, {})
     message = str(info.value) + str(info.value.__cause__ or "")
     assert says in message, message
+
+
+def test_determineds_util_merge_dicts_merges_depth_first_into_a_copy(mapped: None) -> None:
+    """What Determined's `hf_trainer_api` examples import from `determined.util`."""
+    from determined import util  # type: ignore[import-not-found]
+
+    base = {"zero_optimization": {"stage": 1, "overlap_comm": True}, "fp16": {"enabled": True}}
+    source = {"zero_optimization": {"stage": 2}, "train_batch_size": 16}
+    merged = util.merge_dicts(base, source)
+    assert merged == {
+        "zero_optimization": {"stage": 2, "overlap_comm": True},
+        "fp16": {"enabled": True},
+        "train_batch_size": 16,
+    }
+    assert base["zero_optimization"] == {"stage": 1, "overlap_comm": True}
+    assert source == {"zero_optimization": {"stage": 2}, "train_batch_size": 16}
 
 
 def test_checkpoint_load_context_and_import_from_path(

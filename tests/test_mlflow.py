@@ -297,6 +297,51 @@ def test_a_core_api_script_is_mirrored(mlflow_server: MlflowServer, tmp_path: pa
         assert (back / name).read_bytes() == (kept / name).read_bytes()
 
 
+@pytest.mark.skipif(
+    importlib.util.find_spec("transformers") is None,
+    reason="needs Hugging Face transformers: the [transformers] extra (the mlflow session has it)",
+)
+def test_a_hugging_face_trainer_run_is_mirrored(
+    mlflow_server: MlflowServer, tmp_path: pathlib.Path
+) -> None:
+    """A `transformers.Trainer` script with `DetCallback` under `lightning-bridge run`: the
+    Trainer's `train_` / `eval_` logs reach the MLflow run at their steps, and the checkpoint
+    folders the Trainer saved reach its artifacts, file for file."""
+    from tests._hf_runs import hf_folder
+
+    uri, ws = mlflow_server.uri, tmp_path / "ws"
+    folder = hf_folder(tmp_path, checkpoint_storage={"save_trial_latest": 1, "save_trial_best": 0})
+    bridge("run", str(folder / "const.yaml"), workspace=ws, uri=uri, cwd=folder)
+    (run,) = runs_of(uri, experiment_of(uri, ws, 1)).values()
+    assert run.info.status == "FINISHED"
+    assert run.data.params == {"learning_rate": "0.01"}
+    # The Trainer logs and evaluates every 4 of its 12 steps.
+    assert [b for b, _ in history(uri, run, "eval_loss")] == [4, 8, 12]
+    assert same(history(uri, run, "eval_loss"), recorded(ws, 1, "validation", "eval_loss"))
+    for key in ("loss", "grad_norm", "learning_rate"):
+        assert [b for b, _ in history(uri, run, key)] == [4, 8, 12], key
+        assert same(history(uri, run, key), recorded(ws, 1, "training", key)), key
+    assert history(uri, run, "learning_rate")[0][1] < 0.01  # the schedule's decay, as logged
+
+    # The kept checkpoint, the Trainer's folder as stored, under the run's artifacts.
+    with Registry(ws) as registry:
+        (kept,) = registry.checkpoints(trial_id=1)
+    assert kept.batches == 12
+    tag = run.data.tags[f"lightning_bridge.checkpoint.{kept.uuid}"]
+    assert tag == f"runs:/{run.info.run_id}/checkpoints/{kept.uuid}"
+    back = pathlib.Path(
+        client(uri).download_artifacts(
+            run.info.run_id, f"checkpoints/{kept.uuid}", str(tmp_path / "back")
+        )
+    )
+    stored = pathlib.Path(kept.location)
+    files = sorted(str(p.relative_to(stored)) for p in stored.rglob("*") if p.is_file())
+    assert sorted(str(p.relative_to(back)) for p in back.rglob("*") if p.is_file()) == files
+    assert {"checkpoint-12/model.safetensors", "checkpoint-12/trainer_state.json"} <= set(files)
+    for name in files:
+        assert (back / name).read_bytes() == (stored / name).read_bytes(), name
+
+
 @pytest.mark.search
 def test_a_search_is_a_parent_run_with_its_trials_and_asha_stops(
     mlflow_server: MlflowServer, tmp_path: pathlib.Path

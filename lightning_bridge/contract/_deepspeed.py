@@ -80,6 +80,12 @@ def _merged(base: Mapping[Any, Any], source: Mapping[Any, Any]) -> dict[Any, Any
     return merged
 
 
+def merge_dicts(base_dict: dict[Any, Any], source_dict: dict[Any, Any]) -> dict[Any, Any]:
+    """Determined's `determined.util.merge_dicts`: `base_dict` with `source_dict`'s values put
+    in, depth first; neither input is changed."""
+    return _merged(base_dict, source_dict)
+
+
 def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     keys = [k for k, _ in pairs]
     dupes = sorted({k for k in keys if keys.count(k) > 1})

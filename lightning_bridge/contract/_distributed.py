@@ -26,6 +26,9 @@ from lightning_bridge._errors import InvalidArgumentError
 # process waits for the others at a collective.
 CHIEF_PORT = 12360
 _STORE_TIMEOUT_S = 1800
+# Set in a trial's processes by `lightning-bridge run` (the run description's path; named here,
+# not imported from translation/, a layer above).
+_TRIAL_RUN_VAR = "LIGHTNING_BRIDGE_EXPERIMENT"
 
 
 def _env_int(*names: str, default: int) -> int:
@@ -68,8 +71,14 @@ class DistributedContext:
     @classmethod
     def from_torch_distributed(cls, chief_ip: str | None = None) -> DistributedContext:
         """The context of processes torchrun started (RANK, WORLD_SIZE, LOCAL_RANK,
-        LOCAL_WORLD_SIZE, GROUP_RANK), or of an initialised `torch.distributed` process group."""
-        if not (dist.is_available() and dist.is_initialized()) and "RANK" not in os.environ:
+        LOCAL_WORLD_SIZE, GROUP_RANK), or of an initialised `torch.distributed` process group.
+        A trial's only process (one slot: `lightning-bridge run` starts no torchrun for it) is
+        rank 0 of 1, as torchrun's one worker is behind Determined's launcher."""
+        if (
+            not (dist.is_available() and dist.is_initialized())
+            and "RANK" not in os.environ
+            and not os.environ.get(_TRIAL_RUN_VAR)
+        ):
             raise RuntimeError(
                 "DistributedContext.from_torch_distributed() needs torchrun's environment (RANK, "
                 "WORLD_SIZE, ...) or an initialised process group: launch with torchrun "

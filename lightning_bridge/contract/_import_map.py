@@ -7,9 +7,10 @@
 DeepSpeed's engine), the top-level package what scripts read from it (`LOG_FORMAT`,
 `get_cluster_info`, `InvalidHP`, `import_from_path`), `determined.core` (with the private
 `_context` and `_tensorboard_mode` modules public code imports) the bridge's Core API in
-`lightning_bridge.core`, and `determined.transformers` its Hugging Face `DetCallback`. Parts of
-Determined that need its cluster (`determined.experimental`, batch inference, ...) are refused
-by name, each with what to do instead.
+`lightning_bridge.core`, `determined.transformers` its Hugging Face `DetCallback`, and
+`determined.util` its `merge_dicts`. Parts of Determined that need its cluster
+(`determined.experimental`, batch inference, ...) are refused by name, each with what to do
+instead.
 
 `shim_dir()` writes a folder holding a `determined` package that installs the same mapping; on
 `PYTHONPATH` it reaches subprocesses (scripts, torchrun workers, Lightning's launcher) and
@@ -45,6 +46,7 @@ PROVIDED = (
     "determined.launch",
     "determined.launch.wrap_rank",
     "determined.transformers",
+    "determined.util",
 )
 
 # Where Determined's Core API lives on the bridge (a layer above this one: named, not imported).
@@ -215,6 +217,17 @@ def _build(name: str) -> types.ModuleType:
         module.__all__ = list(PYTORCH_NAMES)  # type: ignore[attr-defined]
         setattr(module, "__dir__", lambda: sorted(PYTORCH_NAMES))  # noqa: B010
         return _with_getattr(module, pytorch_attr)
+    if name == "determined.util":
+        # Of Determined's helpers, the one its examples import (`hf_trainer_api`'s util.py).
+        from lightning_bridge.contract._deepspeed import merge_dicts
+
+        module.merge_dicts = merge_dicts  # type: ignore[attr-defined]
+        module.__all__ = ["merge_dicts"]  # type: ignore[attr-defined]
+
+        def util_attr(attr: str) -> Any:
+            raise _refused_attribute(name, attr)
+
+        return _with_getattr(module, util_attr)
     if name in _PROXIED:
         source_name = _PROXIED[name]
 

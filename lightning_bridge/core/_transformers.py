@@ -13,9 +13,11 @@ training, the saving and the resuming; this only connects its callback hooks to 
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import os
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -65,6 +67,23 @@ def get_ds_config_path_from_args(args: Sequence[str]) -> str | None:
                 raise ValueError("--deepspeed is the last argument: give the DeepSpeed config path")
             return args[i + 1]
     return None
+
+
+def _prepare_deepspeed(argv: Sequence[str]) -> None:
+    """A script given `--deepspeed CONFIG` trains on DeepSpeed's engine through the Trainer,
+    which starts DeepSpeed's process group when it parses its arguments: on the CPU
+    accelerator, prepare DeepSpeed first as DeepSpeedTrial's runner does (no kernel compiled
+    at run time, all-gathers complete in order). The script imports this module before that."""
+    if get_ds_config_path_from_args(argv) is None or importlib.util.find_spec("deepspeed") is None:
+        return
+    import deepspeed
+
+    from lightning_bridge.translation.deepspeed._cpu import prepare_cpu_accelerator
+
+    prepare_cpu_accelerator(deepspeed)
+
+
+_prepare_deepspeed(sys.argv)
 
 
 class DetCallback(transformers.TrainerCallback):
