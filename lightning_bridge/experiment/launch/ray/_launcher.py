@@ -18,7 +18,8 @@ Lightning starts each node's processes. The workspace (record, run descriptions,
 unless they go to S3 / GCS / Azure) is on a file system every node mounts at the same path;
 the record on PostgreSQL.
 
-The coordinator (`run`, `experiment continue`) follows its trials; Ctrl-C / SIGTERM pauses
+The coordinator (`run`, `experiment continue`) follows its trials (the contract's
+`run_trial`, `RayTrial` the handle); Ctrl-C / SIGTERM pauses
 them (each checkpoints and stops; a second signal kills them). When the cluster goes away
 (`_cluster.ClusterWatch`) it records the trial stopped at its latest checkpoint and says so in
 one message, before Ray would end this process.
@@ -44,10 +45,10 @@ from lightning_bridge._errors import InvalidArgumentError
 from lightning_bridge.experiment.config import _plan
 from lightning_bridge.experiment.config._config_errors import launcher_section
 from lightning_bridge.experiment.config._config_schema import RAY_MESSAGES, RaySection
-from lightning_bridge.experiment.launch._contract import Launcher, RunningTrial, settle_end
+from lightning_bridge.experiment.launch._contract import Launcher, RunningTrial
+from lightning_bridge.experiment.launch._handle import TrialProcess, settle_end
 from lightning_bridge.experiment.launch.ray import _cluster
 from lightning_bridge.experiment.trial_process import _execute
-from lightning_bridge.experiment.trial_process._signals import handling
 from lightning_bridge.experiment.trials import _trial_runs
 from lightning_bridge.experiment.trials._checkpoints import continue_from_latest
 from lightning_bridge.record._records import Job, Trial
@@ -326,42 +327,6 @@ class RayLauncher(Launcher):
         self._placements[trial.trial_id] = placement
         return placement
 
-    def run_trial(
-        self,
-        registry: Registry,
-        plan: _plan.Plan,
-        trial: _plan.TrialRun,
-        relaunch: bool = False,
-    ) -> int:
-        try:
-            settings = self._prepare(plan, trial)
-        except InvalidArgumentError as exc:
-            registry.trial_ended(trial.trial_id, TrialState.ERROR, str(exc), if_active=True)
-            raise
-        placement = self._placement(registry, plan, trial, settings)
-        print(
-            f"Trial {trial.trial_id}: placed on the Ray cluster at {self.address} as "
-            f"{placement.name}; its output: {placement.output}",
-            flush=True,
-        )
-        signals: list[int] = []
-
-        def on_signal(signum: int, frame: Any) -> None:
-            signals.append(signum)
-            placement.stop(kill=len(signals) > 1)
-            with contextlib.suppress(OSError, RuntimeError):
-                what = "Pausing" if len(signals) == 1 else "Killing"
-                print(f"{what} {placement.name}: the trial checkpoints and stops", flush=True)
-
-        try:
-            with handling(on_signal):
-                code = placement.run(say=_print)
-        finally:
-            self._placements.pop(trial.trial_id, None)
-        if self.lost is not None:  # the watch's thread records the end and ends the process
-            threading.Event().wait(60)
-        return _outcome(registry, trial.trial_id, placement, code, bool(signals))
-
     def start(
         self,
         registry: Registry,
@@ -369,11 +334,12 @@ class RayLauncher(Launcher):
         trial: _plan.TrialRun,
         devices: Sequence[str] = (),
     ) -> RayTrial:
-        """Place a search's trial and return at once; its handle runs it to its end (on
-        another node where its node is lost) in the search worker's thread."""
+        """Place the trial and return at once; its handle runs it to its end (on another node
+        where its node is lost) in the thread that follows it (a search's worker's, or the
+        command's, `run_trial`)."""
         settings = self._prepare(plan, trial)
         placement = self._placement(registry, plan, trial, settings)
-        return RayTrial(placement, registry.workspace.root)
+        return RayTrial(placement, lambda: self._placements.pop(trial.trial_id, None))
 
     # ----- a search's warm workers -----
 
@@ -539,6 +505,11 @@ class Placement:
         self.nodes: list[dict[str, str]] = []
         self.restarts = 0  # runs after a lost node
         self.failures = 0  # runs after a failure (max_restarts)
+
+    @property
+    def lost_reason(self) -> str | None:
+        """Why the cluster went away, once it did (the launcher's watch of it)."""
+        return self._lost()
 
     @property
     def job_id(self) -> str:
@@ -860,14 +831,13 @@ def _first_line(exc: BaseException) -> str:
     return text[0][:300] if text else type(exc).__name__
 
 
-class RayTrial:
-    """A search's trial on the cluster as its worker follows it (`TrialProcess`): `wait`
-    runs it to its end in the worker's thread."""
+class RayTrial(TrialProcess):
+    """A trial placed on the cluster (`TrialProcess`): followed by running its `Placement` to
+    its end in the thread that follows it; paused and killed through its actors."""
 
-    def __init__(self, placement: Placement, workspace: pathlib.Path) -> None:
+    def __init__(self, placement: Placement, forget: Callable[[], object]) -> None:
         self.placement = placement
-        self.pid = 0  # no process on this machine
-        self._workspace = workspace
+        self._forget = forget  # the launcher's: no longer one of its running placements
 
     def wait(self) -> int:
         code = self.placement.run(say=_print)
@@ -876,6 +846,30 @@ class RayTrial:
 
     def send_signal(self, sig: int) -> None:
         self.placement.stop(kill=sig == signal.SIGKILL)
+
+    def announce(self) -> str:
+        placement = self.placement
+        return (
+            f"Trial {placement.trial_id}: placed on the Ray cluster at {placement.address} as "
+            f"{placement.name}; its output: {placement.output}"
+        )
+
+    def follow(self, registry: Registry) -> int:
+        try:
+            code = self.placement.run(say=_print)
+        finally:
+            self._forget()
+        if self.placement.lost_reason is not None:
+            # the cluster watch's thread records the end and ends the process
+            threading.Event().wait(60)
+        return code
+
+    def stopping(self, kill: bool) -> str:
+        what = "Killing" if kill else "Pausing"
+        return f"{what} {self.placement.name}: the trial checkpoints and stops"
+
+    def settle(self, registry: Registry, trial_id: int, code: int, paused: bool) -> int:
+        return _outcome(registry, trial_id, self.placement, code, paused)
 
 
 class RunningPlacement(RunningTrial):
