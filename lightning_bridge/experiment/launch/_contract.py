@@ -21,8 +21,8 @@ record check every launcher makes); the launchers implement it: `local` (`local/
 runs a single trial in this process and a search's trials as processes on this machine
 (forked from a warm process, `_warm.py`); `slurm` (`slurm/_launcher.py`) submits each trial
 as an `sbatch` job, or a search's trials into worker jobs (`searches/_slurm_workers.py`);
-`ray` (`ray/_launcher.py`) places each trial on a Ray cluster (a search's forked from a warm
-process on its node).
+`ray` (`ray/_launcher.py`) places each trial on a Ray cluster (`ray/_placement.py`; a
+search's forked from a warm process on its node).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 `TrialProcess` is what every launcher's `start` returns: a local process (`_warm.ColdTrial`),
 a trial forked by the warm process (`_warm.WarmTrial`), a Slurm job (`slurm._launcher.SlurmJob`)
-or a trial placed on a Ray cluster (`ray._launcher.RayTrial`). A search's worker follows it
+or a trial placed on a Ray cluster (`ray._placement.RayTrial`). A search's worker follows it
 with `pid`, `wait` and `send_signal`; a single trial's run (`Launcher.run_trial`) with
 `follow`: the handle says it started, is followed to its end while the command's stop signals
 escalate (`Escalation`: the first SIGINT / SIGTERM pauses the trial, a second kills it), and
