@@ -11,7 +11,7 @@ import pathlib
 
 import pytest
 
-from lightning_bridge.experiment.launch.ray._launcher import fit_nodes
+from lightning_bridge.experiment.launch.ray._settings import fit_nodes
 from tests._ray_cluster import CPUS_PER_NODE, RayCluster
 from tests.test_ray import _experiments, on_ray
 from tests.test_slurm import (

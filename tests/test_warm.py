@@ -13,7 +13,6 @@ import logging
 import os
 import pathlib
 import signal
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -221,7 +220,7 @@ def test_state_read_at_import_behaves_as_cold(
     assert _seen(tmp_path / "same.log")["stateful"] == "at-start"
     with caplog.at_level(logging.INFO, logger="lightning_bridge"):
         other = _start(starter, folder, tmp_path / "other.log", "exit", "0", PROBE_VALUE="other")
-    assert isinstance(other, subprocess.Popen)  # started cold
+    assert isinstance(other, _warm.ColdTrial)  # started cold
     assert other.wait() == 0
     assert _seen(tmp_path / "other.log")["stateful"] == "other"
     assert _cold(folder, tmp_path / "cold.log", "exit", "0", PROBE_VALUE="other") == 0
@@ -243,7 +242,7 @@ def test_cold_where_asked_and_when_the_warm_process_is_gone(
     with caplog.at_level(logging.INFO, logger="lightning_bridge"):
         cold = _warm.WarmStarter(preload=("stateful",))
         process = _start(cold, folder, tmp_path / "cold.log", "exit", "4")
-    assert isinstance(process, subprocess.Popen) and process.wait() == 4
+    assert isinstance(process, _warm.ColdTrial) and process.wait() == 4
     assert f"start cold (a new interpreter each): {_warm.COLD_ENV} is set" in caplog.text
     monkeypatch.delenv(_warm.COLD_ENV)
     starter = _warm.WarmStarter(preload=("stateful",))
@@ -256,7 +255,7 @@ def test_cold_where_asked_and_when_the_warm_process_is_gone(
         while starter._broken is None and time.monotonic() < deadline:
             time.sleep(0.02)
         process = _start(starter, folder, tmp_path / "gone.log", "exit", "5")
-        assert isinstance(process, subprocess.Popen) and process.wait() == 5
+        assert isinstance(process, _warm.ColdTrial) and process.wait() == 5
     finally:
         starter.close()
 
@@ -338,7 +337,7 @@ def test_a_thread_in_the_warm_process_starts_trials_cold(
         assert "cannot fork (a Python thread is running (busy))" in caplog.text
         for name in ("first.log", "second.log"):
             assert _seen(tmp_path / name)["ppid"] == os.getpid()  # started cold, by this process
-        assert isinstance(second, subprocess.Popen)
+        assert isinstance(second, _warm.ColdTrial)
     finally:
         starter.close()
 

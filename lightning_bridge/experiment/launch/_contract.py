@@ -1,38 +1,40 @@
 """Where a trial runs: the launcher contract, in three parts (DESIGN.md, "Where trials run").
 
 - The **launcher** (`Launcher`) checks before anything is recorded or submitted what it needs
-  (`check`, `check_worker_jobs`, `check_record`: SQLite on a network file system is warned
-  about on one machine, refused for trials on several) and whether the run may go on here
-  (`allows`); it runs a single trial to its end (`run_trial`, which records how it ended
-  either way) and starts a search's trial (`start`), returning its handle.
-- The **handle** answers for a started trial (`TrialProcess`: pid, wait, signal), and for a
-  recorded trial that runs now (`running` -> `RunningTrial`: what `experiment pause | kill`
-  stop), so nothing outside the launchers branches on where a trial runs.
+  (`check_early`, `check`, `check_worker_jobs`, `check_record`: SQLite on a network file
+  system is warned about on one machine, refused for trials on several) and whether the run
+  may go on here (`allows`); it starts a trial (`start`), returning its handle, and runs a
+  single trial to its end (`run_trial`, which records how it ended either way: by default
+  `start`, then the handle followed to its end, `_handle.follow`).
+- The **handle** answers for a started trial (`_handle.TrialProcess`: pid, wait, signal, and
+  how a single trial's run follows, stops and settles it), and for a recorded trial that runs
+  now (`running` -> `RunningTrial`: what `experiment pause | kill | describe` reach), so
+  nothing outside the launchers branches on where a trial runs.
 - The **environment** inside the trial's processes (`translation._trial_environment`)
   answers the launcher's questions there: requeued, restarts, node addresses, the signal
   that means "time is short", and whether the trial keeps its search trial.
 
 `run --launcher NAME` picks one (`_registry.launcher_for`, the registry of names); the
 experiment's record keeps the name (in its options), so `experiment continue` starts its
-trials the same way. This module holds only the contract; the launchers implement it:
-`local` (`local/_launcher.py`) runs trials on this machine (a search's forked from a warm
-process, `_warm.py`); `slurm` (`slurm/_launcher.py`) submits each trial as an `sbatch`
-job, or a search's trials into worker jobs (`searches/_slurm_workers.py`); `ray`
-(`ray/_launcher.py`) places each trial on a Ray cluster (a search's forked from a warm
-process on its node).
+trials the same way. This module holds only the contract (and `sqlite_on_network`, the
+record check every launcher makes); the launchers implement it: `local` (`local/_launcher.py`)
+runs a single trial in this process and a search's trials as processes on this machine
+(forked from a warm process, `_warm.py`); `slurm` (`slurm/_launcher.py`) submits each trial
+as an `sbatch` job, or a search's trials into worker jobs (`searches/_slurm_workers.py`);
+`ray` (`ray/_launcher.py`) places each trial on a Ray cluster (`ray/_placement.py`; a
+search's forked from a warm process on its node).
 """
 
 from __future__ import annotations
 
 import abc
 import logging
-import sys
 from collections.abc import Sequence
 from typing import ClassVar
 
 from lightning_bridge._errors import InvalidArgumentError
 from lightning_bridge.experiment.config import _plan
-from lightning_bridge.experiment.launch._handle import TrialProcess
+from lightning_bridge.experiment.launch._handle import TrialProcess, follow
 from lightning_bridge.record._filesystem import network_filesystem
 from lightning_bridge.record._records import Job, Trial
 from lightning_bridge.record._registry import Registry
@@ -59,24 +61,6 @@ def sqlite_on_network(workspace: Workspace, mounts: str | None = None) -> str | 
         f'write {{"record": "postgresql://USER:PASSWORD@HOST/DATABASE"}} in '
         f"{workspace.root / SETTINGS_FILE}, or choose a --workspace on a local disk"
     )
-
-
-def settle_end(registry: Registry, trial_id: int, stopped: str | None, failed: str) -> int:
-    """The exit code of a trial whose launcher's work ended (its job, its placement): its
-    recorded end; one it did not record (killed, cancelled, its node lost) is recorded
-    STOPPED with `stopped` where the run was paused, else ERROR with `failed`. An error is
-    printed, in one line."""
-    recorded = registry.trial(trial_id)
-    if recorded.state == TrialState.ACTIVE.value:
-        if stopped is not None:
-            registry.trial_ended(trial_id, TrialState.STOPPED, stopped)
-        else:
-            registry.trial_ended(trial_id, TrialState.ERROR, failed)
-        recorded = registry.trial(trial_id)
-    if recorded.state == TrialState.ERROR.value:
-        print(f"lightning-bridge: error: trial {trial_id}: {recorded.message}", file=sys.stderr)
-        return 1
-    return 0
 
 
 class RunningTrial(abc.ABC):
@@ -188,7 +172,6 @@ class Launcher(abc.ABC):
     def close(self) -> None:  # noqa: B027 - nothing to end
         """End what `warm_up` started."""
 
-    @abc.abstractmethod
     def run_trial(
         self,
         registry: Registry,
@@ -196,4 +179,16 @@ class Launcher(abc.ABC):
         trial: _plan.TrialRun,
         relaunch: bool = False,
     ) -> int:
-        """Run one recorded trial to its end; its exit code (0: completed or stopped)."""
+        """Run one recorded trial to its end; its exit code (0: completed or stopped).
+
+        The contract's one way: `start` it, then follow its handle to its end (`_handle.follow`:
+        the command's first stop signal pauses it, a second kills it; its end settled in the
+        record). A start refused (InvalidArgumentError) ends the trial in ERROR with the
+        refusal, raised on. A launcher that runs the trial in this very process (local)
+        overrides it."""
+        try:
+            handle = self.start(registry, plan, trial)
+        except InvalidArgumentError as exc:
+            registry.trial_ended(trial.trial_id, TrialState.ERROR, str(exc), if_active=True)
+            raise
+        return follow(registry, trial.trial_id, handle)

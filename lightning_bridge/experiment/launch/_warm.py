@@ -107,11 +107,11 @@ def preload_for(script: bool, mirrored: bool) -> tuple[str, ...]:
 _PR_SET_PDEATHSIG = 1
 
 
-class WarmTrial:
+class WarmTrial(TrialProcess):
     """A trial forked by the warm process: a `Popen`-like handle (pid, wait, poll,
     send_signal); its exit code comes from the warm process, which reaps it."""
 
-    def __init__(self, cold: Callable[[], subprocess.Popen[bytes]]) -> None:
+    def __init__(self, cold: Callable[[], ColdTrial]) -> None:
         self._cold = cold  # how to start it cold, should the warm process refuse
         self._pid: int | None = None
         self.returncode: int | None = None
@@ -164,14 +164,26 @@ class WarmTrial:
             _signal_trial(self._pid, sig)
 
 
-class ColdTrial(subprocess.Popen[bytes]):
-    """A trial started as a new interpreter, in a process group of its own (as a forked
-    one); SIGKILL ends the group."""
+class ColdTrial(TrialProcess):
+    """A trial started as a new interpreter (`process`), in a process group of its own (as a
+    forked one); SIGKILL ends the group."""
+
+    def __init__(self, process: subprocess.Popen[bytes]) -> None:
+        self._process = process
+
+    @property
+    def pid(self) -> int:
+        return self._process.pid
+
+    def wait(self) -> int:
+        return self._process.wait()
+
+    def poll(self) -> int | None:
+        return self._process.poll()
 
     def send_signal(self, sig: int) -> None:
-        self.poll()
-        if self.returncode is None:
-            _signal_trial(self.pid, sig)
+        if self._process.poll() is None:
+            _signal_trial(self._process.pid, sig)
 
 
 def _signal_trial(pid: int, sig: int) -> None:
@@ -186,7 +198,7 @@ def _signal_trial(pid: int, sig: int) -> None:
 
 
 def _cold(command: Sequence[str], cwd: Any, env: Mapping[str, str], output: IO[bytes]) -> ColdTrial:
-    return ColdTrial(
+    process = subprocess.Popen(
         list(command),
         cwd=cwd,
         env=dict(env),
@@ -195,6 +207,7 @@ def _cold(command: Sequence[str], cwd: Any, env: Mapping[str, str], output: IO[b
         stderr=subprocess.STDOUT,
         process_group=0,
     )
+    return ColdTrial(process)
 
 
 # How long a worker waits for its warm process's imports before it pulls trials anyway (they
@@ -213,7 +226,7 @@ def fork_unavailable() -> str | None:
 
 class WarmStarter:
     """Starts a worker's trial processes: forked from one warm process where it is safe,
-    else as `subprocess.Popen` (cold). One per worker; `close()` ends the warm process."""
+    else as a new interpreter (`ColdTrial`). One per worker; `close()` ends the warm process."""
 
     def __init__(self, preload: Sequence[str] = PRELOAD) -> None:
         self.preload = tuple(preload)
@@ -285,7 +298,7 @@ class WarmStarter:
             with open(output, "ab") as out:
                 return _cold(command, cwd, env, out)
 
-        def cold() -> subprocess.Popen[bytes]:
+        def cold() -> ColdTrial:
             with open(output, "ab") as out:
                 return _cold(command, cwd, env, out)
 

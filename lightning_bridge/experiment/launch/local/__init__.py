@@ -1,2 +1,3 @@
-"""The local launcher's machinery: the warm process that forks trials with their imports
-done, and what this machine can hold (GPUs, processes)."""
+"""The local launcher: trials on this machine (`_launcher`; a search's forked from the warm
+process, `launch/_warm`), and what this machine can hold (`_machine_capacity`: GPUs,
+processes)."""

@@ -12,15 +12,14 @@ run description and, after a requeue, continues it from its latest checkpoint. B
 limit Slurm sends the job `SIGNAL_DEFAULT` (SIGUSR1, 120 s before): the trial checkpoints at
 its batch and the job requeues itself.
 
-The coordinator (`run`, `experiment continue`) waits for the job, recording its Slurm state in
-the experiment's record as it changes (read with `scontrol`: a cluster may keep no accounting).
-Ctrl-C / SIGTERM of the coordinator pauses the job (the trial checkpoints and stops; a second
-signal cancels it).
+The coordinator (`run`, `experiment continue`) follows the job (`SlurmJob`, its handle, through
+the contract's `run_trial`), recording its Slurm state in the experiment's record as it
+changes (read with `scontrol`: a cluster may keep no accounting). Ctrl-C / SIGTERM of the
+coordinator pauses the job (the trial checkpoints and stops; a second signal cancels it).
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import math
@@ -39,9 +38,9 @@ from lightning_bridge._private import write_file
 from lightning_bridge.experiment.config import _plan
 from lightning_bridge.experiment.config._config_errors import launcher_section
 from lightning_bridge.experiment.config._config_schema import SLURM_MESSAGES, SlurmSection
-from lightning_bridge.experiment.launch._contract import Launcher, RunningTrial, settle_end
+from lightning_bridge.experiment.launch._contract import Launcher, RunningTrial
+from lightning_bridge.experiment.launch._handle import TrialProcess, settle_end
 from lightning_bridge.experiment.trial_process import _execute
-from lightning_bridge.experiment.trial_process._signals import handling
 from lightning_bridge.experiment.trials import _workdir
 from lightning_bridge.record._records import Job, Trial
 from lightning_bridge.record._registry import LIVE_JOB_STATES, Registry
@@ -416,51 +415,11 @@ class SlurmLauncher(Launcher):
         trial: _plan.TrialRun,
         devices: Sequence[str] = (),
     ) -> SlurmJob:
-        """Submit a search's trial; the job, for its worker to follow (Slurm places it:
-        `devices` is not this machine's to give)."""
+        """Submit the trial; the job, for its worker or `run_trial` to follow (Slurm places
+        it: `devices` is not this machine's to give)."""
         job_id, output = self.submit(plan, trial)
         registry.job_submitted(trial.trial_id, self.name, job_id, str(output))
-        return SlurmJob(job_id, registry.workspace.root, trial.trial_id)
-
-    def run_trial(
-        self,
-        registry: Registry,
-        plan: _plan.Plan,
-        trial: _plan.TrialRun,
-        relaunch: bool = False,
-    ) -> int:
-        try:
-            job_id, output = self.submit(plan, trial)
-        except InvalidArgumentError as exc:
-            registry.trial_ended(trial.trial_id, TrialState.ERROR, str(exc), if_active=True)
-            raise
-        registry.job_submitted(trial.trial_id, self.name, job_id, str(output))
-        print(
-            f"Trial {trial.trial_id}: Slurm job {job_id} submitted; its output: {output}",
-            flush=True,
-        )
-        paused = self._wait(registry, trial.trial_id, job_id)
-        return _outcome(registry, trial.trial_id, job_id, output, paused)
-
-    def _wait(self, registry: Registry, trial_id: int, job_id: str) -> bool:
-        """Wait for the job's end, recording its state; a signal pauses it (a second cancels
-        it). Whether it was paused."""
-        signals: list[int] = []
-
-        def on_signal(signum: int, frame: Any) -> None:
-            signals.append(signum)
-            signal_job(job_id, signal.SIGTERM if len(signals) == 1 else None)
-            with contextlib.suppress(OSError, RuntimeError):
-                if len(signals) == 1:
-                    print(
-                        f"Pausing Slurm job {job_id}: the trial checkpoints and stops", flush=True
-                    )
-                else:
-                    print(f"Cancelling Slurm job {job_id}", flush=True)
-
-        with handling(on_signal):
-            follow_job(job_id, _recorder(registry, trial_id, job_id, say_requeued=True))
-        return bool(signals)
+        return SlurmJob(job_id, registry.workspace.root, trial.trial_id, output)
 
 
 class RunningJob(RunningTrial):
@@ -497,23 +456,49 @@ class RunningJob(RunningTrial):
         return f"{self.key}, {info.state if info is not None else 'state unknown'}"
 
 
-class SlurmJob:
-    """A submitted trial's job as a search's worker follows it (`TrialProcess`): `wait`
-    records its state in the workspace's record as it changes."""
+class SlurmJob(TrialProcess):
+    """A submitted trial's job (`TrialProcess`): followed by polling Slurm, its state
+    recorded in the workspace's record as it changes; paused with SIGTERM to the job's
+    processes, killed by cancelling it."""
 
-    def __init__(self, job_id: str, workspace: pathlib.Path, trial_id: int) -> None:
+    def __init__(
+        self, job_id: str, workspace: pathlib.Path, trial_id: int, output: pathlib.Path
+    ) -> None:
         self.job_id = job_id
-        self.pid = 0  # no local process
         self._workspace = workspace
         self._trial_id = trial_id
+        self.output = output
 
     def wait(self) -> int:
         with Registry(self._workspace) as registry:  # this thread's own connection
             info = follow_job(self.job_id, _recorder(registry, self._trial_id, self.job_id))
-        return 0 if info is not None and info.state == "COMPLETED" else 1
+        return _code(info)
 
     def send_signal(self, sig: int) -> None:
         signal_job(self.job_id, None if sig == signal.SIGKILL else sig)
+
+    def announce(self) -> str:
+        return (
+            f"Trial {self._trial_id}: Slurm job {self.job_id} submitted; its output: {self.output}"
+        )
+
+    def follow(self, registry: Registry) -> int:
+        """Poll the job to its end, recording its state (and logging a requeue)."""
+        recorder = _recorder(registry, self._trial_id, self.job_id, say_requeued=True)
+        return _code(follow_job(self.job_id, recorder))
+
+    def stopping(self, kill: bool) -> str:
+        if kill:
+            return f"Cancelling Slurm job {self.job_id}"
+        return f"Pausing Slurm job {self.job_id}: the trial checkpoints and stops"
+
+    def settle(self, registry: Registry, trial_id: int, code: int, paused: bool) -> int:
+        return _outcome(registry, trial_id, self.job_id, self.output, paused)
+
+
+def _code(info: JobInfo | None) -> int:
+    """A job's exit code as its follower sees it: 0 once COMPLETED, else 1."""
+    return 0 if info is not None and info.state == "COMPLETED" else 1
 
 
 def _outcome(
