@@ -164,6 +164,26 @@ with det.core.init(distributed=distributed) as core_context:
         "preempt": core_context.preempt.should_preempt(),
         "group": dist.is_initialized(),
     }
+    if sys.argv[1] == "worker":
+        # The chief is done after its last broadcast; rank 1 reads that broadcast only once
+        # the chief's process has ended, or after 5 s if it has not (it is waiting for rank 1
+        # to close, and the store it serves is still there).
+        if d.rank == 0:
+            open("chief.pid", "w").write(str(os.getpid()))
+        else:
+            import pathlib, time
+            deadline = time.monotonic() + 5
+            while not pathlib.Path("chief.pid").exists() and time.monotonic() < deadline:
+                time.sleep(0.02)
+            stat = pathlib.Path(f"/proc/{pathlib.Path('chief.pid').read_text()}/stat")
+            while time.monotonic() < deadline:
+                try:
+                    if stat.read_text().rsplit(")", 1)[1].split()[0] in "ZX":
+                        break  # ended (a zombie until the test reaps it)
+                except FileNotFoundError:
+                    break
+                time.sleep(0.02)
+        seen["last"] = d.broadcast("the chief's last")
 with open(f"seen.{seen['rank']}.json", "w") as f:
     json.dump(seen, f)
 """
@@ -236,6 +256,9 @@ def test_collectives_of_workers_a_script_starts_itself_through_chief_ip(
         out, _ = worker.communicate(timeout=300)
         assert worker.returncode == 0, out[-3000:]
     _check_collectives(tmp_path)
+    # The chief's store outlived its last broadcast until every process had read it.
+    seen = [json.loads((tmp_path / f"seen.{r}.json").read_text()) for r in (0, 1)]
+    assert [s["last"] for s in seen] == ["the chief's last"] * 2
 
 
 def test_the_rank_of_a_process_lightnings_launcher_started(

@@ -22,10 +22,11 @@ import torch.distributed as dist
 
 from lightning_bridge._errors import InvalidArgumentError
 
-# Determined's default port for the chief's inter-process communication, and how long a
-# process waits for the others at a collective.
+# Determined's default port for the chief's inter-process communication, how long a process
+# waits for the others at a collective, and how long the chief waits for the others to close.
 CHIEF_PORT = 12360
 _STORE_TIMEOUT_S = 1800
+_CLOSE_TIMEOUT_S = 300
 # Set in a trial's processes by `lightning-bridge run` (the run description's path; named here,
 # not imported from translation/, a layer above).
 _TRIAL_RUN_VAR = "LIGHTNING_BRIDGE_EXPERIMENT"
@@ -107,8 +108,18 @@ class DistributedContext:
             ) from None
 
     def close(self) -> None:
-        """Let go of the key-value store the collectives used (if any)."""
-        self._store = None
+        """Let go of the key-value store the collectives used (if any). The chief serves that
+        store: it waits until every process has closed (so has read its last collective's
+        value) before letting go, else a process still reading would find the store gone
+        with the chief's exit."""
+        self._close(wait=True)
+
+    def _close(self, wait: bool) -> None:
+        """`close`; `wait=False` where this process is failing: the others' next collective
+        then fails at once instead of the chief waiting for them."""
+        store, self._store = self._store, None
+        if store is not None and wait:
+            store.close()
 
     def _get(self, key: str) -> int:
         fixed = self._fixed[key]
@@ -294,6 +305,20 @@ class _StoreCollectives:
             self._store.set(f"{self._round}/0", pickle.dumps(obj))
             return obj
         return pickle.loads(self._store.get(f"{self._round}/0"))
+
+    def close(self) -> None:
+        """Every process marks itself closed; the chief waits for all of them (bounded: a
+        process that died never marks itself, and the chief then closes anyway)."""
+        self._store.set(f"closed/{self._rank}", b"1")
+        if self._rank != 0:
+            return
+        try:
+            self._store.wait(
+                [f"closed/{r}" for r in range(self._size)],
+                datetime.timedelta(seconds=_CLOSE_TIMEOUT_S),
+            )
+        except (RuntimeError, dist.DistError):  # the wait's bound: a process is gone
+            pass
 
 
 def split_batch_size(hparams: dict[str, Any] | None, slots: int) -> tuple[int | None, int | None]:

@@ -118,6 +118,10 @@ class Context:
         """Stop the contexts; under a run, record how the trial ended (`exc_val`: the
         exception leaving the script's `with`, if any)."""
         self.preempt.close()
+        ended_well = exc_val is None or (
+            isinstance(exc_val, SystemExit) and exc_val.code in (0, None)
+        )
+        self.distributed._close(wait=ended_well)
         self.profiler.close()
         if self._run is not None:
             self._run.close(exc_val)
