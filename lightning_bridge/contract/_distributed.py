@@ -108,18 +108,18 @@ class DistributedContext:
             ) from None
 
     def close(self) -> None:
-        """Let go of the key-value store the collectives used (if any). The chief serves that
-        store: it waits until every process has closed (so has read its last collective's
-        value) before letting go, else a process still reading would find the store gone
-        with the chief's exit."""
+        """End this use of the collectives (Determined's context closes it on leaving). Where
+        the chief serves their key-value store, it waits until every process has closed (so
+        has read its last collective's value): else a process still reading would find the
+        store gone with the chief's exit."""
         self._close(wait=True)
 
     def _close(self, wait: bool) -> None:
         """`close`; `wait=False` where this process is failing: the others' next collective
-        then fails at once instead of the chief waiting for them."""
-        store, self._store = self._store, None
-        if store is not None and wait:
-            store.close()
+        then fails at once instead of the chief waiting for them. The collectives are kept:
+        a context used again goes on numbering its rounds past the keys already written."""
+        if self._store is not None and wait:
+            self._store.close()
 
     def _get(self, key: str) -> int:
         fixed = self._fixed[key]
@@ -293,6 +293,7 @@ class _StoreCollectives:
     def __init__(self, rank: int, size: int, store: Any) -> None:
         self._rank, self._size, self._store = rank, size, store
         self._round = 0
+        self._closes = 0
 
     def allgather(self, obj: Any) -> list:
         self._round += 1
@@ -309,12 +310,13 @@ class _StoreCollectives:
     def close(self) -> None:
         """Every process marks itself closed; the chief waits for all of them (bounded: a
         process that died never marks itself, and the chief then closes anyway)."""
-        self._store.set(f"closed/{self._rank}", b"1")
+        self._closes += 1
+        self._store.set(f"closed.{self._closes}/{self._rank}", b"1")
         if self._rank != 0:
             return
         try:
             self._store.wait(
-                [f"closed/{r}" for r in range(self._size)],
+                [f"closed.{self._closes}/{r}" for r in range(self._size)],
                 datetime.timedelta(seconds=_CLOSE_TIMEOUT_S),
             )
         except (RuntimeError, dist.DistError):  # the wait's bound: a process is gone
