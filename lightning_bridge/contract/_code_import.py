@@ -59,6 +59,17 @@ def import_from_path(path: str | os.PathLike[str]) -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def without_bytecode() -> Iterator[None]:
+    """Imports inside the block write no bytecode: code imported where a user or a checkpoint
+    keeps it gets nothing written beside it, whatever PYTHONDONTWRITEBYTECODE says."""
+    saved, sys.dont_write_bytecode = sys.dont_write_bytecode, True
+    try:
+        yield
+    finally:
+        sys.dont_write_bytecode = saved
+
+
+@contextlib.contextmanager
 def _on_path(folder: pathlib.Path, top_modules: set[str]) -> Iterator[None]:
     shadowing = {
         name: mod
@@ -67,15 +78,14 @@ def _on_path(folder: pathlib.Path, top_modules: set[str]) -> Iterator[None]:
     }
     for name in shadowing:
         del sys.modules[name]
-    saved_path, saved_bytecode = list(sys.path), sys.dont_write_bytecode
+    saved_path = list(sys.path)
     sys.path.insert(0, str(folder))
-    sys.dont_write_bytecode = True
     importlib.invalidate_caches()
     try:
-        yield
+        with without_bytecode():
+            yield
     finally:
         sys.path[:] = saved_path
-        sys.dont_write_bytecode = saved_bytecode
         for name in [n for n, m in sys.modules.items() if _from_dir(m, folder)]:
             del sys.modules[name]
         sys.modules.update(shadowing)

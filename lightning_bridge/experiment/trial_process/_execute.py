@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from lightning_bridge._errors import InvalidArgumentError, InvalidTrialError
-from lightning_bridge.contract import _import_map
+from lightning_bridge.contract import _code_import, _import_map
 from lightning_bridge.contract._units import Batch
 from lightning_bridge.experiment.config._entrypoint import Entrypoint
 from lightning_bridge.experiment.config._plan import Plan, TrialRun, trial_seed
@@ -98,11 +98,8 @@ def load_trial_class(spec: str, context_dir: pathlib.Path) -> type:
         )
     # The trial runs from the user's folder in place: nothing is written beside the code, the
     # bytecode of its modules included (Determined ran a copy of the folder).
-    saved_bytecode, sys.dont_write_bytecode = sys.dont_write_bytecode, True
-    try:
+    with _code_import.without_bytecode():
         module = importlib.import_module(module_name)
-    finally:
-        sys.dont_write_bytecode = saved_bytecode
     obj: Any = module
     for part in qualname.split("."):
         if not hasattr(obj, part):
